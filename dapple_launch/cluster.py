@@ -1,0 +1,66 @@
+"""Topology: the cluster as plain data, read from conf/cluster/*.yaml.
+
+Device id = node × devices_per_node + local index. Links inside a node (NVLink) are much faster
+than between nodes; the slowest link a transfer or an all-reduce touches sets its speed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    nodes: int
+    devices_per_node: int
+    device_memory_bytes: float
+    device_tflops: float  # sustained training throughput of one device, used by analytic profiles
+    intra_node_bandwidth: float  # bytes/s, point to point
+    inter_node_bandwidth: float  # bytes/s, point to point
+    intra_node_latency_s: float = 5e-6
+    inter_node_latency_s: float = 20e-6
+    intra_node_allreduce_bandwidth: float | None = None  # bytes/s ring bus bandwidth; default p2p
+    inter_node_allreduce_bandwidth: float | None = None
+    device_kind: str = "gpu"  # "gpu" or "cpu"
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.devices_per_node < 1:
+            raise ValueError(
+                f"cluster {self.name!r} has {self.nodes} nodes × {self.devices_per_node} devices per node = "
+                f"{self.nodes * self.devices_per_node} devices; a cluster needs at least one of each "
+                f"(set cluster.nodes and cluster.devices_per_node >= 1)")
+        for key in ("device_memory_bytes", "device_tflops", "intra_node_bandwidth", "inter_node_bandwidth"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"cluster {self.name!r}: {key} must be > 0, got {getattr(self, key)}")
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, device: int) -> int:
+        return device // self.devices_per_node
+
+    def spans_nodes(self, devices: Iterable[int]) -> bool:
+        return len({self.node_of(d) for d in devices}) > 1
+
+    def p2p(self, src: Iterable[int], dst: Iterable[int]) -> tuple[float, float]:
+        """(bandwidth, latency) of the slowest link between two device sets."""
+        if self.spans_nodes([*src, *dst]):
+            return self.inter_node_bandwidth, self.inter_node_latency_s
+        return self.intra_node_bandwidth, self.intra_node_latency_s
+
+    def allreduce_s(self, devices: tuple[int, ...], nbytes: float) -> float:
+        """Ring all-reduce time over the slowest link of `devices`."""
+        r = len(devices)
+        if r <= 1 or nbytes <= 0:
+            return 0.0
+        if self.spans_nodes(devices):
+            bw = self.inter_node_allreduce_bandwidth or self.inter_node_bandwidth
+            lat = self.inter_node_latency_s
+        else:
+            bw = self.intra_node_allreduce_bandwidth or self.intra_node_bandwidth
+            lat = self.intra_node_latency_s
+        return 2 * (r - 1) / r * nbytes / bw + 2 * (r - 1) * lat

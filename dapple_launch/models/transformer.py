@@ -1,0 +1,131 @@
+"""GPT (causal language model) and BERT (masked language model) as layer lists."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .contract import LayerSpec, PipelineModel
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    num_layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab_size: int
+    ffn_mult: int = 4
+    dropout: float = 0.0
+
+
+GPT_PRESETS = {
+    "tiny": TransformerShape(4, 64, 4, 64, 64),
+    "small": TransformerShape(12, 768, 12, 1024, 50257),  # GPT-2 small
+    "medium": TransformerShape(24, 1024, 16, 1024, 50257),
+    "large": TransformerShape(36, 1280, 20, 1024, 50257),
+    "xl": TransformerShape(48, 1600, 25, 1024, 50257),
+}
+BERT_PRESETS = {
+    "tiny": TransformerShape(4, 64, 4, 64, 64),
+    "base": TransformerShape(12, 768, 12, 512, 30522),
+    "large": TransformerShape(24, 1024, 16, 512, 30522),  # BERT-large
+    "48": TransformerShape(48, 1024, 16, 512, 30522),  # DAPPLE's BERT-48
+}
+
+
+class Embedding(nn.Module):
+    def __init__(self, s: TransformerShape):
+        super().__init__()
+        self.token = nn.Embedding(s.vocab_size, s.hidden)
+        self.position = nn.Embedding(s.seq_len, s.hidden)
+        self.drop = nn.Dropout(s.dropout)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.drop(self.token(ids) + self.position(pos))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block."""
+
+    def __init__(self, s: TransformerShape, causal: bool):
+        super().__init__()
+        self.heads, self.causal, self.dropout = s.heads, causal, s.dropout
+        self.ln1 = nn.LayerNorm(s.hidden)
+        self.qkv = nn.Linear(s.hidden, 3 * s.hidden)
+        self.proj = nn.Linear(s.hidden, s.hidden)
+        self.ln2 = nn.LayerNorm(s.hidden)
+        self.fc1 = nn.Linear(s.hidden, s.ffn_mult * s.hidden)
+        self.fc2 = nn.Linear(s.ffn_mult * s.hidden, s.hidden)
+        self.drop = nn.Dropout(s.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.drop(self.proj(a.transpose(1, 2).reshape(n, t, h)))
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+
+class Head(nn.Module):
+    def __init__(self, s: TransformerShape):
+        super().__init__()
+        self.ln = nn.LayerNorm(s.hidden)
+        self.out = nn.Linear(s.hidden, s.vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def _per_sample_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE, reduction="none")
+    token = token.view(target.shape)
+    counted = (target != IGNORE).sum(1).clamp(min=1)
+    return token.sum(1) / counted
+
+
+class _Transformer(PipelineModel):
+    causal = True
+
+    def __init__(self, shape: TransformerShape, name: str):
+        if shape.hidden % shape.heads:
+            raise ValueError(f"model {name}: hidden {shape.hidden} is not divisible by heads {shape.heads}")
+        self.shape, self.name = shape, name
+
+    def layers(self) -> list[LayerSpec]:
+        s = self.shape
+        return ([LayerSpec("embed", lambda: Embedding(s))]
+                + [LayerSpec(f"block{i}", lambda: Block(s, self.causal)) for i in range(s.num_layers)]
+                + [LayerSpec("head", lambda: Head(s))])
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return _per_sample_ce(output, target)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": type(self).__name__, **self.shape.__dict__}
+
+
+class GPT(_Transformer):
+    causal = True
+
+    def batch(self, n, generator=None, device="cpu"):
+        s = self.shape
+        ids = torch.randint(0, s.vocab_size, (n, s.seq_len + 1), generator=generator).to(device)
+        return ids[:, :-1], ids[:, 1:]
+
+
+class BERT(_Transformer):
+    causal = False
+
+    def batch(self, n, generator=None, device="cpu"):
+        from ..data.corpus import mask_tokens
+        s = self.shape
+        ids = torch.randint(1, s.vocab_size, (n, s.seq_len), generator=generator)
+        inputs, targets = mask_tokens(ids, mask_id=0, generator=generator)
+        return inputs.to(device), targets.to(device)

@@ -1,0 +1,109 @@
+"""Turning a costed candidate into the Plan contract, and building a Plan from a fixed layout."""
+from __future__ import annotations
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import build_schedule, validate
+from .baselines import balanced_boundaries, data_parallel
+from .cost import Costed, Limits, StageSpec, evaluate, simulate_costed
+from .explain import human_bytes
+from .plan import Estimate, Plan, RunnerUp, StagePlan
+
+MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1}
+
+
+def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: int, planner: str,
+            runners_up: list[Costed] = (), data_parallel_s: float | None = None) -> Plan:
+    sim = simulate_costed(c)
+    stages = tuple(StagePlan((s.start, s.stop), tuple(profile.layers[i].name for i in range(s.start, s.stop)),
+                             s.replicas, s.devices) for s in c.layout)
+    return Plan(
+        model=profile.name, cluster=topology.name, global_batch_size=global_batch,
+        micro_batch_size=c.micro_batch_size, num_micro_batches=c.num_micro_batches, schedule=c.schedule,
+        stages=stages,
+        estimate=Estimate(
+            iteration_s=c.iteration_s, samples_per_s=global_batch / c.iteration_s,
+            peak_memory_bytes=tuple(c.memory_bytes),
+            speedup_over_data_parallel=(data_parallel_s / c.iteration_s) if data_parallel_s else None,
+            simulated_iteration_s=sim.iteration_s),
+        device_memory_bytes=topology.device_memory_bytes,
+        runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
+                         for r in runners_up),
+        planner=planner,
+    )
+
+
+def check_micro_batches(schedule: str, num_stages: int, num_micro_batches: int) -> None:
+    if schedule not in MIN_MICRO_BATCHES:
+        raise ValueError(f"unknown schedule {schedule!r}; valid schedules: {sorted(MIN_MICRO_BATCHES)}")
+    least = MIN_MICRO_BATCHES[schedule](num_stages)
+    if num_micro_batches < least:
+        raise ValueError(
+            f"schedule {schedule} with {num_stages} stages needs at least {least} micro-batches to fill the "
+            f"pipeline, got strategy.num_micro_batches={num_micro_batches}; set strategy.num_micro_batches>={least}"
+            + (" or use strategy.schedule=gpipe" if schedule == "1f1b" else ""))
+
+
+def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num_stages: int,
+               replicas: list[int], num_micro_batches: int, limits: Limits,
+               boundaries: list[int] | None = None, devices: list[list[int]] | None = None) -> Plan:
+    """Build and validate a Plan from a stated layout, through the checks the planner uses."""
+    L, D = profile.num_layers, topology.num_devices
+    if num_stages < 1:
+        raise ValueError(f"strategy.stages must be >= 1, got {num_stages}")
+    if num_stages > L:
+        raise ValueError(f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; "
+                         f"use at most {L} stages")
+    if len(replicas) == 1:
+        replicas = replicas * num_stages
+    if len(replicas) != num_stages or min(replicas) < 1:
+        raise ValueError(f"strategy.replicas={replicas} must give one count >= 1 per stage ({num_stages} stages), "
+                         f"or one count for all")
+    world = sum(replicas)
+    if world != D:
+        raise ValueError(
+            f"the layout {num_stages} stage(s) with replicas {':'.join(map(str, replicas))} uses {world} devices but "
+            f"cluster {topology.name} has {D} ({topology.nodes} node(s) × {topology.devices_per_node}); every device "
+            f"must hold a replica: change strategy.replicas or cluster.devices_per_node/cluster.nodes so they match")
+    if boundaries:
+        cuts = sorted(boundaries)
+        if len(cuts) != num_stages - 1 or cuts[0] <= 0 or cuts[-1] >= L or len(set(cuts)) != len(cuts):
+            raise ValueError(f"strategy.boundaries={boundaries} must be {num_stages - 1} distinct cut positions "
+                             f"strictly between 0 and {L} (the model's layer count)")
+    else:
+        cuts = balanced_boundaries(profile, num_stages, replicas)
+    if global_batch % num_micro_batches:
+        lo = global_batch // num_micro_batches * num_micro_batches
+        raise ValueError(
+            f"global_batch_size={global_batch} is not divisible by strategy.num_micro_batches={num_micro_batches}; "
+            f"pick a divisor of {global_batch} or set global_batch_size={lo or num_micro_batches}")
+    b = global_batch // num_micro_batches
+    if b < max(replicas):
+        raise ValueError(
+            f"a micro-batch of {b} samples (global_batch_size {global_batch} / {num_micro_batches} micro-batches) "
+            f"cannot be split across {max(replicas)} replicas; need micro_batch_size >= {max(replicas)}: lower "
+            f"strategy.num_micro_batches to <= {global_batch // max(replicas)} or raise global_batch_size")
+    check_micro_batches(limits.schedule, num_stages, num_micro_batches)
+    if devices:
+        if [len(d) for d in devices] != replicas:
+            raise ValueError(f"strategy.devices={devices} must list {replicas} devices per stage")
+        flat = [d for ds in devices for d in ds]
+        if len(set(flat)) != len(flat) or min(flat) < 0 or max(flat) >= D:
+            raise ValueError(f"strategy.devices={devices}: each of the cluster's devices 0..{D - 1} may hold "
+                             f"one replica of one stage")
+    else:
+        it = iter(range(D))
+        devices = [[next(it) for _ in range(r)] for r in replicas]
+    starts, stops = [0, *cuts], [*cuts, L]
+    layout = tuple(StageSpec(a, z, tuple(ds)) for a, z, ds in zip(starts, stops, devices))
+    validate(build_schedule(limits.schedule, num_stages, num_micro_batches))
+    c = evaluate(profile, topology, layout, b, num_micro_batches, limits)
+    if not c.fits:
+        worst = max(range(num_stages), key=lambda s: c.memory_bytes[s])
+        raise ValueError(
+            f"the fixed layout does not fit device memory: stage {worst} needs {human_bytes(c.memory_bytes[worst])} "
+            f"per device but {human_bytes(c.capacity_bytes)} is usable ({human_bytes(topology.device_memory_bytes)} "
+            f"less {limits.memory_headroom:.0%} headroom); use more stages, more micro-batches (smaller ones), or "
+            f"strategy=auto")
+    dp = data_parallel(profile, topology, global_batch, limits)
+    return to_plan(c, profile, topology, global_batch, "fixed", data_parallel_s=dp.iteration_s if dp else None)

@@ -1,0 +1,149 @@
+"""DAPPLE's cost model: per-stage costs, the closed-form iteration time, and memory per device.
+
+A stage's replicas each run ceil(b / r) samples of a micro-batch of b. Between stages the
+activations (and, backward, their gradients) are split and concatenated across the two stages'
+replica counts over the slowest link used. Each stage all-reduces its gradients over the slowest
+link of its devices, starting when its last backward ends.
+
+Closed form for early-backward (1F1B), with t_s = F_s + B_s and the bottleneck
+beta = max(max_s t_s, max over links of the per-micro-batch transfer):
+
+    T = sum_s t_s + sum_links (A + G)        warm-up and ending of one micro-batch through all stages
+      + (M - 1) * beta                       steady phase, driven by the pivot (bottleneck) stage
+      + max_s (AR_s - sum_{j<s} (B_j + G_j)) the all-reduce tail not hidden behind earlier stages' backward
+
+For GPipe the steady term is (M - 1) * (max F + max B). The discrete-event simulator of the same
+schedule is the ground truth this formula is checked against (see tests and benchmarks).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import StageCosts, build_schedule, simulate
+
+
+@dataclass(frozen=True)
+class Limits:
+    optimizer_factor: float = 4.0  # bytes kept per parameter byte: weight, gradient, Adam m and v
+    memory_headroom: float = 0.1  # fraction of device memory kept free (allocator, workspace)
+    max_stages: int | None = None
+    micro_batch_size: int | None = None  # fix the micro-batch size instead of searching it
+    schedule: str = "1f1b"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    start: int
+    stop: int
+    devices: tuple[int, ...]
+
+    @property
+    def replicas(self) -> int:
+        return len(self.devices)
+
+
+@dataclass
+class Costed:
+    layout: tuple[StageSpec, ...]
+    micro_batch_size: int
+    num_micro_batches: int
+    schedule: str
+    costs: list[StageCosts]
+    iteration_s: float
+    memory_bytes: list[float]  # per device of each stage
+    capacity_bytes: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return max(self.memory_bytes) <= self.capacity_bytes
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(self.memory_bytes)
+
+    def summary(self) -> str:
+        cut = ",".join(str(s.stop) for s in self.layout[:-1])
+        ratio = ":".join(str(s.replicas) for s in self.layout)
+        return (f"{len(self.layout)} stage{'s' if len(self.layout) > 1 else ''} {ratio}"
+                + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}")
+
+
+def speed_ratio(profile: ModelProfile, topology: Topology) -> float:
+    if profile.device_tflops and topology.device_tflops:
+        return profile.device_tflops / topology.device_tflops
+    return 1.0
+
+
+def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> int:
+    if schedule == "gpipe":
+        return num_micro_batches
+    return min(num_stages - stage, num_micro_batches)
+
+
+def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
+                micro_batch_size: int) -> list[StageCosts]:
+    pbs, speed, S = profile.batch_size, speed_ratio(profile, topology), len(layout)
+    costs = []
+    for s, st in enumerate(layout):
+        n = math.ceil(micro_batch_size / st.replicas)
+        f, b, kept, params = profile.span(st.start, st.stop)
+        received = profile.cut_bytes[st.start - 1] if st.start > 0 else 0.0
+        send = 0.0
+        if s < S - 1:
+            nxt = layout[s + 1]
+            total = profile.cut_bytes[st.stop - 1] * micro_batch_size / pbs
+            bw, lat = topology.p2p(st.devices, nxt.devices)
+            send = lat + max(total / st.replicas, total / nxt.replicas) / bw
+        costs.append(StageCosts(
+            forward_s=f * n / pbs * speed,
+            backward_s=b * n / pbs * speed,
+            send_activation_s=send,
+            send_gradient_s=0.0,  # filled below: the gradient of a cut moves over the same link
+            allreduce_s=topology.allreduce_s(st.devices, params),
+            activation_bytes=(kept + received) * n / pbs,
+        ))
+    # The gradient sent from stage s+1 to s has the size of the activation sent from s to s+1.
+    for s in range(1, S):
+        c = costs[s]
+        costs[s] = StageCosts(c.forward_s, c.backward_s, c.send_activation_s, costs[s - 1].send_activation_s,
+                              c.allreduce_s, c.activation_bytes)
+    return costs
+
+
+def formula_iteration_s(costs: list[StageCosts], num_micro_batches: int, schedule: str) -> float:
+    S, M = len(costs), num_micro_batches
+    links = [costs[s].send_activation_s + costs[s + 1].send_gradient_s for s in range(S - 1)]
+    fill = sum(c.forward_s + c.backward_s for c in costs) + sum(links)
+    link_max = max((max(costs[s].send_activation_s, costs[s + 1].send_gradient_s) for s in range(S - 1)), default=0.0)
+    if schedule == "gpipe":
+        steady = max(max(c.forward_s for c in costs), link_max) + max(max(c.backward_s for c in costs), link_max)
+    else:
+        steady = max(max(c.forward_s + c.backward_s for c in costs), link_max)
+    tail, behind = -math.inf, 0.0
+    for s, c in enumerate(costs):
+        tail = max(tail, c.allreduce_s - behind)
+        behind += c.backward_s + (costs[s + 1].send_gradient_s if s + 1 < S else 0.0)
+    return fill + (M - 1) * steady + max(tail, 0.0)
+
+
+def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
+             num_micro_batches: int, limits: Limits) -> Costed:
+    costs = stage_costs(profile, topology, layout, micro_batch_size)
+    S = len(layout)
+    memory = []
+    for s, (st, c) in enumerate(zip(layout, costs)):
+        params = profile.span(st.start, st.stop)[3]
+        memory.append(params * limits.optimizer_factor
+                      + in_flight(limits.schedule, s, S, num_micro_batches) * c.activation_bytes)
+    return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs,
+                  formula_iteration_s(costs, num_micro_batches, limits.schedule), memory,
+                  topology.device_memory_bytes * (1 - limits.memory_headroom))
+
+
+def simulate_costed(c: Costed):
+    """Run the discrete-event simulator on the schedule this candidate would execute."""
+    return simulate(build_schedule(c.schedule, len(c.layout), c.num_micro_batches), c.costs)

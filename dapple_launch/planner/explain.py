@@ -1,0 +1,55 @@
+"""Plan.explain(): the chosen layout as a table, memory per stage, and the runners-up."""
+from __future__ import annotations
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_seconds(s: float) -> str:
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def _devices(devs: tuple[int, ...]) -> str:
+    if len(devs) > 2 and list(devs) == list(range(devs[0], devs[0] + len(devs))):
+        return f"{devs[0]}-{devs[-1]}"
+    return ",".join(map(str, devs))
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]}"
+
+
+def explain(plan) -> str:
+    e = plan.estimate
+    header = (f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
+              f"layout {plan.layout()}, schedule {plan.schedule}, global batch {plan.global_batch_size} = "
+              f"{plan.num_micro_batches} micro-batches × {plan.micro_batch_size}")
+    rows = [("stage", "layers", "names", "replicas", "devices", "memory/device")]
+    for i, (s, mem) in enumerate(zip(plan.stages, e.peak_memory_bytes)):
+        rows.append((str(i), f"{s.layers[0]}-{s.layers[1] - 1}", _names(s.layer_names), str(s.replicas),
+                     _devices(s.devices), human_bytes(mem)))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    lines = [header]
+    for j, r in enumerate(rows):
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        if j == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    est = f"estimated iteration {human_seconds(e.iteration_s)}, {e.samples_per_s:.1f} samples/s"
+    if e.simulated_iteration_s is not None:
+        est += f" (simulator: {human_seconds(e.simulated_iteration_s)})"
+    if e.speedup_over_data_parallel is not None:
+        est += f", {e.speedup_over_data_parallel:.2f}× data parallel"
+    if plan.device_memory_bytes:
+        est += f"; device memory {human_bytes(plan.device_memory_bytes)}"
+    lines.append(est)
+    if plan.runners_up:
+        lines.append("runners-up:")
+        for r in plan.runners_up:
+            lines.append(f"  {r.summary:<40} {human_seconds(r.iteration_s):>11}  peak {human_bytes(r.peak_memory_bytes)}"
+                         + (f"  ({r.note})" if r.note else ""))
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""The Plan: the one contract between planner and runtime. Frozen, JSON/YAML round-trip."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    layers: tuple[int, int]  # [start, stop) positions in the model's layer order
+    layer_names: tuple[str, ...]
+    replicas: int
+    devices: tuple[int, ...]  # one per replica: node × devices_per_node + local index
+
+
+@dataclass(frozen=True)
+class Estimate:
+    iteration_s: float
+    samples_per_s: float
+    peak_memory_bytes: tuple[float, ...]  # per device of each stage
+    speedup_over_data_parallel: float | None = None
+    simulated_iteration_s: float | None = None  # the discrete-event simulator's figure
+
+
+@dataclass(frozen=True)
+class RunnerUp:
+    summary: str  # e.g. "2 stages 15:1, mb 8 × 16"
+    iteration_s: float
+    peak_memory_bytes: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    cluster: str
+    global_batch_size: int
+    micro_batch_size: int  # samples of one micro-batch before it is split across a stage's replicas
+    num_micro_batches: int
+    schedule: str  # "1f1b" | "gpipe"
+    stages: tuple[StagePlan, ...]
+    estimate: Estimate
+    device_memory_bytes: float = 0.0
+    runners_up: tuple[RunnerUp, ...] = ()
+    planner: str = "fixed"  # how the layout was chosen
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.replicas for s in self.stages)
+
+    @property
+    def num_layers(self) -> int:
+        return self.stages[-1].layers[1]
+
+    def layout(self) -> str:
+        return ":".join(str(s.replicas) for s in self.stages)
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for s in d["stages"]:
+            s["layers"], s["layer_names"], s["devices"] = list(s["layers"]), list(s["layer_names"]), list(s["devices"])
+        d["estimate"]["peak_memory_bytes"] = list(d["estimate"]["peak_memory_bytes"])
+        d["runners_up"] = [dict(r) for r in d["runners_up"]]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        d = dict(d)
+        d["stages"] = tuple(
+            StagePlan(tuple(s["layers"]), tuple(s["layer_names"]), int(s["replicas"]), tuple(s["devices"]))
+            for s in d["stages"])
+        e = dict(d["estimate"])
+        e["peak_memory_bytes"] = tuple(e["peak_memory_bytes"])
+        d["estimate"] = Estimate(**e)
+        d["runners_up"] = tuple(RunnerUp(**r) for r in d.get("runners_up", ()))
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+    def to_yaml(self) -> str:
+        from omegaconf import OmegaConf
+        return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "Plan":
+        from omegaconf import OmegaConf
+        return cls.from_dict(OmegaConf.to_container(OmegaConf.create(text)))
+
+    def save(self, path: str | Path) -> Path:
+        """Atomic write: a reader never sees half a plan."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        return cls.from_json(Path(path).read_text())
+
+    def explain(self) -> str:
+        from .explain import explain
+        return explain(self)

@@ -1,0 +1,106 @@
+"""ModelProfile: plain per-layer data the planner reads. Knows nothing of torch.distributed."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from itertools import accumulate
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    name: str  # the id plans show (a profile file's node id, or the model's layer name)
+    forward_s: float  # one batch of the profile batch size
+    backward_s: float
+    activation_bytes: float  # output activation at the profile batch size
+    parameter_bytes: float  # fp32 parameters
+    inputs: tuple[int, ...] = ()  # positions of the layers feeding this one (a chain: the previous)
+    description: str = ""
+    saved_bytes: float | None = None  # tensors kept for backward, when known; else ≈ activation_bytes
+
+    @property
+    def memory_bytes(self) -> float:
+        """What one batch of this layer keeps alive until its backward."""
+        return self.activation_bytes if self.saved_bytes is None else max(self.saved_bytes, self.activation_bytes)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    layers: tuple[LayerProfile, ...]
+    batch_size: int  # the profile batch size the times and activations are stated at
+    source: str = ""  # "file:...", "analytic", "measured:<device>"
+    device: str = ""  # the device the times hold for
+    device_tflops: float | None = None  # that device's speed, to rescale to another device
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError(f"profile {self.name!r} has no layers")
+        if self.batch_size < 1:
+            raise ValueError(f"profile {self.name!r}: profile batch size must be >= 1, got {self.batch_size}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @cached_property
+    def cut_bytes(self) -> tuple[float, ...]:
+        """cut_bytes[i]: bytes crossing the cut between positions i and i+1 (per profile batch):
+        every activation of a layer <= i that feeds a layer > i, each counted once."""
+        last_use = [-1] * self.num_layers
+        for j, layer in enumerate(self.layers):
+            for p in layer.inputs:
+                last_use[p] = max(last_use[p], j)
+        out = []
+        live = 0.0
+        starts: dict[int, list[int]] = {}
+        for i in range(self.num_layers):
+            # layer i's output is live across cuts i .. last_use[i]-1
+            if last_use[i] > i:
+                live += self.layers[i].activation_bytes
+                starts.setdefault(last_use[i], []).append(i)
+            for p in starts.pop(i, []):
+                live -= self.layers[p].activation_bytes
+            out.append(live)
+        return tuple(out[:-1])
+
+    @cached_property
+    def _prefix(self) -> dict[str, tuple[float, ...]]:
+        def pre(xs):
+            return (0.0, *accumulate(xs))
+        return {
+            "f": pre(layer.forward_s for layer in self.layers),
+            "b": pre(layer.backward_s for layer in self.layers),
+            "a": pre(layer.activation_bytes for layer in self.layers),
+            "p": pre(layer.parameter_bytes for layer in self.layers),
+            "m": pre(layer.memory_bytes for layer in self.layers),
+        }
+
+    def span(self, start: int, stop: int) -> tuple[float, float, float, float]:
+        """(forward s, backward s, bytes kept for backward, parameter bytes) of layers [start, stop)."""
+        p = self._prefix
+        return (p["f"][stop] - p["f"][start], p["b"][stop] - p["b"][start],
+                p["m"][stop] - p["m"][start], p["p"][stop] - p["p"][start])
+
+    @property
+    def parameter_bytes(self) -> float:
+        return self._prefix["p"][-1]
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelProfile":
+        d = json.loads(text)
+        d["layers"] = tuple(LayerProfile(**{**x, "inputs": tuple(x["inputs"])}) for x in d["layers"])
+        return cls(**d)
+
+
+def chain(name: str, layers: list[LayerProfile], batch_size: int, **kw) -> ModelProfile:
+    """A profile whose layers form a chain: each layer feeds the next."""
+    linked = tuple(
+        LayerProfile(**{**asdict(layer), "inputs": (i - 1,) if i else ()}) for i, layer in enumerate(layers)
+    )
+    return ModelProfile(name=name, layers=linked, batch_size=batch_size, **kw)

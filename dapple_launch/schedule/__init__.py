@@ -1,0 +1,22 @@
+"""Schedules as per-stage action lists, their validator and their simulator."""
+from __future__ import annotations
+
+from .actions import Action, Kind, Schedule
+from .gpipe import forward_only, gpipe
+from .one_f_one_b import one_f_one_b
+
+SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe}
+
+
+def build_schedule(name: str, num_stages: int, num_micro_batches: int) -> Schedule:
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}")
+    return SCHEDULES[name](num_stages, num_micro_batches)
+
+
+__all__ = ["Action", "Kind", "Schedule", "SCHEDULES", "build_schedule", "forward_only", "gpipe", "one_f_one_b"]
+
+from .simulate import Simulation, StageCosts, simulate  # noqa: E402
+from .validate import ScheduleError, validate  # noqa: E402
+
+__all__ += ["Simulation", "StageCosts", "simulate", "ScheduleError", "validate"]

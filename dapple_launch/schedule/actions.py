@@ -1,0 +1,87 @@
+"""A schedule is data: for each stage, the ordered actions of one iteration.
+
+The same lists are read by the validator, the simulator and the runtime; nothing else
+decides what a stage does next.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Kind(str, enum.Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+    SEND_ACTIVATION = "SA"  # to the next stage
+    RECV_ACTIVATION = "RA"  # from the previous stage
+    SEND_GRADIENT = "SG"  # to the previous stage
+    RECV_GRADIENT = "RG"  # from the next stage
+
+    @property
+    def is_compute(self) -> bool:
+        return self in (Kind.FORWARD, Kind.BACKWARD)
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    kind: Kind
+    micro_batch: int
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}{self.micro_batch}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    num_stages: int
+    num_micro_batches: int
+    stage_actions: tuple[tuple[Action, ...], ...]
+    forward_only: bool = False
+
+    def compute_order(self, stage: int) -> list[Action]:
+        return [a for a in self.stage_actions[stage] if a.kind.is_compute]
+
+    def grid(self, marks: dict[int, int] | None = None) -> str:
+        """Stage × step grid of compute actions; `marks` maps stage -> action index to flag."""
+        marks = marks or {}
+        rows = []
+        for s, actions in enumerate(self.stage_actions):
+            cells = []
+            for i, a in enumerate(actions):
+                text = str(a)
+                cells.append(f">{text}<" if marks.get(s) == i else text)
+            rows.append(f"stage {s}: " + " ".join(cells))
+        return "\n".join(rows)
+
+
+def with_communication(
+    name: str, compute: list[list[Action]], num_micro_batches: int, forward_only: bool = False
+) -> Schedule:
+    """Insert the point-to-point actions around each compute action.
+
+    A receive sits right before the compute that needs it and a send right after the compute
+    that produced it; the runtime posts receives ahead of time, so this order is the order of
+    *use*, not of posting.
+    """
+    num_stages = len(compute)
+    last = num_stages - 1
+    stage_actions = []
+    for s, order in enumerate(compute):
+        actions: list[Action] = []
+        for a in order:
+            m = a.micro_batch
+            if a.kind is Kind.FORWARD:
+                if s > 0:
+                    actions.append(Action(Kind.RECV_ACTIVATION, m))
+                actions.append(a)
+                if s < last:
+                    actions.append(Action(Kind.SEND_ACTIVATION, m))
+            else:
+                if s < last:
+                    actions.append(Action(Kind.RECV_GRADIENT, m))
+                actions.append(a)
+                if s > 0:
+                    actions.append(Action(Kind.SEND_GRADIENT, m))
+        stage_actions.append(tuple(actions))
+    return Schedule(name, num_stages, num_micro_batches, tuple(stage_actions), forward_only)

@@ -1,0 +1,111 @@
+"""Validator: a schedule is accepted only if it can run to the end.
+
+Rules: on every stage each micro-batch is run forward exactly once (and backward exactly once,
+after its forward, unless the schedule is forward-only); every compute that needs a neighbour's
+data is preceded by the receive of it; every send has its matching receive on the neighbour;
+and executing all stages with buffered sends (the runtime's isend semantics) reaches the end.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from .actions import Action, Kind, Schedule
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+_PEER = {
+    Kind.SEND_ACTIVATION: (+1, Kind.RECV_ACTIVATION),
+    Kind.SEND_GRADIENT: (-1, Kind.RECV_GRADIENT),
+}
+
+
+def _fail(schedule: Schedule, stage: int, index: int, rule: str) -> ScheduleError:
+    return ScheduleError(
+        f"schedule {schedule.name!r} ({schedule.num_stages} stages, {schedule.num_micro_batches} "
+        f"micro-batches) breaks a rule at stage {stage}, step {index}: {rule}\n"
+        f"{schedule.grid({stage: index})}"
+    )
+
+
+def _check_stage(schedule: Schedule, s: int) -> None:
+    S, M = schedule.num_stages, schedule.num_micro_batches
+    seen: Counter = Counter()
+    for i, a in enumerate(schedule.stage_actions[s]):
+        m = a.micro_batch
+        if not 0 <= m < M:
+            raise _fail(schedule, s, i, f"micro-batch {m} is outside 0..{M - 1}")
+        if a.kind is Kind.BACKWARD and schedule.forward_only:
+            raise _fail(schedule, s, i, "a forward-only schedule has a backward")
+        if a.kind is Kind.BACKWARD and not seen[(Kind.FORWARD, m)]:
+            raise _fail(schedule, s, i, f"backward {m} runs before forward {m}")
+        if a.kind is Kind.FORWARD and s > 0 and not seen[(Kind.RECV_ACTIVATION, m)]:
+            raise _fail(schedule, s, i, f"forward {m} runs before its activation is received")
+        if a.kind is Kind.BACKWARD and s < S - 1 and not seen[(Kind.RECV_GRADIENT, m)]:
+            raise _fail(schedule, s, i, f"backward {m} runs before its gradient is received")
+        if a.kind is Kind.SEND_ACTIVATION and (s == S - 1 or not seen[(Kind.FORWARD, m)]):
+            raise _fail(schedule, s, i, f"activation {m} is sent before it is computed or past the last stage")
+        if a.kind is Kind.SEND_GRADIENT and (s == 0 or not seen[(Kind.BACKWARD, m)]):
+            raise _fail(schedule, s, i, f"gradient {m} is sent before it is computed or before the first stage")
+        if a.kind is Kind.RECV_ACTIVATION and s == 0 or a.kind is Kind.RECV_GRADIENT and s == S - 1:
+            raise _fail(schedule, s, i, f"{a} has no neighbour to receive from")
+        seen[(a.kind, m)] += 1
+        if seen[(a.kind, m)] > 1:
+            raise _fail(schedule, s, i, f"{a} appears twice")
+    for m in range(M):
+        if seen[(Kind.FORWARD, m)] != 1:
+            raise _fail(schedule, s, len(schedule.stage_actions[s]), f"forward {m} never runs")
+        if not schedule.forward_only and seen[(Kind.BACKWARD, m)] != 1:
+            raise _fail(schedule, s, len(schedule.stage_actions[s]), f"backward {m} never runs")
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise ScheduleError with the stage × step grid (failing step marked) if the schedule is broken."""
+    if schedule.num_stages != len(schedule.stage_actions):
+        raise ScheduleError(f"schedule says {schedule.num_stages} stages but lists {len(schedule.stage_actions)}")
+    for s in range(schedule.num_stages):
+        _check_stage(schedule, s)
+    # Every send has its receive, and every receive its send.
+    for s, actions in enumerate(schedule.stage_actions):
+        for i, a in enumerate(actions):
+            if a.kind in _PEER:
+                step, recv_kind = _PEER[a.kind]
+                if Action(recv_kind, a.micro_batch) not in schedule.stage_actions[s + step]:
+                    raise _fail(schedule, s, i, f"{a} is never received by stage {s + step}")
+            if a.kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT):
+                peer = s - 1 if a.kind is Kind.RECV_ACTIVATION else s + 1
+                send = Kind.SEND_ACTIVATION if a.kind is Kind.RECV_ACTIVATION else Kind.SEND_GRADIENT
+                if Action(send, a.micro_batch) not in schedule.stage_actions[peer]:
+                    raise _fail(schedule, s, i, f"{a} waits for a send that stage {peer} never makes")
+    execute_order(schedule)
+
+
+def execute_order(schedule: Schedule) -> list[tuple[int, int]]:
+    """Run the lists abstractly (sends buffered, receives blocking) and return the global order of
+    (stage, index) steps; raise with the blocked positions marked if it deadlocks."""
+    pos = [0] * schedule.num_stages
+    sent: set[tuple[int, Action]] = set()  # (receiving stage, receive action) that can complete
+    order = []
+    progressed = True
+    while progressed:
+        progressed = False
+        for s, actions in enumerate(schedule.stage_actions):
+            while pos[s] < len(actions):
+                a = actions[pos[s]]
+                if a.kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT) and (s, a) not in sent:
+                    break
+                if a.kind in _PEER:
+                    step, recv_kind = _PEER[a.kind]
+                    sent.add((s + step, Action(recv_kind, a.micro_batch)))
+                order.append((s, pos[s]))
+                pos[s] += 1
+                progressed = True
+    if any(p < len(actions) for p, actions in zip(pos, schedule.stage_actions)):
+        blocked = {s: p for s, p in enumerate(pos) if p < len(schedule.stage_actions[s])}
+        raise ScheduleError(
+            f"schedule {schedule.name!r} deadlocks: stages {sorted(blocked)} wait on receives whose "
+            f"sends are never reached (blocked step marked)\n{schedule.grid(blocked)}"
+        )
+    return order
