@@ -1,0 +1,93 @@
+"""The LightningModule that trains any PipelineModel, alone or through DappleStrategy.
+
+Under DappleStrategy it materialises only this rank's layers and hands each step to the
+strategy's schedule; under any other strategy (one process: the reference) it runs all layers.
+Optimisation is manual because the schedule runs backward inside the step.
+"""
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from torch import nn
+
+from ..models.contract import PipelineModel, build_layer
+
+
+class PipelineModule(L.LightningModule):
+    def __init__(self, model: PipelineModel, lr: float = 3e-3, weight_decay: float = 0.0,
+                 warmup_steps: int = 0, total_steps: int = 0, gradient_clip_val: float | None = None,
+                 seed: int = 0):
+        super().__init__()
+        self.model, self.seed = model, seed
+        self.lr, self.weight_decay, self.warmup_steps, self.total_steps = lr, weight_decay, warmup_steps, total_steps
+        self.gradient_clip_val = gradient_clip_val
+        self.automatic_optimization = False
+        self.layers = nn.ModuleDict()  # keys are global layer positions: "layers.17.weight" on every layout
+
+    def configure_model(self) -> None:
+        if len(self.layers):
+            return
+        indices = getattr(self.trainer.strategy, "local_layer_indices", None) if self._trainer else None
+        self.materialize(indices)
+
+    def materialize(self, indices: list[int] | None = None) -> "PipelineModule":
+        specs = self.model.layers()
+        for i in indices if indices is not None else range(len(specs)):
+            self.layers[str(i)] = build_layer(specs[i], i, self.seed)
+        return self
+
+    def local_stack(self) -> nn.Sequential:
+        return nn.Sequential(*(self.layers[k] for k in sorted(self.layers, key=int)))
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+        def factor(step: int) -> float:
+            if self.warmup_steps and step < self.warmup_steps:
+                return (step + 1) / self.warmup_steps
+            if self.total_steps > self.warmup_steps:
+                progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+                return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+            return 1.0
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---- steps ----------------------------------------------------------------------------
+    def reference_loss(self, batch) -> torch.Tensor:
+        x, y = batch
+        return self.model.loss(self.local_stack()(x), y).sum() / x.shape[0]
+
+    def _pipelined(self) -> bool:
+        return hasattr(self.trainer.strategy, "pipeline_train_step")
+
+    def training_step(self, batch, batch_idx):
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        strategy = self.trainer.strategy
+        if self._pipelined():
+            loss = strategy.pipeline_train_step(batch)
+        else:
+            loss = self.reference_loss(batch)
+            self.manual_backward(loss)
+            loss = loss.detach()
+        if self.gradient_clip_val:
+            if self._pipelined():
+                strategy.clip_grad_norm_(self.gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(self.parameters(), self.gradient_clip_val)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        # The loss is already the same on every rank, so no sync is needed for monitors to agree.
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        if self._pipelined():
+            loss = self.trainer.strategy.pipeline_eval_step(batch)
+        else:
+            with torch.no_grad():
+                loss = self.reference_loss(batch)
+        self.log("val_loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
+        return loss

@@ -1,0 +1,163 @@
+"""DappleStrategy: a Lightning strategy that runs a Plan with its schedule.
+
+It subclasses DDPStrategy for the process-group set-up, launchers, barrier and broadcast, but
+never wraps the module in DDP: each rank keeps only its stage's layers (global names), runs the
+stage's action list inside one training step, and all-reduces gradients inside its own stage's
+replica group. Registered as "dapple"; with no plan given it reads the one named by $DAPPLE_PLAN.
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+
+from ..planner.plan import Plan
+from ..schedule import build_schedule, forward_only
+from . import checkpoint as ckpt
+from .executor import GradientSync, StageExecutor
+from .grid import ProcessGrid
+from .p2p import PointToPoint
+
+PLAN_ENV = "DAPPLE_PLAN"
+
+
+class DappleStrategy(DDPStrategy):
+    strategy_name = "dapple"
+
+    def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 300.0, **kwargs: Any):
+        kwargs.setdefault("process_group_backend", None)
+        super().__init__(timeout=timedelta(seconds=timeout_s), **kwargs)
+        if plan is None:
+            if PLAN_ENV not in os.environ:
+                raise ValueError(f'strategy "dapple" needs a plan: pass DappleStrategy(plan=...) or set ${PLAN_ENV} '
+                                 f"to a plan.json")
+            plan = os.environ[PLAN_ENV]
+        self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+        self.grid = ProcessGrid.from_plan(self.plan)
+        self.train_schedule = build_schedule(self.plan.schedule, self.plan.num_stages, self.plan.num_micro_batches)
+        self._executor: StageExecutor | None = None
+        self._sync: GradientSync | None = None
+
+    # ---- the grid ------------------------------------------------------------------------
+    @property
+    def stage(self) -> int:
+        return self.grid.position(self.global_rank)[0]
+
+    @property
+    def replica(self) -> int:
+        return self.grid.position(self.global_rank)[1]
+
+    @property
+    def local_layer_indices(self) -> list[int]:
+        a, b = self.plan.stages[self.stage].layers
+        return list(range(a, b))
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        # Every rank reads the whole global batch and slices its own part (see data/datasets.py).
+        return {"num_replicas": 1, "rank": 0}
+
+    def setup_distributed(self) -> None:
+        if self.world_size != self.grid.world_size:
+            raise ValueError(f"the plan needs {self.grid.world_size} ranks ({self.plan.layout()}) but this run has "
+                             f"{self.world_size}; launch exactly {self.grid.world_size} processes")
+        super().setup_distributed()
+        # Every rank creates every group, in the same order (torch.distributed's rule).
+        self._stage_groups = [dist.new_group(self.grid.stage_ranks(s)) for s in range(self.grid.num_stages)]
+
+    def configure_ddp(self) -> None:
+        """No DDP wrapper: gradients are reduced per stage by GradientSync."""
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        module = self.lightning_module
+        p2p = PointToPoint(self.grid, self.stage, self.replica, self.root_device)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self._sync = GradientSync(params, self._stage_groups[self.stage], self.grid.replicas[self.stage])
+        self._executor = StageExecutor(module.local_stack(), module.model.loss, p2p, self.grid.num_stages,
+                                       on_last_backward=self._sync.start)
+
+    # ---- one iteration ---------------------------------------------------------------------
+    def _broadcast_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
+        # The last stage's replicas hold the loss in parts; one all-reduce gives it to every rank.
+        loss = loss_sum.detach().clone().float()
+        dist.all_reduce(loss)
+        return loss
+
+    def pipeline_train_step(self, batch) -> torch.Tensor:
+        result = self._executor.run(self.train_schedule, batch)
+        self._sync.finish()
+        return self._broadcast_loss(result.loss_sum)
+
+    def pipeline_eval_step(self, batch) -> torch.Tensor:
+        n = batch[0].shape[0]
+        micro = min(self.plan.num_micro_batches, max(1, n // max(self.grid.replicas)))
+        result = self._executor.run(forward_only(self.grid.num_stages, micro), batch)
+        return self._broadcast_loss(result.loss_sum)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip by the norm of the whole model's gradient: squares summed over all stages."""
+        params = [p for p in self.lightning_module.parameters() if p.grad is not None]
+        sq = sum((p.grad.detach().float() ** 2).sum() for p in params) if params else torch.zeros(())
+        sq = torch.as_tensor(sq, device=self.root_device) * (1.0 if self.replica == 0 else 0.0)
+        dist.all_reduce(sq)
+        norm = sq.sqrt()
+        coef = max_norm / (float(norm) + 1e-6)
+        if coef < 1:
+            for p in params:
+                p.grad.mul_(coef)
+        return norm
+
+    # ---- checkpoints: every layout writes and reads the same named tensors ----------------------
+    def _param_names(self) -> list[list[str]]:
+        ids = {id(p): n for n, p in self.lightning_module.named_parameters()}
+        return [[ids[id(p)] for p in group["params"]] for group in self.optimizers[0].param_groups]
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        state = checkpoint.pop("state_dict")
+        optim = checkpoint.pop("optimizer_states", [])
+        if self.replica == 0:
+            by_name = ckpt.optimizer_state_by_name(optim[0], self._param_names()) if optim else {}
+            a, b = self.plan.stages[self.stage].layers
+            ckpt.write_shard(filepath, a, b, state, by_name)
+        self.barrier("dapple.save_checkpoint.shards")
+        if self.is_global_zero:
+            checkpoint["dapple"] = {"model": self.lightning_module.model.describe(), "plan": self.plan.to_dict(),
+                                    "num_layers": self.plan.num_layers}
+            ckpt.write_meta_and_commit(filepath, checkpoint)
+        self.barrier("dapple.save_checkpoint.commit")
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        meta = ckpt.read_meta(checkpoint_path)
+        check_compatible(meta, self.lightning_module.model.describe(), checkpoint_path)
+        state, optim = ckpt.read_shards(checkpoint_path, set(self.local_layer_indices))
+        meta["state_dict"] = state
+        meta["optimizer_states"] = [optim] if optim["param_groups"] else []
+        return meta
+
+    def load_optimizer_state_dict(self, checkpoint) -> None:
+        for opt, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
+            opt.load_state_dict(ckpt.optimizer_state_by_index(saved, opt.state_dict(), self._param_names()))
+
+    def remove_checkpoint(self, filepath) -> None:
+        if self.is_global_zero:
+            import shutil
+            shutil.rmtree(filepath, ignore_errors=True)
+
+
+def check_compatible(meta: dict, model: dict, path) -> None:
+    saved = meta.get("dapple", {}).get("model")
+    if saved != model:
+        diff = {k: (saved.get(k) if saved else None, model.get(k)) for k in set(model) | set(saved or {})
+                if (saved or {}).get(k) != model.get(k)}
+        raise ValueError(f"checkpoint {path} was saved from another model: {diff} (saved, this run); resume it "
+                         f"with the same model config, or start fresh without ckpt_path")
+
+
+StrategyRegistry.register("dapple", DappleStrategy, description="DAPPLE pipeline + data parallel", override=True)

@@ -1,0 +1,48 @@
+"""Helpers for the multi-process tier: N gloo processes on this machine, one thread each."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, out_dir, fn, args):
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        result = fn(rank, world, *args)
+        Path(out_dir, f"{rank}.json").write_text(json.dumps({"ok": True, "result": result}))
+    except BaseException:  # noqa: BLE001 - reported to the parent test
+        Path(out_dir, f"{rank}.json").write_text(json.dumps({"ok": False, "error": traceback.format_exc()}))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(world: int, fn, args: tuple, tmp_path) -> list:
+    """Run fn(rank, world, *args) on `world` gloo processes; return each rank's JSON result."""
+    out = Path(tmp_path) / f"ranks-{free_port()}"
+    out.mkdir(parents=True)
+    try:
+        mp.start_processes(_entry, args=(world, free_port(), str(out), fn, args), nprocs=world, start_method="spawn")
+    except Exception as exc:  # noqa: BLE001 - show the worker's own traceback
+        errors = [json.loads(p.read_text()).get("error") for p in sorted(out.glob("*.json"))]
+        raise AssertionError("\n".join(e for e in errors if e) or str(exc)) from exc
+    results = [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
+    for r in results:
+        assert r["ok"], r.get("error")
+    return [r["result"] for r in results]

@@ -1,0 +1,98 @@
+"""Several gloo processes: pipelined loss and every gradient equal a single-process reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dapple_launch.cluster import Topology
+from dapple_launch.models import build_model
+from dapple_launch.planner import Limits, fixed_plan
+from dapple_launch.profile import analytic_profile
+from dapple_launch.runtime.executor import GradientSync, StageExecutor
+from dapple_launch.runtime.grid import ProcessGrid
+from dapple_launch.runtime.module import PipelineModule
+from dapple_launch.runtime.p2p import PointToPoint
+from dapple_launch.schedule import build_schedule
+
+from .multiproc import run_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+
+def tiny_model(name="gpt"):
+    if name == "vgg19":
+        return build_model("vgg19", "tiny", width_divisor=16, fc_width=32, image_size=32)
+    return build_model(name, "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40)
+
+
+def make_plan(model, replicas, schedule, num_micro_batches, global_batch):
+    devices = sum(replicas)
+    topo = Topology("test", 1, devices, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
+    profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
+    return fixed_plan(profile, topo, global_batch, len(replicas), list(replicas), num_micro_batches,
+                      Limits(schedule=schedule))
+
+
+def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json):
+    from dapple_launch.planner import Plan
+    plan = Plan.from_json(plan_json)
+    model = tiny_model(model_name)
+    grid = ProcessGrid.from_plan(plan)
+    stage, replica = grid.position(rank)
+    batch = model.batch(batch_n, torch.Generator().manual_seed(1))
+    # Reference: every layer in one process, the whole batch at once.
+    ref = PipelineModule(model).materialize()
+    ref_loss = ref.reference_loss(batch)
+    ref_loss.backward()
+    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    # Pipelined: only this stage's layers, the schedule's micro-batches, this replica's slices.
+    a, b = plan.stages[stage].layers
+    local = PipelineModule(model).materialize(list(range(a, b)))
+    params = list(local.parameters())
+    groups = [dist.new_group(grid.stage_ranks(s)) for s in range(grid.num_stages)]
+    sync = GradientSync(params, groups[stage], grid.replicas[stage])
+    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
+                       on_last_backward=sync.start)
+    result = ex.run(build_schedule(schedule, grid.num_stages, num_micro_batches), batch)
+    sync.finish()
+    loss = result.loss_sum.clone()
+    dist.all_reduce(loss)
+    worst = 0.0
+    for n, p in local.named_parameters():
+        worst = max(worst, (p.grad - ref_grads[n]).abs().max().item() / (ref_grads[n].abs().max().item() + 1e-12))
+    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst,
+            "names": sorted(n for n, _ in local.named_parameters()), "saved_peak": ex.saved_peak}
+
+
+CASES = [
+    # (replicas per stage, schedule, micro-batches, batch size)
+    ((1,), "1f1b", 1, 4), ((1,), "gpipe", 3, 7),
+    ((1, 1), "1f1b", 2, 4), ((1, 1), "gpipe", 1, 4), ((1, 1), "1f1b", 5, 11),
+    ((2, 2), "1f1b", 2, 8), ((2, 2), "gpipe", 3, 13), ((2,), "1f1b", 4, 8),
+    ((1, 1, 1, 1), "1f1b", 4, 8), ((1, 1, 1, 1), "1f1b", 8, 8), ((1, 1, 1, 1), "gpipe", 1, 4),
+    ((1, 1, 1, 1), "gpipe", 6, 13), ((1, 1, 1, 1), "1f1b", 7, 15),
+]
+
+
+@pytest.mark.parametrize("replicas,schedule,num_micro_batches,batch_n", CASES)
+def test_pipelined_equals_reference(tmp_path, replicas, schedule, num_micro_batches, batch_n):
+    model = tiny_model()
+    plan = make_plan(model, replicas, schedule, num_micro_batches, num_micro_batches * max(replicas))
+    results = run_ranks(sum(replicas), _compare,
+                        ("gpt", replicas, schedule, num_micro_batches, batch_n, plan.to_json()), tmp_path)
+    all_names = set()
+    for r in results:
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["worst_grad_rel"] < 1e-4
+        all_names |= set(r["names"])
+    assert all_names == {n for n, _ in PipelineModule(model).materialize().named_parameters()}
+
+
+@pytest.mark.parametrize("model_name", ["bert", "vgg19"])
+def test_other_models_pipelined(tmp_path, model_name):
+    model = tiny_model(model_name)
+    plan = make_plan(model, (1, 1), "1f1b", 2, 4)
+    for r in run_ranks(2, _compare, (model_name, (1, 1), "1f1b", 2, 6, plan.to_json()), tmp_path):
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["worst_grad_rel"] < 1e-4
