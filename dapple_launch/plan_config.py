@@ -1,0 +1,81 @@
+"""From a composed config to the objects the planner reads: ModelPipeline, ModelProfile, Topology, Plan."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from omegaconf import DictConfig, OmegaConf
+
+from .cluster import Topology
+from .config import GBPS, GIB
+from .models import PipelineModel, build_model
+from .planner import Limits, Plan, fixed_plan
+from .profile import ModelProfile, analytic_profile, read_profile_file
+
+_SHAPE_KEYS = ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout", "image_size",
+               "num_classes", "width_divisor", "fc_width")
+PROFILE_BATCH = 2
+
+
+def model_from_config(m: DictConfig) -> PipelineModel:
+    if m.name == "from_profile":
+        raise ValueError("model=from_profile describes a profile only, for planning (dry_run=true); it has no "
+                         "layers to train: pick model=gpt, bert or vgg19 to train")
+    return build_model(m.name, m.preset, **{k: m[k] for k in _SHAPE_KEYS})
+
+
+def topology_from_config(c: DictConfig) -> Topology:
+    return Topology(
+        name=c.name, nodes=c.nodes, devices_per_node=c.devices_per_node,
+        device_memory_bytes=c.device_memory_gib * GIB, device_tflops=c.device_tflops,
+        intra_node_bandwidth=c.intra_node_bandwidth_gbps * GBPS, inter_node_bandwidth=c.inter_node_bandwidth_gbps * GBPS,
+        intra_node_latency_s=c.intra_node_latency_us * 1e-6, inter_node_latency_s=c.inter_node_latency_us * 1e-6,
+        intra_node_allreduce_bandwidth=(c.intra_node_allreduce_gbps or 0) * GBPS or None,
+        inter_node_allreduce_bandwidth=(c.inter_node_allreduce_gbps or 0) * GBPS or None,
+        device_kind=c.device_kind)
+
+
+def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
+    m = cfg.model
+    if m.name == "from_profile":
+        if not m.profile:
+            raise ValueError("model=from_profile needs model.profile=PATH (a PipeDream/DAPPLE graph text file)")
+        p = read_profile_file(m.profile, m.profile_batch_size, device_tflops=m.profile_device_tflops)
+        if m.parameter_scale != 1.0:
+            from dataclasses import replace
+            p = replace(p, layers=tuple(replace(layer, parameter_bytes=layer.parameter_bytes * m.parameter_scale)
+                                        for layer in p.layers))
+        return p
+    return analytic_profile(model_from_config(m), PROFILE_BATCH, topology.device_tflops, topology.name)
+
+
+def limits_from_config(s: DictConfig) -> Limits:
+    return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom, max_stages=s.max_stages,
+                  micro_batch_size=s.micro_batch_size, schedule=s.schedule)
+
+
+def plan_from_config(cfg: DictConfig) -> Plan:
+    topology = topology_from_config(cfg.cluster)
+    profile = profile_from_config(cfg, topology)
+    s = cfg.strategy
+    if s.name == "fixed":
+        return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, list(s.replicas), s.num_micro_batches,
+                          limits_from_config(s), boundaries=list(s.boundaries) or None)
+    if s.name == "auto":
+        from .planner.search import plan as search_plan
+        return search_plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
+    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: auto, fixed")
+
+
+_PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")
+
+
+def cached_plan(cfg: DictConfig) -> Plan:
+    """The resolver runs on every access to `plan`; the planner runs once per distinct input."""
+    key = OmegaConf.to_yaml(OmegaConf.create({k: OmegaConf.to_container(cfg[k]) if k != "global_batch_size"
+                                              else cfg[k] for k in _PLAN_INPUTS}))
+    return _plan_for(key)
+
+
+@lru_cache(maxsize=16)
+def _plan_for(key: str) -> Plan:
+    return plan_from_config(OmegaConf.create(key))

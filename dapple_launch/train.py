@@ -1,0 +1,74 @@
+"""What every rank runs: build the model, data and Trainer from the resolved config, then fit."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig
+
+from .data.datasets import PipelineData
+from .planner.plan import Plan
+from .plan_config import model_from_config
+from .runtime import DappleStrategy, PipelineModule
+
+DATA_KIND = {"gpt": "text", "bert": "masked_text", "vgg19": "model_samples"}
+
+
+def data_kind(cfg: DictConfig) -> str:
+    return DATA_KIND[cfg.model.name] if cfg.data.kind == "auto" else cfg.data.kind
+
+
+def build_logger(cfg: DictConfig, run_dir: Path):
+    name = cfg.logger.name
+    if name == "csv":
+        from lightning.pytorch.loggers import CSVLogger
+        return CSVLogger(save_dir=str(run_dir), name="logs")
+    if name == "wandb":
+        os.environ.setdefault("WANDB_MODE", cfg.logger.mode)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        from lightning.pytorch.loggers import WandbLogger
+        return WandbLogger(save_dir=str(run_dir), project=cfg.logger.project, offline=cfg.logger.mode == "offline")
+    if name == "none":
+        return False
+    raise ValueError(f"unknown logger {name!r}; valid loggers: csv, wandb, none")
+
+
+def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
+    t = cfg.trainer
+    callbacks = [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="{step}",
+                                 every_n_train_steps=t.checkpoint_every_n_steps, save_last=True,
+                                 save_top_k=t.keep_checkpoints, monitor="step", mode="max")]
+    logger = build_logger(cfg, run_dir)
+    if logger:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    gpu = cfg.cluster.device_kind == "gpu" and torch.cuda.is_available()
+    return L.Trainer(
+        strategy=DappleStrategy(plan, timeout_s=t.timeout_s, process_group_backend="nccl" if gpu else "gloo"),
+        accelerator="gpu" if gpu else "cpu",
+        devices=plan.world_size if not gpu else cfg.cluster.devices_per_node,
+        num_nodes=1 if not gpu else cfg.cluster.nodes,
+        max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
+        limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps, num_sanity_val_steps=0,
+        logger=logger, callbacks=callbacks, use_distributed_sampler=False, enable_progress_bar=t.progress_bar,
+        enable_model_summary=False, default_root_dir=str(run_dir),
+    )
+
+
+def build_module_and_data(cfg: DictConfig) -> tuple[PipelineModule, PipelineData]:
+    model = model_from_config(cfg.model)
+    t = cfg.trainer
+    module = PipelineModule(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+                            total_steps=t.max_steps, gradient_clip_val=t.gradient_clip_val, seed=t.seed)
+    data = PipelineData(model, data_kind(cfg), cfg.global_batch_size, cfg.data.num_train, cfg.data.num_val,
+                        seed=t.seed, num_workers=cfg.data.num_workers)
+    return module, data
+
+
+def fit(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> None:
+    L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
+    module, data = build_module_and_data(cfg)
+    trainer = build_trainer(cfg, plan, run_dir)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
