@@ -86,6 +86,7 @@ class TrainerConfig:
     lr: float = 3e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
+    lr_decay_steps: Optional[int] = None  # cosine decay horizon; None = max_steps (set it when you will resume longer)
     gradient_clip_val: Optional[float] = 1.0
     val_check_interval: int = 100
     limit_val_batches: int = 4

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -36,10 +37,19 @@ def build_logger(cfg: DictConfig, run_dir: Path):
     raise ValueError(f"unknown logger {name!r}; valid loggers: csv, wandb, none")
 
 
+def quiet_known_warnings() -> None:
+    # The loss is broadcast from the last stage before logging, so every rank logs the same value
+    # (sync_dist would only add an all-reduce); checkpoints are taken after the optimizer step on
+    # purpose (that is the state a resume continues from).
+    for text in ("It is recommended to use `self.log", "Using ModelCheckpoint with manual optimization",
+                 "`isinstance(treespec, LeafSpec)` is deprecated", "The number of training batches"):
+        warnings.filterwarnings("ignore", message=f".*{text}.*")
+
+
 def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     t = cfg.trainer
     callbacks = [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="{step}",
-                                 every_n_train_steps=t.checkpoint_every_n_steps, save_last=True,
+                                 every_n_train_steps=t.checkpoint_every_n_steps, save_last="link",
                                  save_top_k=t.keep_checkpoints, monitor="step", mode="max")]
     logger = build_logger(cfg, run_dir)
     if logger:
@@ -61,13 +71,14 @@ def build_module_and_data(cfg: DictConfig) -> tuple[PipelineModule, PipelineData
     model = model_from_config(cfg.model)
     t = cfg.trainer
     module = PipelineModule(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                            total_steps=t.max_steps, gradient_clip_val=t.gradient_clip_val, seed=t.seed)
+                            total_steps=t.lr_decay_steps or t.max_steps, gradient_clip_val=t.gradient_clip_val, seed=t.seed)
     data = PipelineData(model, data_kind(cfg), cfg.global_batch_size, cfg.data.num_train, cfg.data.num_val,
                         seed=t.seed, num_workers=cfg.data.num_workers)
     return module, data
 
 
 def fit(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> None:
+    quiet_known_warnings()
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
     module, data = build_module_and_data(cfg)
     trainer = build_trainer(cfg, plan, run_dir)

@@ -8,11 +8,13 @@ link of its devices, starting when its last backward ends.
 Closed form for early-backward (1F1B), with t_s = F_s + B_s and the bottleneck
 beta = max(max_s t_s, max over links of the per-micro-batch transfer):
 
-    T = sum_s t_s + sum_links (A + G)        warm-up and ending of one micro-batch through all stages
-      + (M - 1) * beta                       steady phase, driven by the pivot (bottleneck) stage
-      + max_s (AR_s - sum_{j<s} (B_j + G_j)) the all-reduce tail not hidden behind earlier stages' backward
+    E_0 = sum_s t_s + sum_links (A + G)      warm-up and ending of one micro-batch through all stages
+        + (M - 1) * beta                     steady phase, driven by the pivot (bottleneck) stage
+    E_s = E_0 - sum_{j<s} (B_j + G_j)        stage s's last backward ends before the earlier stages'
+    T   = max_s (E_s + AR_s)                 each all-reduce overlaps the earlier stages' backward
 
-For GPipe the steady term is (M - 1) * (max F + max B). The discrete-event simulator of the same
+For GPipe the forward phase is paced by max(F, A) and stage s's backward phase by the slowest
+backward or gradient link among the stages from s on. The discrete-event simulator of the same
 schedule is the ground truth this formula is checked against (see tests and benchmarks).
 """
 from __future__ import annotations
@@ -116,18 +118,23 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
 
 def formula_iteration_s(costs: list[StageCosts], num_micro_batches: int, schedule: str) -> float:
     S, M = len(costs), num_micro_batches
-    links = [costs[s].send_activation_s + costs[s + 1].send_gradient_s for s in range(S - 1)]
-    fill = sum(c.forward_s + c.backward_s for c in costs) + sum(links)
-    link_max = max((max(costs[s].send_activation_s, costs[s + 1].send_gradient_s) for s in range(S - 1)), default=0.0)
+    F = [c.forward_s for c in costs]
+    B = [c.backward_s for c in costs]
+    A = [costs[s].send_activation_s for s in range(S - 1)]  # link s -> s+1
+    G = [costs[s + 1].send_gradient_s for s in range(S - 1)]  # link s+1 -> s
     if schedule == "gpipe":
-        steady = max(max(c.forward_s for c in costs), link_max) + max(max(c.backward_s for c in costs), link_max)
+        # Forward phase, then the backward phase flows from the last stage to the first; stage s
+        # ends when the last micro-batch's backward has passed it, paced by the stages after it.
+        forward_end = sum(F) + sum(A) + (M - 1) * max([*F, *A])
+        ends = [forward_end + sum(B[s:]) + sum(G[s:]) + (M - 1) * max([*B[s:], *G[s:]]) for s in range(S)]
     else:
-        steady = max(max(c.forward_s + c.backward_s for c in costs), link_max)
-    tail, behind = -math.inf, 0.0
-    for s, c in enumerate(costs):
-        tail = max(tail, c.allreduce_s - behind)
-        behind += c.backward_s + (costs[s + 1].send_gradient_s if s + 1 < S else 0.0)
-    return fill + (M - 1) * steady + max(tail, 0.0)
+        # Early backward: every stage runs at the pivot's (bottleneck's) pace; stage s finishes
+        # when the last micro-batch's gradient has come back down to it.
+        beta = max([f + b for f, b in zip(F, B)] + [max(a, g) for a, g in zip(A, G)])
+        end0 = sum(F) + sum(B) + sum(A) + sum(G) + (M - 1) * beta
+        ends = [end0 - sum(B[:s]) - sum(G[:s]) for s in range(S)]
+    # Each stage's all-reduce starts at its last backward and overlaps the others' remaining work.
+    return max(e + c.allreduce_s for e, c in zip(ends, costs))
 
 
 def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,

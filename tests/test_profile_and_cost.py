@@ -1,0 +1,117 @@
+"""Pure tier: profile files, analytic profiles, the cost model and fixed plans."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dapple_launch.cluster import Topology
+from dapple_launch.models import build_model
+from dapple_launch.planner import Limits, Plan, fixed_plan
+from dapple_launch.planner.cost import StageSpec, evaluate, simulate_costed
+from dapple_launch.profile import ModelProfile, ProfileFileError, analytic_profile, parse_graph_text, read_profile_file
+
+PROFILES = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles"
+V100X16 = Topology("v100x16", 2, 8, 16 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
+SHIPPED = [("bert-48-pbs-2.txt", 2), ("vgg-19-pbs-32.txt", 32), ("amoeba-36-pbs-1.txt", 1),
+           ("gnmt-32-pbs-64-simplified.txt", 64)]
+
+
+@pytest.mark.parametrize("name,pbs", SHIPPED)
+def test_shipped_profiles_parse_in_topological_order(name, pbs):
+    p = read_profile_file(PROFILES / name, pbs)
+    for j, layer in enumerate(p.layers):
+        assert all(i < j for i in layer.inputs), f"{layer.name} consumes a later layer"
+    assert all(c >= 0 for c in p.cut_bytes)
+
+
+def test_gnmt_back_edge_is_sorted():
+    p = read_profile_file(PROFILES / "gnmt-32-pbs-64-simplified.txt", 64)
+    names = [layer.name for layer in p.layers]
+    text = (PROFILES / "gnmt-32-pbs-64-simplified.txt").read_text()
+    file_order = [line.split(" -- ")[0] for line in text.splitlines() if line.startswith("node")]
+    assert names != file_order and sorted(names) == sorted(file_order)
+
+
+def test_cut_carries_skip_edges():
+    text = ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=10, parameter_size=0\n"
+            "node2 -- b -- forward_compute_time=1, backward_compute_time=1, activation_size=[20; 5], parameter_size=4\n"
+            "node3 -- c -- forward_compute_time=1, backward_compute_time=1, activation_size=40, parameter_size=0\n"
+            "\tnode1 -- node2\n\tnode2 -- node3\n\tnode1 -- node3\n")
+    p = parse_graph_text(text, "skip", 1)
+    assert p.cut_bytes == (10.0, 25.0 + 10.0)  # after b, both a's and b's outputs feed c
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("", "no nodes"),
+    ("node1 -- a -- forward_compute_time=x, backward_compute_time=1, activation_size=1, parameter_size=0", "not a number"),
+    ("garbage line", "expected 'nodeK"),
+    ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0\n"
+     "node2 -- b -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0\n"
+     "\tnode1 -- node2\n\tnode2 -- node1", "cycle"),
+    ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=1\n", "lacks"),
+])
+def test_bad_profile_files_name_line_and_reason(text, reason):
+    with pytest.raises(ProfileFileError, match=reason) as e:
+        parse_graph_text(text, "bad", 1, source="bad.txt")
+    assert "bad.txt" in str(e.value)
+
+
+def test_analytic_profile_counts_real_parameters():
+    model = build_model("bert", "48")
+    p = analytic_profile(model, 2, 125, "v100")
+    # Every encoder layer of BERT-48 holds 12.6 M fp32 parameters: DAPPLE's file says the same bytes.
+    assert p.layers[1].parameter_bytes == 50384896
+    assert p.layers[1].saved_bytes > p.layers[1].activation_bytes
+
+
+def test_profile_json_round_trip():
+    p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32)
+    assert ModelProfile.from_json(p.to_json()) == p
+
+
+@pytest.mark.parametrize("name,pbs", SHIPPED)
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_formula_agrees_with_simulator(name, pbs, schedule):
+    p = read_profile_file(PROFILES / name, pbs, device_tflops=125)
+    L = p.num_layers
+    for layout in [(StageSpec(0, L // 2, tuple(range(8))), StageSpec(L // 2, L, tuple(range(8, 16)))),
+                   tuple(StageSpec(a, b, (d,)) for d, (a, b) in enumerate(zip(range(0, L, L // 4), [*range(L // 4, L, L // 4)][:3] + [L])))]:
+        c = evaluate(p, V100X16, layout, 16, 8, Limits(schedule=schedule))
+        sim = simulate_costed(c).iteration_s
+        assert abs(c.iteration_s - sim) / sim < 0.15, (c.summary(), c.iteration_s, sim)
+
+
+def test_plan_round_trips_json_and_yaml():
+    p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2)
+    plan = fixed_plan(p, V100X16, 128, 2, [8], 16, Limits())
+    assert Plan.from_json(plan.to_json()) == plan
+    assert Plan.from_yaml(plan.to_yaml()) == plan
+    d = plan.to_dict()
+    assert d["stages"][0]["layer_names"][0] == "node1"
+    assert d["micro_batch_size"] * d["num_micro_batches"] == d["global_batch_size"]
+    assert set(d["estimate"]) >= {"iteration_s", "samples_per_s", "peak_memory_bytes", "speedup_over_data_parallel"}
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(num_stages=2, replicas=[3], num_micro_batches=4), "uses 6 devices but cluster"),
+    (dict(num_stages=60, replicas=[1], num_micro_batches=60), "only 53 layers"),
+    (dict(num_stages=2, replicas=[8], num_micro_batches=5), "not divisible"),
+    (dict(num_stages=2, replicas=[8], num_micro_batches=32), "cannot be split across 8 replicas"),
+    (dict(num_stages=16, replicas=[1], num_micro_batches=8), "needs at least 16 micro-batches"),
+])
+def test_fixed_plan_bad_input(kwargs, message):
+    p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2)
+    with pytest.raises(ValueError, match=message):
+        fixed_plan(p, V100X16, 128, limits=Limits(), **kwargs)
+
+
+def test_fixed_plan_that_does_not_fit_memory():
+    p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2)
+    with pytest.raises(ValueError, match="does not fit device memory.*more stages"):
+        fixed_plan(p, V100X16, 128, 1, [16], 1, Limits(schedule="gpipe", optimizer_factor=6))
+
+
+def test_zero_device_cluster_is_refused():
+    with pytest.raises(ValueError, match="at least one"):
+        Topology("empty", 0, 8, 1e9, 1, 1e9, 1e9)

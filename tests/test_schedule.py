@@ -1,0 +1,90 @@
+"""Pure tier: schedules as data, their validator and their simulator."""
+from __future__ import annotations
+
+import pytest
+
+from dapple_launch.schedule import (Action, Kind, Schedule, ScheduleError, StageCosts, forward_only, gpipe,
+                                    one_f_one_b, simulate, validate)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("micro_batches", [1, 2, 3, 4, 5, 8, 16])
+@pytest.mark.parametrize("make", [gpipe, one_f_one_b, forward_only])
+def test_generated_schedules_are_valid(make, stages, micro_batches):
+    validate(make(stages, micro_batches))
+
+
+def _break(schedule: Schedule, stage: int, actions) -> Schedule:
+    lists = list(schedule.stage_actions)
+    lists[stage] = tuple(actions)
+    return Schedule(schedule.name, schedule.num_stages, schedule.num_micro_batches, tuple(lists))
+
+
+def test_backward_before_forward_is_rejected_with_grid():
+    s = one_f_one_b(2, 2)
+    acts = list(s.stage_actions[1])
+    f0 = acts.index(Action(Kind.FORWARD, 0))
+    b0 = acts.index(Action(Kind.BACKWARD, 0))
+    acts[f0], acts[b0] = acts[b0], acts[f0]
+    with pytest.raises(ScheduleError) as e:
+        validate(_break(s, 1, acts))
+    assert "backward 0 runs before forward 0" in str(e.value)
+    assert ">B0<" in str(e.value) and "stage 1:" in str(e.value)
+
+
+def test_missing_receive_is_rejected():
+    s = gpipe(2, 2)
+    acts = [a for a in s.stage_actions[1] if a != Action(Kind.RECV_ACTIVATION, 1)]
+    with pytest.raises(ScheduleError, match="before its activation is received"):
+        validate(_break(s, 1, acts))
+
+
+def test_unmatched_send_is_rejected():
+    s = gpipe(2, 1)
+    acts = list(s.stage_actions[0]) + [Action(Kind.SEND_ACTIVATION, 0)]
+    with pytest.raises(ScheduleError, match="appears twice"):
+        validate(_break(s, 0, acts))
+
+
+def test_deadlock_is_detected_and_marked():
+    # Stage 0 waits for gradient 1 before sending activation 1: both stages wait forever.
+    s = one_f_one_b(2, 2)
+    acts = [Action(Kind.FORWARD, 0), Action(Kind.SEND_ACTIVATION, 0), Action(Kind.RECV_GRADIENT, 1),
+            Action(Kind.FORWARD, 1), Action(Kind.RECV_GRADIENT, 0), Action(Kind.BACKWARD, 0),
+            Action(Kind.SEND_ACTIVATION, 1), Action(Kind.BACKWARD, 1)]
+    with pytest.raises(ScheduleError) as e:
+        validate(_break(s, 0, acts))
+    assert "deadlocks" in str(e.value) and ">RG1<" in str(e.value)
+
+
+def test_missing_forward_is_rejected():
+    s = gpipe(1, 2)
+    with pytest.raises(ScheduleError, match="forward 1 never runs"):
+        validate(_break(s, 0, [Action(Kind.FORWARD, 0), Action(Kind.BACKWARD, 0)]))
+
+
+@pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 4), (4, 8), (4, 16), (3, 7)])
+def test_uniform_pipeline_time_and_memory(stages, micro_batches):
+    costs = [StageCosts(1.0, 2.0, activation_bytes=10.0)] * stages
+    for make in (gpipe, one_f_one_b):
+        sim = simulate(make(stages, micro_batches), costs)
+        assert sim.iteration_s == pytest.approx((micro_batches + stages - 1) * 3.0)
+    one = simulate(one_f_one_b(stages, micro_batches), costs)
+    pipe = simulate(gpipe(stages, micro_batches), costs)
+    assert one.peak_in_flight == [min(stages - s, micro_batches) for s in range(stages)]
+    assert pipe.peak_in_flight == [micro_batches] * stages
+    # DAPPLE's claim: the first stage holds stages/micro-batches of what GPipe holds.
+    assert one.peak_activation_bytes[0] <= pipe.peak_activation_bytes[0] * stages / micro_batches
+
+
+def test_allreduce_overlaps_later_stages_backward():
+    costs = [StageCosts(1, 1, allreduce_s=1.5), StageCosts(1, 1, allreduce_s=0.0)]
+    sim = simulate(one_f_one_b(2, 1), costs)
+    # stage 1 ends its backward at 3, stage 0 at 4; stage 0's all-reduce then runs 4 -> 5.5
+    assert sim.iteration_s == pytest.approx(5.5)
+    assert [e.kind for e in sim.timeline if e.stage == 0][-1] == "allreduce"
+
+
+def test_communication_delays_the_receiver():
+    costs = [StageCosts(1, 1, send_activation_s=0.5), StageCosts(1, 1, send_gradient_s=0.5)]
+    assert simulate(gpipe(2, 1), costs).iteration_s == pytest.approx(5.0)
