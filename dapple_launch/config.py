@@ -59,7 +59,7 @@ class ClusterConfig:
 
 @dataclass
 class StrategyConfig:
-    name: str = "fixed"  # fixed | auto
+    name: str = "fixed"  # fixed (auto: the planner, in progress)
     stages: int = 2
     replicas: List[int] = field(default_factory=lambda: [2])  # one per stage, or one for all
     boundaries: List[int] = field(default_factory=list)  # layer positions where stages start (not 0)
@@ -135,8 +135,33 @@ def register_configs() -> None:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 
+def check_schema(cfg: DictConfig) -> None:
+    """Refuse keys the schema does not have, including ones added with Hydra's `+key=`, which
+    would otherwise be carried along silently and read by nothing."""
+    import difflib
+    from dataclasses import fields, is_dataclass
+
+    def walk(node: DictConfig, schema, path: str) -> None:
+        known = {f.name: f for f in fields(schema)}
+        for key in node.keys():
+            if key == "hydra" and not path:
+                continue
+            if key not in known:
+                near = difflib.get_close_matches(str(key), list(known), n=1)
+                hint = f"did you mean {path}{near[0]}? " if near else ""
+                raise ValueError(f"{path}{key} is not a setting of dapple_launch; {hint}valid keys under "
+                                 f"{path.rstrip('.') or 'the top level'}: {sorted(known)}")
+            child = node._get_node(key)  # not node[key]: that would resolve ${dapple_plan:} again
+            factory = known[key].default_factory
+            if isinstance(child, DictConfig) and callable(factory) and is_dataclass(sub := factory()):
+                walk(child, type(sub), f"{path}{key}.")
+
+    walk(cfg, Config, "")
+
+
 def _plan_resolver(*, _root_: DictConfig):
     from .plan_config import cached_plan
+    check_schema(_root_)
     return cached_plan(_root_).to_dict()
 
 

@@ -60,10 +60,8 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     if s.name == "fixed":
         return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, list(s.replicas), s.num_micro_batches,
                           limits_from_config(s), boundaries=list(s.boundaries) or None)
-    if s.name == "auto":
-        from .planner.search import plan as search_plan
-        return search_plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
-    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: auto, fixed")
+    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: fixed (strategy.stages, strategy.replicas, "
+                     f"strategy.num_micro_batches)")
 
 
 _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")

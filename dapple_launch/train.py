@@ -48,7 +48,7 @@ def quiet_known_warnings() -> None:
 
 def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     t = cfg.trainer
-    callbacks = [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="{step}",
+    callbacks = [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:06d}", auto_insert_metric_name=False,
                                  every_n_train_steps=t.checkpoint_every_n_steps, save_last="link",
                                  save_top_k=t.keep_checkpoints, monitor="step", mode="max")]
     logger = build_logger(cfg, run_dir)

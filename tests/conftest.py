@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from dapple_launch.config import CONF_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_GPT = ["model.num_layers=2", "model.hidden=32", "model.heads=2", "model.seq_len=16"]
+
+
+@pytest.fixture
+def compose_cfg():
+    def make(overrides=()):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            return compose("config", overrides=list(overrides))
+    return make
+
+
+def cli(args, cwd, timeout=600, env=None):
+    """Run `python -m dapple_launch ARGS` as a user would; return the CompletedProcess."""
+    e = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "dapple_launch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=e)

@@ -1,0 +1,110 @@
+"""The product as a user runs it: `python -m dapple_launch ...` in a subprocess.
+
+Runs use a tiny GPT so each takes seconds; the multi-process ones start 4 gloo ranks.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapple_launch.runtime.checkpoint import find_checkpoints, read_shards
+
+from .conftest import TINY_GPT, cli
+
+FAST = [*TINY_GPT, "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1",
+        "trainer.lr_decay_steps=8", "trainer.warmup_steps=2", "trainer.progress_bar=false", "data.num_train=256",
+        "data.num_val=32"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    (metrics,) = run_dir.rglob("metrics.csv")
+    return {int(r["step"]): float(r["train_loss"]) for r in csv.DictReader(metrics.open()) if r.get("train_loss")}
+
+
+def test_dry_run_contract(tmp_path):
+    out = cli(["model=bert", "cluster=v100x16", "strategy.replicas=[8]", "global_batch_size=128",
+               "strategy.num_micro_batches=8", "dry_run=true", f"hydra.run.dir={tmp_path}/dry"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads((tmp_path / "dry" / "plan.json").read_text())
+    assert [s["replicas"] for s in plan["stages"]] == [8, 8]
+    assert plan["stages"][1]["devices"] == list(range(8, 16))
+    assert plan["micro_batch_size"] * plan["num_micro_batches"] == plan["global_batch_size"] == 128
+    assert len(plan["estimate"]["peak_memory_bytes"]) == 2
+    assert "nothing started" in out.stdout and not (tmp_path / "dry" / "logs").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["strategy.replicas=[3]"], "uses 6 devices but cluster local has 4"),
+    (["strategy.stages=9", "strategy.replicas=[1]"], "only 4 layers"),
+    (["global_batch_size=10"], "not divisible by strategy.num_micro_batches=4"),
+    (["strategy.stages=4", "strategy.replicas=[1]", "strategy.num_micro_batches=2", "global_batch_size=8"],
+     "needs at least 4 micro-batches"),
+    (["+model.hidn=3"], "model.hidn is not a setting of dapple_launch; did you mean model.hidden"),
+])
+def test_bad_input_is_refused_before_any_process_starts(tmp_path, args, needle):
+    out = cli([*FAST, *args, f"hydra.run.dir={tmp_path}/bad"], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "bad" / "logs").exists()
+
+
+def test_unknown_model_lists_valid_ones(tmp_path):
+    out = cli(["model=gtp", "dry_run=true", f"hydra.run.dir={tmp_path}/x"], tmp_path)
+    assert out.returncode != 0 and "Available options in 'model'" in out.stderr and "gpt" in out.stderr
+
+
+@pytest.mark.multiprocess
+def test_default_job_contract_resume_and_layout_change(tmp_path):
+    """Train 8 steps straight; train 4, stop, resume to 8: same weights. Resume the step-4
+    checkpoint as 1 stage × 4 replicas and 4 stages × 1: the same losses continue."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    out = cli([*FAST, "logger=csv", "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4",
+               f"hydra.run.dir={straight}"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # The contract outside checks rely on.
+    assert json.loads((straight / "plan.json").read_text())["stages"][0]["replicas"] == 2
+    assert find_checkpoints(straight / "checkpoints")
+    assert "done: plan, config, logs and checkpoints are in" in out.stdout
+    ref = losses(straight)
+    assert ref[min(ref)] > ref[max(ref)], ref  # the loss falls
+
+    out = cli([*FAST, "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=4", f"hydra.run.dir={split}"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    # A new run into a directory with checkpoints is refused, and nothing there is touched.
+    again = cli([*FAST, "trainer.max_steps=4", f"hydra.run.dir={split}"], tmp_path)
+    assert again.returncode == 2 and "already holds 1 checkpoint" in again.stderr
+    out = cli([*FAST, "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4", "ckpt_path=last",
+               f"hydra.run.dir={split}"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    a, _ = read_shards(find_checkpoints(straight / "checkpoints")[-1])
+    b, _ = read_shards(find_checkpoints(split / "checkpoints")[-1])
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+    step4 = [p for p in find_checkpoints(split / "checkpoints") if p.name == "step000004.ckpt"]
+    assert step4, "the step-4 checkpoint is kept"
+    for name, layout in (("dp", ["strategy.stages=1", "strategy.replicas=[4]"]),
+                         ("deep", ["strategy.stages=4", "strategy.replicas=[1]"])):
+        out = cli([*FAST, *layout, "trainer.max_steps=8", f"ckpt_path={step4[0]}", f"hydra.run.dir={tmp_path / name}"],
+                  tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        got = losses(tmp_path / name)
+        assert sorted(got) == [s for s in sorted(ref) if s >= 4]  # logged step = optimizer steps before it
+        for s, v in got.items():
+            assert v == pytest.approx(ref[s], rel=1e-4), (name, s)
+
+
+@pytest.mark.multiprocess
+def test_checkpoint_from_another_model_is_refused(tmp_path):
+    run = tmp_path / "gpt"
+    out = cli([*FAST, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2", f"hydra.run.dir={run}"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    ckpt = find_checkpoints(run / "checkpoints")[-1]
+    out = cli([*FAST, "model.hidden=48", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path}/other"], tmp_path)
+    assert out.returncode == 2 and "saved from another model" in out.stderr and "hidden" in out.stderr

@@ -1,0 +1,63 @@
+"""One process: every shipped config composes and plans; bad keys fail with their full path."""
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import OmegaConfBaseException
+
+from dapple_launch.config import CONF_DIR
+from dapple_launch.plan_config import plan_from_config
+
+MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
+GPU_FIXED = {"v100x16": ["strategy.replicas=[8]", "global_batch_size=128", "strategy.num_micro_batches=8"],
+             "v100-16x1": ["strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
+                           "strategy.num_micro_batches=8"],
+             "v100-16x1-10g": ["strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
+                               "strategy.num_micro_batches=8"],
+             "a100x64": ["strategy.stages=4", "strategy.replicas=[16]", "global_batch_size=512",
+                         "strategy.num_micro_batches=8"],
+             "h100x8": ["strategy.replicas=[4]", "global_batch_size=64", "strategy.num_micro_batches=8"],
+             "local": []}
+PROFILE = ["model.profile=" + str(CONF_DIR.parent / "dapple_launch/profiles/bert-48-pbs-2.txt"),
+           "model.profile_batch_size=2"]
+
+
+def test_every_config_group_option_is_tested():
+    assert set(CLUSTERS) == set(GPU_FIXED)
+    assert {"gpt", "bert", "vgg19", "from_profile"} <= set(MODELS)
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_on_every_cluster_plans(compose_cfg, model, cluster):
+    extra = PROFILE if model == "from_profile" else []
+    if cluster == "local" and model in ("bert", "vgg19"):
+        extra = ["model.preset=tiny"]
+    if cluster == "local" and model == "from_profile":
+        pytest.skip("a V100 profile on CPU processes: planned on the GPU clusters instead")
+    cfg = compose_cfg([f"model={model}", f"cluster={cluster}", *GPU_FIXED[cluster], *extra])
+    plan = plan_from_config(cfg)
+    assert plan.world_size == cfg.cluster.nodes * cfg.cluster.devices_per_node
+    assert plan.micro_batch_size * plan.num_micro_batches == cfg.global_batch_size
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.hiden=3", "model.hiden"),
+    ("+model.hiden=3", "hiden"),
+    ("trainer.max_steps=many", "trainer.max_steps"),
+    ("strategy.replicas=two", "strategy.replicas"),
+])
+def test_misspelled_or_mistyped_key_names_full_path(compose_cfg, override, needle):
+    with pytest.raises((ConfigCompositionException, OmegaConfBaseException)) as e:
+        cfg = compose_cfg([override])
+        cfg.plan  # the resolver checks the schema before planning
+    text = str(e.value) + str(getattr(e.value, "__cause__", ""))
+    assert needle in text
+
+
+@pytest.mark.parametrize("group,name", [("model", "gtp"), ("cluster", "v100x99"), ("strategy", "magic")])
+def test_unknown_group_option_lists_valid_ones(compose_cfg, group, name):
+    with pytest.raises(Exception) as e:
+        compose_cfg([f"{group}={name}"])
+    assert "Available options" in str(e.value) or "valid" in str(e.value)
