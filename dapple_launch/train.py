@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def quiet_known_warnings() -> None:
     # purpose (that is the state a resume continues from).
     for text in ("It is recommended to use `self.log", "Using ModelCheckpoint with manual optimization",
                  "`isinstance(treespec, LeafSpec)` is deprecated", "The number of training batches"):
-        warnings.filterwarnings("ignore", message=f".*{text}.*")
+        warnings.filterwarnings("ignore", message=f".*{re.escape(text)}.*")
 
 
 def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:

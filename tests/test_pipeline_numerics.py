@@ -72,6 +72,8 @@ CASES = [
     ((2, 2), "1f1b", 2, 8), ((2, 2), "gpipe", 3, 13), ((2,), "1f1b", 4, 8),
     ((1, 1, 1, 1), "1f1b", 4, 8), ((1, 1, 1, 1), "1f1b", 8, 8), ((1, 1, 1, 1), "gpipe", 1, 4),
     ((1, 1, 1, 1), "gpipe", 6, 13), ((1, 1, 1, 1), "1f1b", 7, 15),
+    # uneven replication: activations and gradients re-split many-to-many between stages
+    ((3, 1), "1f1b", 2, 7), ((1, 2), "gpipe", 2, 5), ((2, 1, 1), "1f1b", 3, 9),
 ]
 
 
