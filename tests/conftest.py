@@ -24,6 +24,6 @@ def compose_cfg():
 
 def cli(args, cwd, timeout=600, env=None):
     """Run `python -m dapple_launch ARGS` as a user would; return the CompletedProcess."""
-    e = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", **(env or {}))
+    e = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "dapple_launch", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=e)

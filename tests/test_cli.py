@@ -108,3 +108,22 @@ def test_checkpoint_from_another_model_is_refused(tmp_path):
     ckpt = find_checkpoints(run / "checkpoints")[-1]
     out = cli([*FAST, "model.hidden=48", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path}/other"], tmp_path)
     assert out.returncode == 2 and "saved from another model" in out.stderr and "hidden" in out.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("args", [
+    ["model=bert", "model.preset=tiny", "strategy.stages=4", "strategy.replicas=[1]"],
+    ["model=vgg19", "model.preset=tiny", "model.width_divisor=16", "model.fc_width=32", "strategy.schedule=gpipe"],
+    ["logger=wandb_disabled"],
+    ["logger=wandb"],
+    ["logger=none"],
+])
+def test_shipped_configs_run_a_few_steps(tmp_path, args):
+    extra = [] if any(a.startswith("model=") for a in args) else TINY_GPT
+    out = cli([*extra, *args, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2", "trainer.progress_bar=false",
+               "data.num_train=64", "data.num_val=16", "trainer.limit_val_batches=1", f"hydra.run.dir={tmp_path}/run"],
+              tmp_path, env={"WANDB_MODE": "offline"} if "logger=wandb" in args else None)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert find_checkpoints(tmp_path / "run" / "checkpoints")
+    if "logger=wandb" in args:
+        assert list((tmp_path / "run").rglob("offline-run-*")), "wandb wrote its offline run in the run directory"
