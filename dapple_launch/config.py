@@ -59,9 +59,9 @@ class ClusterConfig:
 
 @dataclass
 class StrategyConfig:
-    name: str = "fixed"  # fixed (auto: the planner, in progress)
+    name: str = "fixed"  # fixed | auto (the planner)
     stages: int = 2
-    replicas: List[int] = field(default_factory=lambda: [2])  # one per stage, or one for all
+    replicas: List[int] = field(default_factory=list)  # one per stage, one for all, or [] = fill the cluster evenly
     boundaries: List[int] = field(default_factory=list)  # layer positions where stages start (not 0)
     num_micro_batches: int = 4
     schedule: str = "1f1b"  # 1f1b | gpipe

@@ -58,10 +58,18 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     profile = profile_from_config(cfg, topology)
     s = cfg.strategy
     if s.name == "fixed":
-        return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, list(s.replicas), s.num_micro_batches,
+        replicas = list(s.replicas)
+        if not replicas:  # fill the cluster: the same count on every stage
+            if topology.num_devices % s.stages:
+                raise ValueError(f"strategy.replicas is empty (fill the cluster) but {topology.num_devices} devices do "
+                                 f"not divide into {s.stages} equal stages; list strategy.replicas per stage")
+            replicas = [topology.num_devices // s.stages]
+        return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, replicas, s.num_micro_batches,
                           limits_from_config(s), boundaries=list(s.boundaries) or None)
-    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: fixed (strategy.stages, strategy.replicas, "
-                     f"strategy.num_micro_batches)")
+    if s.name == "auto":
+        from .planner.search import plan
+        return plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
+    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: auto, fixed")
 
 
 _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")

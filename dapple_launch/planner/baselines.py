@@ -64,3 +64,103 @@ def balanced_boundaries(profile: ModelProfile, num_stages: int, weights: list[in
         i = arg[s][i]
         cuts.append(i)
     return sorted(cuts)
+
+
+def _min_micro(limits: Limits, stages: int) -> int:
+    return stages if limits.schedule == "1f1b" else 1
+
+
+def gpipe_even(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
+    """GPipe: layers split evenly by count into S stages, D/S replicas each, the GPipe schedule."""
+    from dataclasses import replace
+    L, D = profile.num_layers, topology.num_devices
+    gl = replace(limits, schedule="gpipe")
+    best = None
+    for S in divisors(D):
+        if S > L or S == 1:
+            continue
+        r = D // S
+        cuts = [round(L * k / S) for k in range(S + 1)]
+        layout = tuple(StageSpec(cuts[s], cuts[s + 1], tuple(range(s * r, (s + 1) * r))) for s in range(S))
+        c = best_over_micro_batches(profile, topology, layout, global_batch, gl)
+        if c and (best is None or c.iteration_s < best.iteration_s):
+            best = c
+    return best
+
+
+def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
+    """PipeDream's planner: contiguous stages, replicated stages allowed, minimising the slowest
+    of (stage compute / replicas, activation transfer); its layout then runs synchronously (1F1B)."""
+    from .search import replica_choices
+    L, D = profile.num_layers, topology.num_devices
+    pbs = profile.batch_size
+    work = [0.0]
+    for layer in profile.layers:
+        work.append(work[-1] + layer.forward_s + layer.backward_s)
+    comm = [2 * b / pbs / topology.inter_node_bandwidth for b in profile.cut_bytes]  # per sample, both ways
+    R = replica_choices(topology, D)
+    inf = float("inf")
+    # A[j][m]: best bottleneck (per sample) for layers [0, j) on m devices; choice for back-tracking
+    A = [[inf] * (D + 1) for _ in range(L + 1)]
+    choice = [[None] * (D + 1) for _ in range(L + 1)]
+    for j in range(1, L + 1):
+        for m in R:
+            A[j][m], choice[j][m] = work[j] / m, (0, m)
+    for j in range(1, L + 1):
+        for m in range(2, D + 1):
+            for i in range(1, j):
+                for r in R:
+                    if r >= m:
+                        break
+                    v = max(A[i][m - r], comm[i - 1], (work[j] - work[i]) / r)
+                    if v < A[j][m] - 1e-15:
+                        A[j][m], choice[j][m] = v, (i, r)
+    m = min(range(1, D + 1), key=lambda k: (A[L][k], -k))
+    stages, j = [], L
+    while j > 0:
+        i, r = choice[j][m]
+        stages.append((i, j, r))
+        j, m = i, m - r
+    stages.reverse()
+    out, d = [], 0
+    for i, j, r in stages:
+        out.append(StageSpec(i, j, tuple(range(d, d + r))))
+        d += r
+    return best_over_micro_batches(profile, topology, tuple(out), global_batch, limits, _min_micro(limits, len(out)))
+
+
+def dapple_two_stage(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
+    """The published DAPPLE planner's P:Q family: two stages on P and D - P devices, best cut."""
+    L, D = profile.num_layers, topology.num_devices
+    best = None
+    for P in range(1, D):
+        for cut in range(1, L):
+            layout = (StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D))))
+            c = best_over_micro_batches(profile, topology, layout, global_batch, limits, _min_micro(limits, 2))
+            if c and (best is None or c.iteration_s < best.iteration_s):
+                best = c
+    return best
+
+
+def dapple_straight(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
+    """The published DAPPLE planner's straight family: one device per stage, D stages, balanced cut."""
+    L, D = profile.num_layers, topology.num_devices
+    if D > L or D < 2:
+        return None
+    cuts = balanced_boundaries(profile, D)
+    layout = tuple(StageSpec(a, z, (s,)) for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, L])))
+    return best_over_micro_batches(profile, topology, layout, global_batch, limits, _min_micro(limits, D))
+
+
+BASELINES = {
+    "data parallel": data_parallel,
+    "GPipe even split": gpipe_even,
+    "PipeDream planner": pipedream,
+    "DAPPLE P:Q two-stage": dapple_two_stage,
+    "DAPPLE straight": dapple_straight,
+}
+
+
+def all_baselines(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
+                  skip: tuple[str, ...] = ()) -> dict[str, Costed | None]:
+    return {name: fn(profile, topology, global_batch, limits) for name, fn in BASELINES.items() if name not in skip}

@@ -9,7 +9,8 @@ Closed form for early-backward (1F1B), with t_s = F_s + B_s and the bottleneck
 beta = max(max_s t_s, max over links of the per-micro-batch transfer):
 
     E_0 = sum_s t_s + sum_links (A + G)      warm-up and ending of one micro-batch through all stages
-        + (M - 1) * beta                     steady phase, driven by the pivot (bottleneck) stage
+        + (M - 1) * beta                     steady phase, driven by the pivot: the window of adjacent
+                                             stages with the largest mean (t + transfers inside it)
     E_s = E_0 - sum_{j<s} (B_j + G_j)        stage s's last backward ends before the earlier stages'
     T   = max_s (E_s + AR_s)                 each all-reduce overlaps the earlier stages' backward
 
@@ -128,9 +129,18 @@ def formula_iteration_s(costs: list[StageCosts], num_micro_batches: int, schedul
         forward_end = sum(F) + sum(A) + (M - 1) * max([*F, *A])
         ends = [forward_end + sum(B[s:]) + sum(G[s:]) + (M - 1) * max([*B[s:], *G[s:]]) for s in range(S)]
     else:
-        # Early backward: every stage runs at the pivot's (bottleneck's) pace; stage s finishes
-        # when the last micro-batch's gradient has come back down to it.
-        beta = max([f + b for f, b in zip(F, B)] + [max(a, g) for a, g in zip(A, G)])
+        # Early backward: every stage runs at the pivot's pace; stage s finishes when the last
+        # micro-batch's gradient has come back down to it. With the minimal warm-up the hop to the
+        # next stage and back lies on the steady-state cycle, so the pivot is the window of
+        # adjacent stages with the largest average of compute plus the transfers inside it:
+        # (t + 2c(S-1)/S for S uniform stages, exactly; a dominant stage alone hides transfers).
+        t = [f + b for f, b in zip(F, B)]
+        beta = max(t + [max(a, g) for a, g in zip(A, G)])
+        for s in range(S):
+            window = t[s]
+            for e in range(s + 1, S):
+                window += t[e] + A[e - 1] + G[e - 1]
+                beta = max(beta, window / (e - s + 1))
         end0 = sum(F) + sum(B) + sum(A) + sum(G) + (M - 1) * beta
         ends = [end0 - sum(B[:s]) - sum(G[:s]) for s in range(S)]
     # Each stage's all-reduce starts at its last backward and overlaps the others' remaining work.

@@ -1,0 +1,123 @@
+"""Pure tier: the planner is optimal under its cost model, deterministic, and never worse than the baselines."""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from dapple_launch.cluster import Topology
+from dapple_launch.planner.baselines import all_baselines, divisors
+from dapple_launch.planner.build import MIN_MICRO_BATCHES
+from dapple_launch.planner.cost import Limits, StageSpec, evaluate
+from dapple_launch.planner.search import NoFeasiblePlan, plan, replica_choices, search
+from dapple_launch.profile import LayerProfile, chain, read_profile_file
+
+PROFILES = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles"
+
+
+def random_profile(rng: random.Random, layers: int):
+    return chain("rand", [LayerProfile(f"l{i}", rng.uniform(1e-3, 5e-3), rng.uniform(2e-3, 1e-2),
+                                       rng.choice([1e5, 1e6, 1e7, 4e7]), rng.choice([0.0, 1e6, 2e7, 2e8]))
+                          for i in range(layers)], batch_size=4)
+
+
+def brute_force(profile, topology, G, limits):
+    """Every layout of the planner's space, scored by the same cost model: the exhaustive optimum."""
+    L, D, k = profile.num_layers, topology.num_devices, topology.devices_per_node
+    best = math.inf
+    max_stages = min(L, D, limits.max_stages or L)
+
+    def layouts(i, d, acc, b):
+        if i == L:
+            yield tuple(acc)
+            return
+        if len(acc) == max_stages or d >= D:
+            return
+        starts = [d] if d % k == 0 or d // k == (D - 1) // k else [d, (d // k + 1) * k]
+        for start in starts:
+            for r in replica_choices(topology, b):
+                if start + r > D:
+                    break
+                for z in range(i + 1, L + 1):
+                    yield from layouts(z, start + r, [*acc, StageSpec(i, z, tuple(range(start, start + r)))], b)
+
+    for b in divisors(G):
+        M = G // b
+        for layout in layouts(0, 0, [], b):
+            if M < MIN_MICRO_BATCHES[limits.schedule](len(layout)):
+                continue
+            c = evaluate(profile, topology, layout, b, M, limits)
+            if c.fits:
+                best = min(best, c.iteration_s)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_search_finds_the_exhaustive_optimum(seed):
+    rng = random.Random(seed)
+    layers = rng.choice([3, 4, 5, 6])
+    nodes, per_node = rng.choice([(1, 4), (2, 2), (2, 3), (3, 2), (1, 6)])
+    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
+                    inter_node_allreduce_bandwidth=3e9)
+    profile = random_profile(rng, layers)
+    G = rng.choice([6, 8, 12])
+    limits = Limits(schedule=rng.choice(["1f1b", "gpipe"]))
+    best, *_ = search(profile, topo, G, limits)
+    exhaustive = brute_force(profile, topo, G, limits)
+    if best is None:
+        assert exhaustive == math.inf
+    else:
+        assert best.iteration_s == pytest.approx(exhaustive, rel=1e-12)
+
+
+def test_twelve_layers_on_eight_devices_is_optimal():
+    rng = random.Random(99)
+    profile = random_profile(rng, 12)
+    topo = Topology("t", 2, 4, 8e9, 10, 20e9, 2e9, inter_node_allreduce_bandwidth=3e9)
+    best, *_ = search(profile, topo, 16, Limits())
+    assert best.iteration_s == pytest.approx(brute_force(profile, topo, 16, Limits()), rel=1e-12)
+
+
+V100X16 = Topology("v100x16", 2, 8, 16 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
+
+
+def test_vgg_large_batch_cuts_after_conv5_2_with_uneven_replicas():
+    p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32, device_tflops=125)
+    chosen = plan(p, V100X16, 1024, Limits())
+    assert chosen.stages[0].layer_names[-1] == "node19"  # Conv2d_5_2, DAPPLE's published cut
+    assert chosen.stages[0].replicas > chosen.stages[1].replicas  # uneven, VGG's famous shape
+    assert plan(p, V100X16, 1024, Limits()) == chosen  # deterministic
+
+
+@pytest.mark.parametrize("G", [64, 256])
+def test_never_worse_than_any_baseline(G):
+    p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32, device_tflops=125)
+    best, _, baselines, _ = search(p, V100X16, G, Limits())
+    for name, c in baselines.items():
+        if c is not None:
+            assert best.iteration_s <= c.iteration_s * (1 + 1e-12), name
+
+
+def test_plan_never_exceeds_memory():
+    p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2, device_tflops=125)
+    small = Topology("v100-4g", 2, 8, 4 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
+    chosen = plan(p, small, 64, Limits())
+    assert max(chosen.estimate.peak_memory_bytes) <= small.device_memory_bytes * 0.9
+    assert chosen.num_stages > 1  # BERT-48 does not fit one 4 GiB device with Adam state
+
+
+def test_no_feasible_plan_says_what_would_fit():
+    p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2, device_tflops=125)
+    tiny = Topology("tiny", 1, 2, 1 * 2**30, 125, 25e9, 1e9)
+    with pytest.raises(NoFeasiblePlan) as e:
+        plan(p, tiny, 8, Limits())
+    text = str(e.value)
+    assert "no plan fits" in text and "GiB" in text and "more devices" in text and "recomputation" in text
+
+
+def test_global_batch_smaller_than_devices():
+    p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32)
+    with pytest.raises(ValueError, match="global_batch_size=8 is smaller than the 16 devices"):
+        plan(p, V100X16, 8, Limits())
