@@ -50,7 +50,7 @@ def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
 
 def limits_from_config(s: DictConfig) -> Limits:
     return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom, max_stages=s.max_stages,
-                  micro_batch_size=s.micro_batch_size, schedule=s.schedule)
+                  micro_batch_size=s.micro_batch_size, schedule=s.schedule, search_nodes=s.search_nodes)
 
 
 def plan_from_config(cfg: DictConfig) -> Plan:

@@ -164,3 +164,19 @@ BASELINES = {
 def all_baselines(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
                   skip: tuple[str, ...] = ()) -> dict[str, Costed | None]:
     return {name: fn(profile, topology, global_batch, limits) for name, fn in BASELINES.items() if name not in skip}
+
+
+def balanced_uniform(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
+    """Every stage count S, D // S replicas each, cuts balanced by compute: cheap, and feasible
+    wherever a deeper pipeline fits memory; the search starts from the best of these."""
+    L, D = profile.num_layers, topology.num_devices
+    best = None
+    for S in range(1, min(L, D, limits.max_stages or L) + 1):
+        r = D // S
+        cuts = balanced_boundaries(profile, S)
+        layout = tuple(StageSpec(a, z, tuple(range(s * r, (s + 1) * r)))
+                       for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, L])))
+        c = best_over_micro_batches(profile, topology, layout, global_batch, limits, _min_micro(limits, S))
+        if c and (best is None or c.iteration_s < best.iteration_s):
+            best = c
+    return best

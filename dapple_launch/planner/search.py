@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .baselines import all_baselines, divisors
+from .baselines import all_baselines, balanced_uniform, divisors
 from .build import MIN_MICRO_BATCHES, to_plan
 from .cost import Costed, Limits, StageSpec, evaluate, in_flight, speed_ratio
 from .explain import human_bytes
@@ -34,12 +34,17 @@ class NoFeasiblePlan(ValueError):
     pass
 
 
+class _OutOfTime(Exception):
+    pass
+
+
 @dataclass
 class SearchStats:
     nodes: int = 0
     leaves: int = 0
     seconds: float = 0.0
     micro_batch_sizes: list = field(default_factory=list)
+    proven_optimal: bool = True  # False when the time budget ended the search first
 
 
 def replica_choices(topology: Topology, limit: int) -> list[int]:
@@ -53,7 +58,7 @@ def replica_choices(topology: Topology, limit: int) -> list[int]:
 
 class _Search:
     def __init__(self, profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-                 b: int, incumbent: float):
+                 b: int, incumbent: float, node_budget: float = math.inf):
         self.p, self.t, self.G, self.limits, self.b = profile, topology, global_batch, limits, b
         self.M = global_batch // b
         self.L, self.D = profile.num_layers, topology.num_devices
@@ -65,6 +70,7 @@ class _Search:
         self.fast_bw = max(topology.intra_node_bandwidth, topology.inter_node_bandwidth)
         self.fast_lat = min(topology.intra_node_latency_s, topology.inter_node_latency_s)
         self.stats = SearchStats()
+        self.node_budget = node_budget
         pre = [0.0]
         for layer in profile.layers:
             pre.append(pre[-1] + layer.forward_s + layer.backward_s)
@@ -111,6 +117,8 @@ class _Search:
 
     def _extend(self, i: int, d: int, placed: list) -> None:
         self.stats.nodes += 1
+        if self.stats.nodes > self.node_budget:
+            raise _OutOfTime
         if i == self.L:
             self._leaf(placed)
             return
@@ -182,13 +190,22 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     """(best, runners-up, baselines, stats)."""
     t0 = time.perf_counter()
     baselines = all_baselines(profile, topology, global_batch, limits)
-    found = [c for c in baselines.values() if c is not None]
+    start = balanced_uniform(profile, topology, global_batch, limits)
+    found = [c for c in [*baselines.values(), start] if c is not None]
     incumbent = min((c.iteration_s for c in found), default=math.inf)
     stats = SearchStats()
     per_b = []
     for b in micro_batch_sizes(global_batch, limits):
-        s = _Search(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9))
-        best = s.run()
+        # A node budget, not a clock: the same inputs give the same plan on any machine.
+        left = limits.search_nodes - stats.nodes
+        if left <= 0:
+            stats.proven_optimal = False
+            break
+        s = _Search(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), left)
+        try:
+            best = s.run()
+        except _OutOfTime:
+            best, stats.proven_optimal = s.best, False
         stats.nodes += s.stats.nodes
         stats.leaves += s.stats.leaves
         if best is not None:
@@ -235,5 +252,9 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
         if c is not None:
             c.extra["note"] = name
     dp = baselines.get("data parallel")
-    return to_plan(best, profile, topology, global_batch, "auto", runners_up,
+    how = (f"auto: optimal under the cost model ({stats.nodes} search nodes)"
+           if stats.proven_optimal else
+           f"auto: best found within the {limits.search_nodes} node budget, optimality not proven "
+           f"(strategy.search_nodes raises it)")
+    return to_plan(best, profile, topology, global_batch, how, runners_up,
                    data_parallel_s=dp.iteration_s if dp else None)
