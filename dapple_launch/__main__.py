@@ -6,7 +6,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .config import CONF_DIR
@@ -15,7 +15,7 @@ from .config import CONF_DIR
 def _plan(cfg: DictConfig):
     from .planner.plan import Plan
     try:
-        return Plan.from_dict(dict(cfg.plan))
+        return Plan.from_dict(OmegaConf.to_container(cfg.plan, resolve=True))
     except OmegaConfBaseException as exc:  # a ValueError raised inside the plan resolver
         cause = exc.__cause__ or exc
         raise cause if isinstance(cause, ValueError) else ValueError(str(exc)) from None

@@ -163,7 +163,9 @@ def check_schema(cfg: DictConfig) -> None:
 def _plan_resolver(*, _root_: DictConfig):
     from .plan_config import cached_plan
     check_schema(_root_)
-    return cached_plan(_root_).to_dict()
+    # A container (not a dict): OmegaConf.resolve, used by `--cfg job --resolve`, can then put it
+    # in place of the Any-typed node.
+    return OmegaConf.create(cached_plan(_root_).to_dict())
 
 
 def register_resolvers() -> None:

@@ -127,3 +127,31 @@ def test_shipped_configs_run_a_few_steps(tmp_path, args):
     assert find_checkpoints(tmp_path / "run" / "checkpoints")
     if "logger=wandb" in args:
         assert list((tmp_path / "run").rglob("offline-run-*")), "wandb wrote its offline run in the run directory"
+
+
+BERT48 = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles" / "bert-48-pbs-2.txt"
+
+
+def test_plan_any_model_from_a_profile_file_with_auto(tmp_path):
+    out = cli(["model=from_profile", f"model.profile={BERT48}", "model.profile_batch_size=2", "cluster=v100x16",
+               "global_batch_size=128", "strategy=auto", "dry_run=true", f"hydra.run.dir={tmp_path}/p"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["stages"][0]["layer_names"][0] == "node1"  # the profile's node ids
+    assert sum(s["replicas"] for s in plan["stages"]) <= 16
+    assert plan["estimate"]["speedup_over_data_parallel"] > 1
+    assert "runners-up:" in out.stdout and "optimal under the cost model" in out.stdout
+
+
+def test_resolved_config_shows_the_plan(tmp_path):
+    out = cli([*TINY_GPT, "--cfg", "job", "--resolve"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "plan:" in out.stdout and "num_micro_batches: 4" in out.stdout and "replicas: 2" in out.stdout
+
+
+def test_malformed_profile_names_line_and_reason(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text(BERT48.read_text().replace("forward_compute_time=2.69", "forward_compute_time=fast", 1))
+    out = cli(["model=from_profile", f"model.profile={bad}", "cluster=v100x16", "global_batch_size=128",
+               "dry_run=true", f"hydra.run.dir={tmp_path}/p"], tmp_path)
+    assert out.returncode == 2 and "bad.txt:5" in out.stderr and "not a number" in out.stderr
