@@ -69,7 +69,7 @@ class StrategyConfig:
     memory_headroom: float = 0.1
     max_stages: Optional[int] = None
     micro_batch_size: Optional[int] = None
-    search_nodes: int = 200000  # planner budget in search nodes (the plan says whether it proved optimality)
+    search_nodes: int = 1000000  # candidates the planner may score (the plan says whether it proved optimality)
     profile_source: str = "analytic"  # analytic | measured (model profile for estimates and planning)
 
 

@@ -35,7 +35,7 @@ class Limits:
     max_stages: int | None = None
     micro_batch_size: int | None = None  # fix the micro-batch size instead of searching it
     schedule: str = "1f1b"
-    search_nodes: int = 200_000  # the planner's budget; a search that ends within it has proved optimality
+    search_nodes: int = 1_000_000  # candidates the search may score; ending within it proves optimality
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class _Search:
         self.fast_lat = min(topology.intra_node_latency_s, topology.inter_node_latency_s)
         self.stats = SearchStats()
         self.node_budget = node_budget
+        self.scored = 0
         pre = [0.0]
         for layer in profile.layers:
             pre.append(pre[-1] + layer.forward_s + layer.backward_s)
@@ -117,8 +118,6 @@ class _Search:
 
     def _extend(self, i: int, d: int, placed: list) -> None:
         self.stats.nodes += 1
-        if self.stats.nodes > self.node_budget:
-            raise _OutOfTime
         if i == self.L:
             self._leaf(placed)
             return
@@ -157,6 +156,9 @@ class _Search:
                         chain = [*placed[:-1], prev2, entry]
                     else:
                         chain = [entry]
+                    self.scored += 1  # the budget counts scored candidates: the unit of work
+                    if self.scored > self.node_budget:
+                        raise _OutOfTime
                     if self._lower_bound(z, start + r, chain) >= self.best_t * (1 - 1e-12):
                         continue
                     self._extend(z, start + r, chain)
@@ -206,7 +208,7 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
             best = s.run()
         except _OutOfTime:
             best, stats.proven_optimal = s.best, False
-        stats.nodes += s.stats.nodes
+        stats.nodes += s.scored
         stats.leaves += s.stats.leaves
         if best is not None:
             per_b.append(best)
@@ -252,9 +254,9 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
         if c is not None:
             c.extra["note"] = name
     dp = baselines.get("data parallel")
-    how = (f"auto: optimal under the cost model ({stats.nodes} search nodes)"
+    how = (f"auto: optimal under the cost model ({stats.nodes} candidates scored)"
            if stats.proven_optimal else
-           f"auto: best found within the {limits.search_nodes} node budget, optimality not proven "
+           f"auto: best found within the budget of {limits.search_nodes} scored candidates, optimality not proven "
            f"(strategy.search_nodes raises it)")
     return to_plan(best, profile, topology, global_batch, how, runners_up,
                    data_parallel_s=dp.iteration_s if dp else None)
