@@ -45,7 +45,16 @@ def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
             p = replace(p, layers=tuple(replace(layer, parameter_bytes=layer.parameter_bytes * m.parameter_scale)
                                         for layer in p.layers))
         return p
-    return analytic_profile(model_from_config(m), PROFILE_BATCH, topology.device_tflops, topology.name)
+    model = model_from_config(m)
+    source = cfg.strategy.profile_source
+    if source == "measured":
+        # Times hold for this machine's device: plan with a cluster config that describes it.
+        from .profile.measure import measure_profile
+        return measure_profile(model, PROFILE_BATCH)
+    if source != "analytic":
+        raise ValueError(f"strategy.profile_source={source!r}; valid: analytic (from the model's shapes and "
+                         f"cluster.device_tflops), measured (run each layer on this machine, cached)")
+    return analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name)
 
 
 def limits_from_config(s: DictConfig) -> Limits:

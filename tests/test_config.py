@@ -61,3 +61,18 @@ def test_unknown_group_option_lists_valid_ones(compose_cfg, group, name):
     with pytest.raises(Exception) as e:
         compose_cfg([f"{group}={name}"])
     assert "Available options" in str(e.value) or "valid" in str(e.value)
+
+
+def test_auto_plans_the_local_job_from_a_measured_profile(compose_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
+    cfg = compose_cfg(["strategy=auto", "strategy.profile_source=measured", "model.num_layers=2", "model.hidden=32",
+                       "model.heads=2", "model.seq_len=16"])
+    plan = plan_from_config(cfg)
+    assert plan.planner.startswith("auto") and plan.world_size <= 4
+    assert plan.micro_batch_size * plan.num_micro_batches == cfg.global_batch_size
+    assert list((tmp_path / "profiles").glob("*.json"))
+
+
+def test_unknown_profile_source(compose_cfg):
+    with pytest.raises(ValueError, match="profile_source='guess'.*valid: analytic"):
+        plan_from_config(compose_cfg(["strategy.profile_source=guess"]))

@@ -115,3 +115,17 @@ def test_fixed_plan_that_does_not_fit_memory():
 def test_zero_device_cluster_is_refused():
     with pytest.raises(ValueError, match="at least one"):
         Topology("empty", 0, 8, 1e9, 1, 1e9, 1e9)
+
+
+def test_measured_profile_is_real_and_cached(tmp_path, monkeypatch):
+    from dapple_launch.profile import measure_profile
+    monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
+    model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=16)
+    p = measure_profile(model, 4, repeats=2)
+    assert p.source.startswith("measured:cpu") and [x.name for x in p.layers] == ["embed", "block0", "block1", "head"]
+    assert all(x.forward_s > 0 and x.backward_s > 0 for x in p.layers[1:])
+    assert p.layers[1].parameter_bytes == analytic_profile(model, 4, 1, "x").layers[1].parameter_bytes
+    assert p.layers[1].activation_bytes == 4 * 16 * 32 * 4  # batch × seq × hidden fp32
+    (cached,) = (tmp_path / "profiles").glob("*.json")
+    assert measure_profile(model, 4) == p  # read back from the cache, not re-measured
+    assert ModelProfile.from_json(cached.read_text()) == p
