@@ -1,6 +1,7 @@
 """Helpers for the multi-process tier: N gloo processes on this machine, one thread each."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import traceback
@@ -17,7 +18,8 @@ def _entry(rank, world, port, out_dir, fn, args):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        timeout = datetime.timedelta(seconds=float(os.environ.get("DAPPLE_TEST_PG_TIMEOUT", "300")))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
         result = fn(rank, world, *args)
         Path(out_dir, f"{rank}.json").write_text(json.dumps({"ok": True, "result": result}))
     except BaseException:  # noqa: BLE001 - reported to the parent test

@@ -98,3 +98,31 @@ def test_other_models_pipelined(tmp_path, model_name):
     for r in run_ranks(2, _compare, (model_name, (1, 1), "1f1b", 2, 6, plan.to_json()), tmp_path):
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
         assert r["worst_grad_rel"] < 1e-4
+
+
+def _stalled_peer(rank, world, plan_json):
+    from dapple_launch.planner import Plan
+    plan = Plan.from_json(plan_json)
+    model = tiny_model()
+    grid = ProcessGrid.from_plan(plan)
+    stage, replica = grid.position(rank)
+    if rank == 1:
+        import time
+        time.sleep(10)  # the last stage stalls: stage 0 must not wait forever
+        return "stalled"
+    a, b = plan.stages[stage].layers
+    local = PipelineModule(model).materialize(list(range(a, b)))
+    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
+    try:
+        ex.run(build_schedule("1f1b", 2, 2), model.batch(4, torch.Generator().manual_seed(1)))
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_stalled_peer_ends_the_run_with_stage_rank_and_action(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAPPLE_TEST_PG_TIMEOUT", "3")  # the product's bound is trainer.timeout_s
+    model = tiny_model()
+    plan = make_plan(model, (1, 1), "1f1b", 2, 4)
+    out = run_ranks(2, _stalled_peer, (plan.to_json(),), tmp_path)
+    assert "stage 0 replica 0 (rank 0) stopped at action RG0" in out[0], out[0]

@@ -49,47 +49,62 @@ class StageExecutor:
         loss_sum = torch.zeros((), device=inputs_all.device)
         last_backward = max((i for i, a in enumerate(schedule.stage_actions[self.stage]) if a.kind is Kind.BACKWARD),
                             default=-1)
-        for i, a in enumerate(schedule.stage_actions[self.stage]):
-            m = a.micro_batch
-            n = micro[m][1] - micro[m][0]
-            if a.kind is Kind.RECV_ACTIVATION:
-                x = self.p2p.recv_activation(n, m, eval_=not train)
-                inputs[m] = x.requires_grad_(train and x.is_floating_point())
-            elif a.kind is Kind.FORWARD:
-                x = inputs[m] if m in inputs else self._slice(inputs_all, micro[m])
-                inputs[m] = x
-                with torch.set_grad_enabled(train):
-                    y = self.layers(x)
-                    if self.is_last:
-                        y = self.loss_fn(y, self._slice(targets_all, micro[m])).sum() / n_total
-                        loss_sum = loss_sum + y.detach()
-                outputs[m] = y
-                if not train and not self.is_first:
-                    del inputs[m]
-                self.saved_peak = max(self.saved_peak, len(outputs))
-            elif a.kind is Kind.SEND_ACTIVATION:
-                self.p2p.send_activation(outputs[m].detach(), n, m, eval_=not train)
-                if not train:
-                    del outputs[m]
-            elif a.kind is Kind.RECV_GRADIENT:
-                grads[m] = self.p2p.recv_gradient(n, m)
-            elif a.kind is Kind.BACKWARD:
-                y = outputs.pop(m)
-                if self.is_last:
-                    y.backward()
-                else:
-                    y.backward(grads.pop(m))
-                x = inputs.pop(m)
-                if not self.is_first:
-                    grads[m] = x.grad
-                if i == last_backward and self.on_last_backward is not None:
-                    self.on_last_backward()
-            elif a.kind is Kind.SEND_GRADIENT:
-                self.p2p.send_gradient(grads.pop(m), n, m)
+        actions = schedule.stage_actions[self.stage]
+        for i, a in enumerate(actions):
+            try:
+                loss_sum = self._act(i, a, micro, inputs_all, targets_all, n_total, train, inputs, outputs, grads,
+                                     loss_sum, last_backward)
+            except RuntimeError as exc:
+                rank = dist.get_rank() if dist.is_initialized() else 0
+                raise RuntimeError(
+                    f"stage {self.stage} replica {self.replica} (rank {rank}) stopped at action {a} (step {i + 1} of "
+                    f"{len(actions)} in schedule {schedule.name}): {str(exc).splitlines()[0]}. A peer stage may have "
+                    f"died or stalled; see its log (logs/rank-N.log)") from exc
         if not train and self.is_last:
             outputs.clear()
         self.p2p.wait_sends()
         return StepResult(loss_sum, n_total)
+
+    def _act(self, i, a, micro, inputs_all, targets_all, n_total, train, inputs, outputs, grads, loss_sum,
+             last_backward):
+        """Carry out one action; returns the running loss sum."""
+        m = a.micro_batch
+        n = micro[m][1] - micro[m][0]
+        if a.kind is Kind.RECV_ACTIVATION:
+            x = self.p2p.recv_activation(n, m, eval_=not train)
+            inputs[m] = x.requires_grad_(train and x.is_floating_point())
+        elif a.kind is Kind.FORWARD:
+            x = inputs[m] if m in inputs else self._slice(inputs_all, micro[m])
+            inputs[m] = x
+            with torch.set_grad_enabled(train):
+                y = self.layers(x)
+                if self.is_last:
+                    y = self.loss_fn(y, self._slice(targets_all, micro[m])).sum() / n_total
+                    loss_sum = loss_sum + y.detach()
+            outputs[m] = y
+            if not train and not self.is_first:
+                del inputs[m]
+            self.saved_peak = max(self.saved_peak, len(outputs))
+        elif a.kind is Kind.SEND_ACTIVATION:
+            self.p2p.send_activation(outputs[m].detach(), n, m, eval_=not train)
+            if not train:
+                del outputs[m]
+        elif a.kind is Kind.RECV_GRADIENT:
+            grads[m] = self.p2p.recv_gradient(n, m)
+        elif a.kind is Kind.BACKWARD:
+            y = outputs.pop(m)
+            if self.is_last:
+                y.backward()
+            else:
+                y.backward(grads.pop(m))
+            x = inputs.pop(m)
+            if not self.is_first:
+                grads[m] = x.grad
+            if i == last_backward and self.on_last_backward is not None:
+                self.on_last_backward()
+        elif a.kind is Kind.SEND_GRADIENT:
+            self.p2p.send_gradient(grads.pop(m), n, m)
+        return loss_sum
 
 
 class GradientSync:
