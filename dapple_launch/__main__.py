@@ -1,6 +1,7 @@
 """`python -m dapple_launch [overrides]`: compose → validate → plan → launch, nothing else."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -33,12 +34,21 @@ def run(cfg: DictConfig) -> int:
         write_run_files(cfg, plan, run_dir)
         print(f"dry run: plan written to {run_dir / 'plan.json'}; nothing started")
         return 0
+    launcher = cfg.launcher.name
+    if launcher == "auto":
+        # Inside a Slurm job (a hydra-submitit sweep point) the ranks start here, on the allocation.
+        launcher = "local" if "SLURM_JOB_ID" in os.environ else cfg.cluster.launcher
+    if launcher not in ("local", "slurm"):
+        raise ValueError(f"unknown launcher {launcher!r}; valid launchers: auto, local, slurm")
+    if launcher == "slurm":
+        from .launch.slurm import check_can_submit, launch_slurm
+        check_can_submit(cfg, plan, run_dir)
     ckpt_path = resolve_checkpoint(cfg, run_dir, model_from_config(cfg.model).describe())
     write_run_files(cfg, plan, run_dir)
-    if cfg.launcher.name != "local":
-        raise ValueError(f"unknown launcher {cfg.launcher.name!r}; valid launchers: local")
     if ckpt_path:
         print(f"resuming from {ckpt_path}")
+    if launcher == "slurm":
+        return launch_slurm(cfg, plan, run_dir, ckpt_path)
     code = launch_local(plan, run_dir, ckpt_path)
     if code == 0:
         print(f"done: plan, config, logs and checkpoints are in {run_dir}")

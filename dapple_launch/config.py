@@ -54,7 +54,17 @@ class ClusterConfig:
     inter_node_latency_us: float = 50.0
     intra_node_allreduce_gbps: Optional[float] = None
     inter_node_allreduce_gbps: Optional[float] = None
-    launcher: str = "local"  # the launcher this cluster is reached by
+    launcher: str = "local"  # the launcher this cluster is reached by: local | slurm
+    # Slurm (launcher=slurm): every field may be overridden on the command line
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = 60  # the job's time limit in minutes
+    constraint: Optional[str] = None
+    cpus_per_task: int = 1
+    mem_gb: Optional[int] = None
+    setup: List[str] = field(default_factory=list)  # shell lines before the job (modules, containers)
+    max_num_timeout: int = 3  # times a job that hit its time limit is requeued
 
 
 @dataclass
@@ -108,7 +118,8 @@ class LoggerConfig:
 
 @dataclass
 class LauncherConfig:
-    name: str = "local"  # local | slurm
+    name: str = "auto"  # auto (the cluster's own launcher) | local | slurm
+    wait: bool = False  # slurm: wait for the job to end and report its outcome
 
 
 @dataclass

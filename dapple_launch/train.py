@@ -56,7 +56,13 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     gpu = cfg.cluster.device_kind == "gpu" and torch.cuda.is_available()
+    plugins = []
+    if "SLURM_JOB_ID" in os.environ:
+        # submitit owns the requeue signal; Lightning must not claim it too
+        from lightning.pytorch.plugins.environments import SLURMEnvironment
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     return L.Trainer(
+        plugins=plugins,
         strategy=DappleStrategy(plan, timeout_s=t.timeout_s, process_group_backend="nccl" if gpu else "gloo"),
         accelerator="gpu" if gpu else "cpu",
         devices=plan.world_size if not gpu else cfg.cluster.devices_per_node,

@@ -1,0 +1,105 @@
+"""Slurm launcher: one task per device of the plan, submitted with submitit.
+
+The plan and resolved config are written into the run directory before submission, and every
+task reads them: ranks never re-plan. Each task exports submitit's torch.distributed environment
+(MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK); Lightning sees a Slurm environment with
+auto_requeue off, so submitit alone owns the requeue signal. On preemption or time-out submitit
+calls `checkpoint()`, which requeues the same run directory with ckpt_path=last: the job resumes
+the newest complete checkpoint with the same plan and arguments.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ..planner.plan import Plan
+
+JOB_ID_FILE = "slurm/job_id"
+
+
+class TrainTask:
+    """What submitit pickles and runs on every task of the job."""
+
+    def __init__(self, run_dir: str, ckpt_path: str | None):
+        self.run_dir, self.ckpt_path = run_dir, ckpt_path
+
+    def __call__(self) -> str:
+        import submitit
+        from ..runtime.checkpoint import find_checkpoints
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # A requeued job (preempted, timed out, or `scontrol requeue`) runs this again: the run
+        # directory was checked clean at submission, so any checkpoint in it is this job's own.
+        found = find_checkpoints(Path(self.run_dir) / "checkpoints")
+        os.environ["DAPPLE_CKPT"] = str(found[-1]) if found else (self.ckpt_path or "")
+        os.environ.setdefault("DAPPLE_THREADS", "1")
+        from .worker import main
+        main(self.run_dir)
+        return self.run_dir
+
+    def checkpoint(self, *args, **kwargs):
+        """Preempted or timed out: come back on the newest complete checkpoint of this run."""
+        import submitit
+        from ..runtime.checkpoint import find_checkpoints
+        found = find_checkpoints(Path(self.run_dir) / "checkpoints")
+        return submitit.helpers.DelayedSubmission(TrainTask(self.run_dir, str(found[-1]) if found else None))
+
+
+def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
+    """Refuse before anything is submitted: no Slurm, a plan the cluster cannot hold, a live job."""
+    if shutil.which("sbatch") is None:
+        raise ValueError(f"cluster={cfg.cluster.name} is reached through Slurm but there is no sbatch on PATH; run on "
+                         f"this machine with launcher=local (and a cluster that fits it, e.g. cluster=local), or "
+                         f"plan only with dry_run=true")
+    c = cfg.cluster
+    if plan.world_size > c.nodes * c.devices_per_node:
+        raise ValueError(f"the plan needs {plan.world_size} devices but cluster {c.name} offers {c.nodes} nodes × "
+                         f"{c.devices_per_node} = {c.nodes * c.devices_per_node}")
+    previous = run_dir / JOB_ID_FILE
+    if previous.is_file():
+        job = previous.read_text().strip()
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+        if state:
+            raise ValueError(f"run directory {run_dir} belongs to job {job}, which is still {state}; wait for it "
+                             f"(squeue -j {job}), cancel it (scancel {job}), or pick another hydra.run.dir")
+
+
+def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
+    import submitit
+    c = cfg.cluster
+    nodes = -(-plan.world_size // c.devices_per_node)
+    ex = submitit.AutoExecutor(folder=str(run_dir / "slurm"), cluster="slurm", slurm_max_num_timeout=c.max_num_timeout)
+    params = dict(nodes=nodes, tasks_per_node=min(c.devices_per_node, plan.world_size), cpus_per_task=c.cpus_per_task,
+                  timeout_min=c.time_min, name=f"dapple-{plan.model}", slurm_setup=list(c.setup))
+    if c.device_kind == "gpu":
+        params["gpus_per_node"] = c.devices_per_node
+    for key, value in (("slurm_partition", c.partition), ("slurm_account", c.account), ("slurm_qos", c.qos),
+                       ("slurm_constraint", c.constraint), ("mem_gb", c.mem_gb)):
+        if value:
+            params[key] = value
+    ex.update_parameters(**params)
+    return ex
+
+
+def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> int:
+    ex = executor(cfg, plan, run_dir)
+    try:
+        job = ex.submit(TrainTask(str(run_dir), ckpt_path))
+    except Exception as exc:  # noqa: BLE001 - sbatch's own words are the useful part
+        raise ValueError(f"Slurm refused the job: {str(exc).strip()}") from None
+    (run_dir / JOB_ID_FILE).write_text(f"{job.job_id}\n")
+    print(f"Submitted job {job.job_id}")
+    print(f"  run directory: {run_dir} (plan.json, config.yaml, checkpoints/, logs/)")
+    print(f"  Slurm logs:    {run_dir / 'slurm'}/{job.job_id}_0_log.out")
+    print(f"  follow it:     squeue -j {job.job_id}; tail -f {run_dir / 'slurm'}/{job.job_id}_0_log.out")
+    if cfg.launcher.wait:
+        try:
+            job.results()
+        except Exception as exc:  # noqa: BLE001 - report the job's own failure
+            print(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}")
+            return 1
+        print(f"job {job.job_id} finished: outputs are in {run_dir}")
+    return 0
