@@ -52,6 +52,16 @@ class ModelSamples(Dataset):
         return x[0], y[0]
 
 
+class _EpochForwarder:
+    """Lightning calls set_epoch on `batch_sampler.sampler`, never on the batch sampler itself."""
+
+    def __init__(self, owner: "GlobalBatchSampler"):
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
+
+
 class GlobalBatchSampler(Sampler[list[int]]):
     """Yields global batches of indices, reshuffled per epoch from the seed; can start mid-epoch."""
 
@@ -59,6 +69,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.n, self.batch_size, self.seed, self.shuffle, self.drop_last = n, batch_size, seed, shuffle, drop_last
         self.epoch = 0
         self.resume: tuple[int, int] | None = None  # (epoch, batches already consumed)
+        self.sampler = _EpochForwarder(self)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -1,0 +1,96 @@
+"""The Slurm tier: the product's own command against a real one-node Slurm (slurm/dev-cluster.sh).
+
+Run with `pytest -m slurm` after `slurm/dev-cluster.sh start`; scripts/test.sh does both.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapple_launch.runtime.checkpoint import find_checkpoints, read_shards
+
+from .conftest import TINY_GPT, cli
+from .test_cli import losses
+
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(shutil.which("sbatch") is None, reason="no Slurm here")]
+TWO_TASKS = [*TINY_GPT, "cluster=slurm-dev", "cluster.devices_per_node=2", "strategy.replicas=[1]",
+             "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.val_check_interval=10",
+             "trainer.limit_val_batches=1", "data.num_train=512", "data.num_val=32", "trainer.lr_decay_steps=300"]
+
+
+def job_id(stdout: str) -> str:
+    m = re.search(r"Submitted job (\d+)", stdout)
+    assert m, stdout
+    return m.group(1)
+
+
+def state(job: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    return out
+
+
+def wait_gone(job: str, timeout: float) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if not state(job):
+            return
+        time.sleep(2)
+    raise AssertionError(f"job {job} still {state(job)} after {timeout} s")
+
+
+def test_submitted_pipelined_job_trains_and_checkpoints(tmp_path):
+    run = tmp_path / "run dir with 'quotes' and spaces"
+    quoted = str(run).replace("\\", "\\\\").replace("'", "\\'")  # Hydra's override grammar
+    out = cli([*TWO_TASKS, "trainer.max_steps=20", "trainer.checkpoint_every_n_steps=10", "launcher.wait=true",
+               f"hydra.run.dir='{quoted}'"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "finished" in out.stdout
+    job = job_id(out.stdout)
+    assert (run / "slurm" / "job_id").read_text().strip() == job
+    assert (run / "plan.json").is_file()
+    got = losses(run)
+    assert got[min(got)] > got[max(got)]
+    assert [p.name for p in find_checkpoints(run / "checkpoints")][-1] == "step000020.ckpt"
+
+
+def test_no_sbatch_is_refused_before_submission(tmp_path):
+    env = {"PATH": os.path.dirname(shutil.which("python3") or "/usr/bin/python3")}
+    out = cli([*TWO_TASKS, f"hydra.run.dir={tmp_path}/x"], tmp_path, env=env)
+    assert out.returncode == 2 and "no sbatch on PATH" in out.stderr and "launcher=local" in out.stderr
+
+
+def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path):
+    """Requeue a running job with scontrol: it comes back, resumes its newest checkpoint and ends
+    with the weights of an uninterrupted run (the same plan on local processes)."""
+    steps = ["trainer.max_steps=300", "trainer.checkpoint_every_n_steps=10"]
+    run = tmp_path / "preempted"
+    out = cli([*TWO_TASKS, *steps, f"hydra.run.dir={run}"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = job_id(out.stdout)
+    # While it runs: resubmitting into its run directory is refused, and nothing is submitted.
+    again = cli([*TWO_TASKS, *steps, "ckpt_path=last", f"hydra.run.dir={run}"], tmp_path)
+    assert again.returncode == 2 and f"belongs to job {job}" in again.stderr
+    end = time.time() + 120
+    while not find_checkpoints(run / "checkpoints") and time.time() < end:
+        time.sleep(1)
+    assert find_checkpoints(run / "checkpoints"), "no checkpoint before the preemption"
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    straight = tmp_path / "straight"
+    local = cli([*TWO_TASKS, *steps, "cluster=local", "cluster.devices_per_node=2", "launcher=local",
+                 f"hydra.run.dir={straight}"], tmp_path)
+    assert local.returncode == 0, local.stdout + local.stderr
+    wait_gone(job, 420)
+    log = "".join(p.read_text() for p in (run / "slurm").glob(f"{job}_0_log.*"))
+    assert "resum" in log.lower() or "Restoring states" in log, log[-2000:]
+    a, _ = read_shards(find_checkpoints(straight / "checkpoints")[-1])
+    b, _ = read_shards(find_checkpoints(run / "checkpoints")[-1])
+    assert find_checkpoints(run / "checkpoints")[-1].name == "step000300.ckpt"
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
