@@ -18,7 +18,7 @@ GPU_FIXED = {"v100x16": ["strategy.replicas=[8]", "global_batch_size=128", "stra
              "a100x64": ["strategy.stages=4", "strategy.replicas=[16]", "global_batch_size=512",
                          "strategy.num_micro_batches=8"],
              "h100x8": ["strategy.replicas=[4]", "global_batch_size=64", "strategy.num_micro_batches=8"],
-             "local": []}
+             "local": [], "slurm-dev": []}
 PROFILE = ["model.profile=" + str(CONF_DIR.parent / "dapple_launch/profiles/bert-48-pbs-2.txt"),
            "model.profile_batch_size=2"]
 
@@ -32,9 +32,10 @@ def test_every_config_group_option_is_tested():
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_on_every_cluster_plans(compose_cfg, model, cluster):
     extra = PROFILE if model == "from_profile" else []
-    if cluster == "local" and model in ("bert", "vgg19"):
+    cpu = cluster in ("local", "slurm-dev")
+    if cpu and model in ("bert", "vgg19"):
         extra = ["model.preset=tiny"]
-    if cluster == "local" and model == "from_profile":
+    if cpu and model == "from_profile":
         pytest.skip("a V100 profile on CPU processes: planned on the GPU clusters instead")
     cfg = compose_cfg([f"model={model}", f"cluster={cluster}", *GPU_FIXED[cluster], *extra])
     plan = plan_from_config(cfg)
