@@ -120,6 +120,7 @@ class LoggerConfig:
 class LauncherConfig:
     name: str = "auto"  # auto (the cluster's own launcher) | local | slurm
     wait: bool = False  # slurm: wait for the job to end and report its outcome
+    script_only: bool = False  # slurm: write and print the sbatch script, submit nothing
 
 
 @dataclass

@@ -4,6 +4,7 @@ Run with `pytest -m slurm` after `slurm/dev-cluster.sh start`; scripts/test.sh d
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -94,3 +95,18 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path)
     assert find_checkpoints(run / "checkpoints")[-1].name == "step000300.ckpt"
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_multirun_sweep_is_one_array_with_each_points_overrides(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = cli(["-m", "hydra/launcher=dapple_slurm", *TWO_TASKS, "trainer.max_steps=4",
+               "trainer.checkpoint_every_n_steps=4", "strategy.num_micro_batches=2,4", f"hydra.sweep.dir={sweep}"],
+              tmp_path, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    job_dirs = sorted((sweep / ".submitit").iterdir())
+    assert len(job_dirs) == 2 and all("_" in d.name for d in job_dirs)  # array tasks: <job>_<index>
+    assert len({d.name.split("_")[0] for d in job_dirs}) == 1  # one array
+    plans = {json.loads((sweep / str(i) / "plan.json").read_text())["num_micro_batches"] for i in (0, 1)}
+    assert plans == {2, 4}
+    for i in (0, 1):
+        assert find_checkpoints(sweep / str(i) / "checkpoints")

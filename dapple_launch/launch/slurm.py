@@ -84,7 +84,22 @@ def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
     return ex
 
 
+def submission_script(cfg: DictConfig, plan: Plan, run_dir: Path) -> str:
+    """The sbatch script submitit submits for this config, rendered without submitting: the
+    template for users who submit by hand, made by the same code so the two cannot drift."""
+    inner = executor(cfg, plan, run_dir)._executor
+    return inner._make_submission_file_text(inner._submitit_command_str, "%j")
+
+
 def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> int:
+    if cfg.launcher.script_only:
+        text = submission_script(cfg, plan, run_dir)
+        path = run_dir / "slurm" / "submit.sbatch"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(text)
+        print(f"launcher.script_only=true: the script is in {path}; nothing was submitted")
+        return 0
     ex = executor(cfg, plan, run_dir)
     try:
         job = ex.submit(TrainTask(str(run_dir), ckpt_path))

@@ -1,0 +1,30 @@
+"""One process: the generated sbatch script equals a recorded copy reviewed like code."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from dapple_launch.launch.slurm import submission_script
+from dapple_launch.planner.plan import Plan
+from dapple_launch.plan_config import plan_from_config
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "v100x16-bert.sbatch"
+RUN_DIR = Path("/shared/runs/bert \"large\" it's here")
+
+
+def render(compose_cfg) -> str:
+    cfg = compose_cfg(["model=bert", "cluster=v100x16", "global_batch_size=128", "strategy.num_micro_batches=8",
+                       "cluster.partition=gpu", "cluster.account=ml-team", "cluster.time_min=120",
+                       "cluster.setup=[module load cuda/12.4,source /opt/env/bin/activate]"])
+    plan = Plan.from_dict(plan_from_config(cfg).to_dict())
+    # The interpreter's path differs between machines; everything else is fixed by the config.
+    return submission_script(cfg, plan, RUN_DIR).replace(sys.executable, "PYTHON")
+
+
+def test_generated_script_matches_the_recorded_copy(compose_cfg):
+    text = render(compose_cfg)
+    if not GOLDEN.exists():  # first run records it; review the file like code
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=8" in text and "--gpus-per-node=8" in text
+    assert "module load cuda/12.4" in text and "#SBATCH --partition=gpu" in text and "#SBATCH --account=ml-team" in text
