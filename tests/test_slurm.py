@@ -116,3 +116,10 @@ def test_multirun_sweep_is_one_array_with_each_points_overrides(tmp_path):
     assert plans == {2, 4}
     for i in (0, 1):
         assert find_checkpoints(sweep / str(i) / "checkpoints")
+
+
+def test_time_limit_shorter_than_the_first_checkpoint_warns(tmp_path):
+    out = cli([*TWO_TASKS, "cluster.time_min=1", "trainer.checkpoint_every_n_steps=100000", "launcher.script_only=true",
+               f"hydra.run.dir={tmp_path}/w"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "warning: the first checkpoint comes after" in out.stdout and "nothing was submitted" in out.stdout

@@ -58,6 +58,12 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     if plan.world_size > c.nodes * c.devices_per_node:
         raise ValueError(f"the plan needs {plan.world_size} devices but cluster {c.name} offers {c.nodes} nodes × "
                          f"{c.devices_per_node} = {c.nodes * c.devices_per_node}")
+    first_save_s = plan.estimate.iteration_s * cfg.trainer.checkpoint_every_n_steps
+    if first_save_s > c.time_min * 60:
+        print(f"warning: the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "
+              f"{plan.estimate.iteration_s:.3g} s per iteration × {cfg.trainer.checkpoint_every_n_steps} steps) but "
+              f"the time limit is cluster.time_min={c.time_min}: a job that times out would start over each time; "
+              f"lower trainer.checkpoint_every_n_steps or raise cluster.time_min")
     previous = run_dir / JOB_ID_FILE
     if previous.is_file():
         job = previous.read_text().strip()
