@@ -52,6 +52,10 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     callbacks = [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:06d}", auto_insert_metric_name=False,
                                  every_n_train_steps=t.checkpoint_every_n_steps, save_last="link",
                                  save_top_k=t.keep_checkpoints, monitor="step", mode="max")]
+    if t.progress_bar:
+        # The rich bar prints "Epoch 2/-2" for a run bounded by steps; tqdm shows the epoch alone.
+        from lightning.pytorch.callbacks import TQDMProgressBar
+        callbacks.append(TQDMProgressBar(refresh_rate=10))
     logger = build_logger(cfg, run_dir)
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
