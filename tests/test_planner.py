@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dapple_launch.cluster import Topology
-from dapple_launch.planner.baselines import all_baselines, divisors
+from dapple_launch.planner.baselines import divisors
 from dapple_launch.planner.build import MIN_MICRO_BATCHES
 from dapple_launch.planner.cost import Limits, StageSpec, evaluate
 from dapple_launch.planner.search import NoFeasiblePlan, plan, replica_choices, search

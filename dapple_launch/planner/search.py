@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
@@ -43,7 +43,6 @@ class SearchStats:
     nodes: int = 0
     leaves: int = 0
     seconds: float = 0.0
-    micro_batch_sizes: list = field(default_factory=list)
     proven_optimal: bool = True  # False when the time budget ended the search first
 
 
@@ -132,7 +131,7 @@ class _Search:
                 if r > left:
                     break
                 devices = tuple(range(start, start + r))
-                link_in, bw_lat = 0.0, None
+                link_in = 0.0
                 if placed:
                     prev = placed[-1]
                     total = self.p.cut_bytes[i - 1] * self.b / self.pbs

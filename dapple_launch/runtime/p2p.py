@@ -61,7 +61,7 @@ class PointToPoint:
     def _recv_pieces(self, n: int, peer_stage: int, space: str, micro_batch: int) -> torch.Tensor:
         peer_ranks = self.grid.stage_ranks(peer_stage)
         pieces = []
-        for j, _, lo, hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
+        for j, _, _lo, _hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
             header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
             dist.recv(header, peer_ranks[j], tag=_tag(space, micro_batch, 0))
             header = header.cpu()

@@ -7,7 +7,6 @@ replica group. Registered as "dapple"; with no plan given it reads the one named
 """
 from __future__ import annotations
 
-import math
 import os
 from datetime import timedelta
 from pathlib import Path
