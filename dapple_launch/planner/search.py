@@ -25,7 +25,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .baselines import all_baselines, balanced_uniform, divisors
 from .build import MIN_MICRO_BATCHES, to_plan
-from .cost import Costed, Limits, StageSpec, evaluate, in_flight, speed_ratio
+from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
 from .explain import human_bytes
 from .plan import Plan
 
@@ -167,10 +167,6 @@ class _Search:
         S = len(placed)
         if self.M < MIN_MICRO_BATCHES[self.limits.schedule](S):
             return
-        for s, c in enumerate(placed):
-            if c["params"] * self.limits.optimizer_factor + in_flight(self.limits.schedule, s, S, self.M) * c["act"] \
-                    > self.cap:
-                return
         layout = tuple(StageSpec(c["start"], c["stop"], c["devices"]) for c in placed)
         cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits)
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
