@@ -13,7 +13,7 @@ from dapple_launch.runtime.executor import GradientSync, StageExecutor
 from dapple_launch.runtime.grid import ProcessGrid
 from dapple_launch.runtime.module import PipelineModule
 from dapple_launch.runtime.p2p import PointToPoint
-from dapple_launch.schedule import build_schedule
+from dapple_launch.schedule import StageCosts, build_schedule, simulate
 
 from .multiproc import run_ranks
 
@@ -62,7 +62,7 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     for n, p in local.named_parameters():
         worst = max(worst, (p.grad - ref_grads[n]).abs().max().item() / (ref_grads[n].abs().max().item() + 1e-12))
     return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst,
-            "names": sorted(n for n, _ in local.named_parameters()), "saved_peak": ex.saved_peak}
+            "names": sorted(n for n, _ in local.named_parameters()), "saved_peak": ex.saved_peak, "stage": stage}
 
 
 CASES = [
@@ -84,9 +84,13 @@ def test_pipelined_equals_reference(tmp_path, replicas, schedule, num_micro_batc
     results = run_ranks(sum(replicas), _compare,
                         ("gpt", replicas, schedule, num_micro_batches, batch_n, plan.to_json()), tmp_path)
     all_names = set()
+    # The runtime keeps exactly as many micro-batches alive per stage as the schedule says.
+    predicted = simulate(build_schedule(schedule, len(replicas), num_micro_batches),
+                         [StageCosts(1.0, 1.0)] * len(replicas)).peak_in_flight
     for r in results:
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
         assert r["worst_grad_rel"] < 1e-4
+        assert r["saved_peak"] == predicted[r["stage"]]
         all_names |= set(r["names"])
     assert all_names == {n for n, _ in PipelineModule(model).materialize().named_parameters()}
 
