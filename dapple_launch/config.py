@@ -81,6 +81,7 @@ class StrategyConfig:
     micro_batch_size: Optional[int] = None
     search_nodes: int = 1000000  # candidates the planner may score (the plan says whether it proved optimality)
     profile_source: str = "analytic"  # analytic | measured (model profile for estimates and planning)
+    plan_file: Optional[str] = None  # strategy=file: a plan.json to run as written
 
 
 @dataclass

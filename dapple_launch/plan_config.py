@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -78,7 +79,28 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     if s.name == "auto":
         from .planner.search import plan
         return plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
-    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: auto, fixed")
+    if s.name == "file":
+        return plan_from_file(s.plan_file, topology, profile.num_layers, cfg.global_batch_size)
+    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: auto, fixed, file")
+
+
+def plan_from_file(path: str | None, topology, num_layers: int, global_batch: int) -> Plan:
+    """A plan made elsewhere (a dry run's plan.json, edited or not): run as written, once it is
+    checked against this cluster and model."""
+    from .runtime.placement import check_plan_runs_on
+    if not path or not Path(path).is_file():
+        raise ValueError(f"strategy=file needs strategy.plan_file=PATH to a plan.json; {path!r} is not a file "
+                         f"(make one with dry_run=true)")
+    try:
+        plan = Plan.load(path)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable plan ({type(exc).__name__}: {exc}); write it with dry_run=true "
+                         f"and edit it, keeping every field") from None
+    if plan.global_batch_size != global_batch:
+        raise ValueError(f"{path} was planned for global_batch_size={plan.global_batch_size} but this run has "
+                         f"{global_batch}; set global_batch_size={plan.global_batch_size} or re-plan")
+    check_plan_runs_on(plan, topology, num_layers)
+    return plan
 
 
 _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")

@@ -15,6 +15,7 @@ from .data.datasets import PipelineData
 from .planner.plan import Plan
 from .plan_config import model_from_config
 from .runtime import DappleStrategy, PipelineModule
+from .runtime.placement import PlannedEnvironment
 
 DATA_KIND = {"gpt": "text", "bert": "masked_text", "vgg19": "model_samples"}
 
@@ -60,13 +61,10 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     gpu = cfg.cluster.device_kind == "gpu" and torch.cuda.is_available()
-    plugins = []
-    if "SLURM_JOB_ID" in os.environ:
-        # submitit owns the requeue signal; Lightning must not claim it too
-        from lightning.pytorch.plugins.environments import SLURMEnvironment
-        plugins.append(SLURMEnvironment(auto_requeue=False))
+    # Ranks and devices come from the plan (runtime/placement.py), locally and under Slurm alike;
+    # this environment installs no signal handler, so under Slurm submitit alone owns requeue.
     return L.Trainer(
-        plugins=plugins,
+        plugins=[PlannedEnvironment(plan, cfg.cluster.devices_per_node)],
         strategy=DappleStrategy(plan, timeout_s=t.timeout_s, process_group_backend="nccl" if gpu else "gloo"),
         accelerator="gpu" if gpu else "cpu",
         devices=plan.world_size if not gpu else cfg.cluster.devices_per_node,

@@ -26,12 +26,11 @@ def tiny_model(name="gpt"):
     return build_model(name, "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40)
 
 
-def make_plan(model, replicas, schedule, num_micro_batches, global_batch):
-    devices = sum(replicas)
-    topo = Topology("test", 1, devices, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
+def make_plan(model, replicas, schedule, num_micro_batches, global_batch, devices=None):
+    topo = Topology("test", 1, sum(replicas), 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
     return fixed_plan(profile, topo, global_batch, len(replicas), list(replicas), num_micro_batches,
-                      Limits(schedule=schedule))
+                      Limits(schedule=schedule), devices=devices)
 
 
 def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json):
@@ -93,6 +92,19 @@ def test_pipelined_equals_reference(tmp_path, replicas, schedule, num_micro_batc
         assert r["saved_peak"] == predicted[r["stage"]]
         all_names |= set(r["names"])
     assert all_names == {n for n, _ in PipelineModule(model).materialize().named_parameters()}
+
+
+def test_ranks_follow_the_planned_devices(tmp_path):
+    """Stage 0 placed on device 3 and stage 1 on devices 0..2: rank 3 runs stage 0, ranks 0..2 stage 1
+    (ranks follow device ids), and the result still equals the single-process reference."""
+    model = tiny_model()
+    plan = make_plan(model, (1, 3), "1f1b", 2, 6, devices=[[3], [0, 1, 2]])
+    assert ProcessGrid.from_plan(plan).stage_ranks(0) == [3]
+    results = run_ranks(4, _compare, ("gpt", (1, 3), "1f1b", 2, 7, plan.to_json()), tmp_path)
+    assert [r["stage"] for r in results] == [1, 1, 1, 0]
+    for r in results:
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["worst_grad_rel"] < 1e-4
 
 
 @pytest.mark.parametrize("model_name", ["bert", "vgg19"])

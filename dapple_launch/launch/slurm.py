@@ -16,7 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ..plan_config import topology_from_config
 from ..planner.plan import Plan
+from ..runtime.placement import check_plan_runs_on, job_shape
 
 JOB_ID_FILE = "slurm/job_id"
 
@@ -30,7 +32,9 @@ class TrainTask:
     def __call__(self) -> str:
         import submitit
         from ..runtime.checkpoint import find_checkpoints
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        if not self._take_planned_rank(env):
+            return "idle"
         # A requeued job (preempted, timed out, or `scontrol requeue`) runs this again: the run
         # directory was checked clean at submission, so any checkpoint in it is this job's own.
         found = find_checkpoints(Path(self.run_dir) / "checkpoints")
@@ -39,6 +43,28 @@ class TrainTask:
         from .worker import main
         main(self.run_dir)
         return self.run_dir
+
+    def _take_planned_rank(self, env) -> bool:
+        """This task sits on device node × devices_per_node + local index; run the replica the plan
+        placed there (ranks follow devices, runtime/grid.py), or stay idle if the plan leaves it free."""
+        import submitit
+        from omegaconf import OmegaConf
+        from ..runtime.grid import ProcessGrid
+        run = Path(self.run_dir)
+        plan = Plan.load(run / "plan.json")
+        k = int(OmegaConf.load(run / "config.yaml").cluster.devices_per_node)
+        grid = ProcessGrid.from_plan(plan)
+        job = submitit.JobEnvironment()
+        device = job.node * k + job.local_rank
+        rank = grid.rank_of_device(device)
+        if rank is None:
+            print(f"device {device} (node {job.node}, local {job.local_rank}) is idle in this plan")
+            return False
+        # rank 0 lives on the node of the plan's first device, which need not be the job's first node
+        master = job.hostnames[grid.device_of(0) // k]
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(job.local_rank),
+                          NODE_RANK=str(job.node), MASTER_ADDR=master, MASTER_PORT=str(env.master_port))
+        return True
 
     def checkpoint(self, *args, **kwargs):
         """Preempted or timed out: come back on the newest complete checkpoint of this run."""
@@ -58,6 +84,7 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     if plan.world_size > c.nodes * c.devices_per_node:
         raise ValueError(f"the plan needs {plan.world_size} devices but cluster {c.name} offers {c.nodes} nodes × "
                          f"{c.devices_per_node} = {c.nodes * c.devices_per_node}")
+    check_plan_runs_on(plan, topology_from_config(c))
     first_save_s = plan.estimate.iteration_s * cfg.trainer.checkpoint_every_n_steps
     if first_save_s > c.time_min * 60:
         print(f"warning: the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "
@@ -76,9 +103,10 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
 def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
     import submitit
     c = cfg.cluster
-    nodes = -(-plan.world_size // c.devices_per_node)
+    # one task per device of the nodes the plan touches; tasks on devices it leaves idle exit at once
+    nodes, tasks_per_node = job_shape(plan, c.devices_per_node)
     ex = submitit.AutoExecutor(folder=str(run_dir / "slurm"), cluster="slurm", slurm_max_num_timeout=c.max_num_timeout)
-    params = dict(nodes=nodes, tasks_per_node=min(c.devices_per_node, plan.world_size), cpus_per_task=c.cpus_per_task,
+    params = dict(nodes=nodes, tasks_per_node=tasks_per_node, cpus_per_task=c.cpus_per_task,
                   timeout_min=c.time_min, name=f"dapple-{plan.model}", slurm_setup=list(c.setup))
     if c.device_kind == "gpu":
         params["gpus_per_node"] = c.devices_per_node

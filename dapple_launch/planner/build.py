@@ -29,7 +29,7 @@ def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: 
         device_memory_bytes=topology.device_memory_bytes,
         runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
                          for r in runners_up),
-        planner=planner,
+        planner=planner, devices_per_node=topology.devices_per_node,
     )
 
 

@@ -44,6 +44,7 @@ class Plan:
     device_memory_bytes: float = 0.0
     runners_up: tuple[RunnerUp, ...] = ()
     planner: str = "fixed"  # how the layout was chosen
+    devices_per_node: int = 0  # of the cluster it was planned for (device id = node × this + local); 0 = unstated
 
     @property
     def num_stages(self) -> int:

@@ -1,6 +1,7 @@
 """Interprets one stage's action list for one iteration. It decides nothing: the Schedule does."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +29,7 @@ class StageExecutor:
         self.replicas = p2p.grid.replicas[self.stage]
         self.on_last_backward = on_last_backward
         self.saved_peak = 0  # most micro-batches whose activations were alive at once (memory check)
+        self.timeline: list | None = None  # set to a list to record (action, start, end) wall times
 
     def _slice(self, t: torch.Tensor, micro: tuple[int, int]) -> torch.Tensor:
         lo, hi = split_bounds(micro[1] - micro[0], self.replicas)[self.replica]
@@ -50,10 +52,20 @@ class StageExecutor:
         last_backward = max((i for i, a in enumerate(schedule.stage_actions[self.stage]) if a.kind is Kind.BACKWARD),
                             default=-1)
         actions = schedule.stage_actions[self.stage]
+        ahead = _receives_ahead(actions)
         for i, a in enumerate(actions):
             try:
+                for r in ahead.get(i, ()):  # the next compute's inputs arrive while this one runs
+                    n_r = micro[r.micro_batch][1] - micro[r.micro_batch][0]
+                    if r.kind is Kind.RECV_ACTIVATION:
+                        self.p2p.post_activation(n_r, r.micro_batch, eval_=not train)
+                    else:
+                        self.p2p.post_gradient(n_r, r.micro_batch)
+                start = time.time()
                 loss_sum = self._act(i, a, micro, inputs_all, targets_all, n_total, train, inputs, outputs, grads,
                                      loss_sum, last_backward)
+                if self.timeline is not None:
+                    self.timeline.append((str(a), start, time.time()))
             except RuntimeError as exc:
                 rank = dist.get_rank() if dist.is_initialized() else 0
                 raise RuntimeError(
@@ -86,6 +98,7 @@ class StageExecutor:
                 del inputs[m]
             self.saved_peak = max(self.saved_peak, len(outputs))
         elif a.kind is Kind.SEND_ACTIVATION:
+            self.p2p.reap()
             self.p2p.send_activation(outputs[m].detach(), n, m, eval_=not train)
             if not train:
                 del outputs[m]
@@ -103,8 +116,21 @@ class StageExecutor:
             if i == last_backward and self.on_last_backward is not None:
                 self.on_last_backward()
         elif a.kind is Kind.SEND_GRADIENT:
+            self.p2p.reap()
             self.p2p.send_gradient(grads.pop(m), n, m)
         return loss_sum
+
+
+def _receives_ahead(actions) -> dict[int, list]:
+    """For each compute action's index, the receives the *next* compute action will need: posted
+    before this compute runs, so they overlap it (one micro-batch of look-ahead keeps memory bounded)."""
+    compute = [i for i, a in enumerate(actions) if a.kind.is_compute]
+    out = {}
+    for here, nxt in zip(compute, compute[1:]):
+        recvs = [a for a in actions[here + 1:nxt] if a.kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
+        if recvs:
+            out[here] = recvs
+    return out
 
 
 class GradientSync:

@@ -22,9 +22,25 @@ def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class ProcessGrid:
-    """Ranks are numbered stage by stage: stage 0's replicas first, then stage 1's, and so on."""
+    """Which rank runs which (stage, replica), and on which planned device.
+
+    Ranks follow the planned device ids: the rank of a replica is the position of its device
+    among all the plan's devices in increasing order. A launcher that starts rank r on the r-th
+    used device (Slurm's block distribution does: node by node, local index by local index) thus
+    puts every replica on the device the planner placed it on. For the planner's contiguous
+    placements this is stage-major numbering (stage 0's replicas first)."""
     replicas: tuple[int, ...]
-    devices: tuple[tuple[int, ...], ...]
+    devices: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self):
+        if not self.devices:
+            object.__setattr__(self, "devices", _stage_major(self.replicas))
+        flat = [d for ds in self.devices for d in ds]
+        if [len(d) for d in self.devices] != list(self.replicas) or len(set(flat)) != len(flat):
+            raise ValueError(f"devices {list(map(list, self.devices))} must name {list(self.replicas)} distinct "
+                             f"devices per stage")
+        order = {d: r for r, d in enumerate(sorted(flat))}
+        object.__setattr__(self, "_ranks", tuple(tuple(order[d] for d in ds) for ds in self.devices))
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "ProcessGrid":
@@ -39,17 +55,30 @@ class ProcessGrid:
         return len(self.replicas)
 
     def stage_ranks(self, stage: int) -> list[int]:
-        start = sum(self.replicas[:stage])
-        return list(range(start, start + self.replicas[stage]))
+        return list(self._ranks[stage])
 
     def position(self, rank: int) -> tuple[int, int]:
         """(stage, replica) of a rank."""
-        for s, r in enumerate(self.replicas):
-            if rank < r:
-                return s, rank
-            rank -= r
-        raise ValueError(f"rank beyond the grid's {self.world_size} ranks")
+        for s, ranks in enumerate(self._ranks):
+            if rank in ranks:
+                return s, ranks.index(rank)
+        raise ValueError(f"rank {rank} is beyond the plan's {self.world_size} ranks")
 
     def device_of(self, rank: int) -> int:
         s, j = self.position(rank)
         return self.devices[s][j]
+
+    def rank_of_device(self, device: int) -> int | None:
+        """The rank that runs on a planned device id, or None for a device the plan leaves idle."""
+        for ds, ranks in zip(self.devices, self._ranks):
+            if device in ds:
+                return ranks[ds.index(device)]
+        return None
+
+
+def _stage_major(replicas: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    out, d = [], 0
+    for r in replicas:
+        out.append(tuple(range(d, d + r)))
+        d += r
+    return tuple(out)

@@ -3,8 +3,13 @@
 Micro-batch m holds n samples; replica j of a stage with r replicas owns the j-th contiguous
 slice of them. Between stages with different replica counts, each sender sends every receiver
 the overlap of their slices (many-to-many); the receiver concatenates the pieces in order.
-Sends are non-blocking (gloo/NCCL isend); the caller waits on them later, so a stage never
-blocks on its neighbour's progress, which is the semantics the validator checks.
+Sends are non-blocking (gloo/NCCL isend), so a stage never blocks on its neighbour's progress,
+which is the semantics the validator checks; a sent tensor is dropped as soon as its send
+completes (`reap`). Receives are posted ahead of use (`post_*`): the executor posts the receives
+of the next compute actions while the current one runs, so the data lands during compute and the
+sender's isend completes early. Each piece travels as a small header (dtype, shape) and a payload;
+the payload's shape for a given piece size is learned from the first header and reused, which is
+what lets a receive be posted before its header arrives (the header is still checked).
 """
 from __future__ import annotations
 
@@ -40,12 +45,24 @@ def _tag(space: str, micro_batch: int, part: int) -> int:
 
 
 @dataclass
+class _PostedPiece:
+    header: torch.Tensor
+    header_work: object
+    payload: torch.Tensor | None  # None when the shape is not known yet: received after the header
+    payload_work: object
+    peer: int
+    tag: int
+
+
+@dataclass
 class PointToPoint:
     grid: ProcessGrid
     stage: int
     replica: int
     device: torch.device = torch.device("cpu")
     pending: list = field(default_factory=list)  # (work, tensor) kept alive until the send completes
+    posted: dict = field(default_factory=dict)  # (space, micro-batch) -> [_PostedPiece] of receives in flight
+    shapes: dict = field(default_factory=dict)  # (space, rows) -> (trailing shape, dtype) seen in a header
 
     def _send_pieces(self, tensor: torch.Tensor, n: int, peer_stage: int, space: str, micro_batch: int) -> None:
         my_lo = split_bounds(n, self.grid.replicas[self.stage])[self.replica][0]
@@ -58,18 +75,53 @@ class PointToPoint:
             for part, t in ((0, header.to(self.device)), (1, piece)):
                 self.pending.append((dist.isend(t, peer_ranks[k], tag=_tag(space, micro_batch, part)), t))
 
-    def _recv_pieces(self, n: int, peer_stage: int, space: str, micro_batch: int) -> torch.Tensor:
+    def _post(self, n: int, peer_stage: int, space: str, micro_batch: int) -> None:
+        key = (space, micro_batch)
+        if key in self.posted:
+            return
         peer_ranks = self.grid.stage_ranks(peer_stage)
-        pieces = []
-        for j, _, _lo, _hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
+        posted = []
+        for j, _, lo, hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
             header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-            dist.recv(header, peer_ranks[j], tag=_tag(space, micro_batch, 0))
-            header = header.cpu()
+            tag = _tag(space, micro_batch, 0)
+            header_work = dist.irecv(header, peer_ranks[j], tag=tag)
+            payload, payload_work = None, None
+            known = self.shapes.get((space, hi - lo))
+            if known is not None:
+                payload = torch.empty((hi - lo, *known[0]), dtype=known[1], device=self.device)
+                payload_work = dist.irecv(payload, peer_ranks[j], tag=tag + 1)
+            posted.append(_PostedPiece(header, header_work, payload, payload_work, peer_ranks[j], tag))
+        self.posted[key] = posted
+
+    def _recv_pieces(self, n: int, peer_stage: int, space: str, micro_batch: int) -> torch.Tensor:
+        self._post(n, peer_stage, space, micro_batch)
+        pieces = []
+        for p in self.posted.pop((space, micro_batch)):
+            p.header_work.wait()
+            header = p.header.cpu()
             shape = header[2:2 + int(header[0])].tolist()
-            piece = torch.empty(shape, dtype=_DTYPES[int(header[1])], device=self.device)
-            dist.recv(piece, peer_ranks[j], tag=_tag(space, micro_batch, 1))
-            pieces.append(piece)
+            dtype = _DTYPES[int(header[1])]
+            if p.payload is None:
+                p.payload = torch.empty(shape, dtype=dtype, device=self.device)
+                p.payload_work = dist.irecv(p.payload, p.peer, tag=p.tag + 1)
+                self.shapes[(space, shape[0])] = (tuple(shape[1:]), dtype)
+            elif list(p.payload.shape) != shape or p.payload.dtype != dtype:
+                raise RuntimeError(f"{space} piece of micro-batch {micro_batch} from rank {p.peer} is {dtype} "
+                                   f"{shape} but {p.payload.dtype} {list(p.payload.shape)} was expected: the "
+                                   f"stages disagree on the activation shape")
+            p.payload_work.wait()
+            pieces.append(p.payload)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def post_activation(self, n: int, micro_batch: int, eval_: bool = False) -> None:
+        self._post(n, self.stage - 1, "eval" if eval_ else "activation", micro_batch)
+
+    def post_gradient(self, n: int, micro_batch: int) -> None:
+        self._post(n, self.stage + 1, "gradient", micro_batch)
+
+    def reap(self) -> None:
+        """Drop the sends that completed: a sent activation is not kept longer than its transfer."""
+        self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
 
     def send_activation(self, t: torch.Tensor, n: int, micro_batch: int, eval_: bool = False) -> None:
         self._send_pieces(t, n, self.stage + 1, "eval" if eval_ else "activation", micro_batch)

@@ -22,6 +22,7 @@ from . import checkpoint as ckpt
 from .executor import GradientSync, StageExecutor
 from .grid import ProcessGrid
 from .p2p import PointToPoint
+from .placement import PlannedEnvironment, check_world_size
 
 PLAN_ENV = "DAPPLE_PLAN"
 
@@ -62,10 +63,36 @@ class DappleStrategy(DDPStrategy):
         # Every rank reads the whole global batch and slices its own part (see data/datasets.py).
         return {"num_replicas": 1, "rank": 0}
 
+    def set_world_ranks(self) -> None:
+        # Ranks follow the planned devices (placement.py), not Lightning's node × devices + local.
+        env = self.cluster_environment
+        if not isinstance(env, PlannedEnvironment):
+            super().set_world_ranks()
+            return
+        from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero_only
+        from lightning.pytorch.utilities.rank_zero import rank_zero_only
+        rank_zero_only.rank = fabric_rank_zero_only.rank = env.global_rank()
+
+    @property
+    def root_device(self) -> torch.device:
+        env = self.cluster_environment
+        if isinstance(env, PlannedEnvironment) and self.parallel_devices and self.parallel_devices[0].type == "cuda":
+            return torch.device("cuda", env.place.local)  # the device the planner placed this replica on
+        return super().root_device
+
+    def setup_environment(self) -> None:
+        env = self.cluster_environment
+        if isinstance(env, PlannedEnvironment) and self.parallel_devices and self.parallel_devices[0].type == "cuda":
+            visible = torch.cuda.device_count()
+            if env.place.local >= visible:
+                raise ValueError(
+                    f"rank {env.place.rank} is planned on device {env.place.device} = node {env.place.node}, local "
+                    f"GPU {env.place.local}, but this node shows {visible} GPU(s); cluster.devices_per_node says "
+                    f"more GPUs per node than the nodes have: set it to {visible} and re-plan")
+        super().setup_environment()
+
     def setup_distributed(self) -> None:
-        if self.world_size != self.grid.world_size:
-            raise ValueError(f"the plan needs {self.grid.world_size} ranks ({self.plan.layout()}) but this run has "
-                             f"{self.world_size}; launch exactly {self.grid.world_size} processes")
+        check_world_size(self.plan, self.world_size)
         super().setup_distributed()
         # Every rank creates every group, in the same order (torch.distributed's rule).
         self._stage_groups = [dist.new_group(self.grid.stage_ranks(s)) for s in range(self.grid.num_stages)]

@@ -1,0 +1,83 @@
+"""Placement (pure): ranks follow planned devices; a plan the cluster cannot run is refused."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from dapple_launch.cluster import Topology
+from dapple_launch.planner.plan import Plan, StagePlan
+from dapple_launch.runtime.grid import ProcessGrid
+from dapple_launch.runtime.placement import check_plan_runs_on, check_world_size, idle_devices, job_shape, place
+
+from .conftest import TINY_GPT, cli
+
+TOPO = Topology("two-by-four", 2, 4, 16e9, 10.0, 100e9, 10e9)
+
+
+def plan_with(devices, layers=((0, 2), (2, 4)), dpn=4):
+    from dapple_launch.planner.plan import Estimate
+    stages = tuple(StagePlan(lr, tuple(f"l{i}" for i in range(*lr)), len(ds), tuple(ds)) for lr, ds in zip(layers, devices))
+    return Plan("m", "two-by-four", 8, 4, 2, "1f1b", stages, Estimate(1.0, 8.0, (0.0,) * len(stages)),
+                devices_per_node=dpn)
+
+
+def test_ranks_follow_device_ids_and_place_on_node_and_local_device():
+    plan = plan_with([[4, 5, 6], [0]])  # stage 0 on node 1, stage 1 on node 0
+    grid = ProcessGrid.from_plan(plan)
+    assert grid.stage_ranks(0) == [1, 2, 3] and grid.stage_ranks(1) == [0]
+    assert [grid.position(r) for r in range(4)] == [(1, 0), (0, 0), (0, 1), (0, 2)]
+    p = place(plan, 3, 4)
+    assert (p.device, p.node, p.local) == (6, 1, 2)
+    assert grid.rank_of_device(6) == 3 and grid.rank_of_device(1) is None
+    # the Slurm job has a task on every device of the nodes the plan touches; the rest stay idle
+    assert job_shape(plan, 4) == (2, 3)
+    assert idle_devices(plan, 4) == [1, 2]
+
+
+@pytest.mark.parametrize("devices,layers,dpn,words", [
+    ([[0, 1], [8]], ((0, 2), (2, 4)), 4, ["device(s) [8]", "ids 0..7", "cluster.nodes"]),
+    ([[0, 1], [1, 2]], ((0, 2), (2, 4)), 4, ["device 1 is given to stages [0, 1]", "its own device"]),
+    ([[0], [1]], ((0, 2), (3, 4)), 4, ["stage 1 covers layers [3, 4)", "must start at 2"]),
+    ([[0], [1]], ((0, 2), (2, 4)), 8, ["made for 8 devices per node", "cluster.devices_per_node=4"]),
+])
+def test_a_plan_the_cluster_cannot_run_is_refused_with_the_numbers(devices, layers, dpn, words):
+    with pytest.raises(ValueError) as err:
+        check_plan_runs_on(plan_with(devices, layers, dpn), TOPO, num_layers=4)
+    for w in words:
+        assert w in str(err.value), str(err.value)
+
+
+def test_wrong_layer_count_and_rank_count_are_refused():
+    with pytest.raises(ValueError, match="cover 4 layers but the model has 6"):
+        check_plan_runs_on(plan_with([[0], [1]]), TOPO, num_layers=6)
+    with pytest.raises(ValueError, match="needs 4 ranks .* but this run has 3; launch exactly 4"):
+        check_world_size(plan_with([[0, 1, 2], [3]]), 3)
+
+
+def test_a_plan_file_runs_as_written_or_is_refused_before_anything_starts(tmp_path):
+    out = cli(["dry_run=true", f"hydra.run.dir={tmp_path / 'a'}", *TINY_GPT], tmp_path)
+    assert out.returncode == 0, out.stderr
+    made = json.loads((tmp_path / "a" / "plan.json").read_text())
+    # the same plan, read back through strategy=file, is accepted unchanged
+    ok = cli(["dry_run=true", "strategy=file", f"strategy.plan_file={tmp_path / 'a' / 'plan.json'}",
+              f"hydra.run.dir={tmp_path / 'b'}", *TINY_GPT], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "b" / "plan.json").read_text())["stages"] == made["stages"]
+    # edited so two stages share device 0: refused, nothing started, the numbers and the fix named
+    made["stages"][1]["devices"][0] = made["stages"][0]["devices"][0]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(made))
+    out = cli(["strategy=file", f"strategy.plan_file={bad}", f"hydra.run.dir={tmp_path / 'c'}", *TINY_GPT], tmp_path)
+    assert out.returncode == 2
+    assert "device 0 is given to stages [0, 1]" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "c" / "logs").exists()
+
+
+def test_plans_carry_the_devices_per_node_they_were_made_for():
+    plan = plan_with([[0], [1]])
+    assert Plan.from_json(plan.to_json()).devices_per_node == 4
+    old = json.loads(plan.to_json())
+    del old["devices_per_node"]  # a plan.json written before the field existed still loads
+    assert Plan.from_dict(old) == dataclasses.replace(plan, devices_per_node=0)
