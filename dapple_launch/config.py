@@ -108,6 +108,8 @@ class TrainerConfig:
     seed: int = 1234
     timeout_s: float = 300.0  # a stalled peer ends the run after this long
     progress_bar: bool = True
+    profile_pipeline: bool = False  # record every rank's actions; write timeline.svg/json next to plan.json
+    profile_steps: int = 3  # how many iterations to record (from step 2, after the first has warmed up)
 
 
 @dataclass

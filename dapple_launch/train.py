@@ -48,6 +48,13 @@ def quiet_known_warnings() -> None:
         warnings.filterwarnings("ignore", message=f".*{re.escape(text)}.*")
 
 
+def profile_window(t: DictConfig) -> range:
+    """The steps trainer.profile_pipeline records: from step 2 (the first iterations learn shapes and
+    warm caches), or the last ones of a shorter run."""
+    first = min(2, max(0, t.max_steps - t.profile_steps))
+    return range(first, min(first + t.profile_steps, t.max_steps))
+
+
 def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     t = cfg.trainer
     callbacks = [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:06d}", auto_insert_metric_name=False,
@@ -65,7 +72,9 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     # this environment installs no signal handler, so under Slurm submitit alone owns requeue.
     return L.Trainer(
         plugins=[PlannedEnvironment(plan, cfg.cluster.devices_per_node)],
-        strategy=DappleStrategy(plan, timeout_s=t.timeout_s, process_group_backend="nccl" if gpu else "gloo"),
+        strategy=DappleStrategy(plan, timeout_s=t.timeout_s, process_group_backend="nccl" if gpu else "gloo",
+                                profile_steps=profile_window(t) if t.profile_pipeline else None,
+                                timeline_dir=run_dir),
         accelerator="gpu" if gpu else "cpu",
         devices=plan.world_size if not gpu else cfg.cluster.devices_per_node,
         num_nodes=1 if not gpu else cfg.cluster.nodes,

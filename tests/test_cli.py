@@ -64,8 +64,20 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
     checkpoint as 1 stage × 4 replicas and 4 stages × 1: the same losses continue."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     out = cli([*FAST, "logger=csv", "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4",
-               f"hydra.run.dir={straight}"], tmp_path)
+               "trainer.profile_pipeline=true", f"hydra.run.dir={straight}"], tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
+    # trainer.profile_pipeline: every rank's recorded actions, next to the simulator's prediction
+    timeline = json.loads((straight / "timeline.json").read_text())
+    assert [it["step"] for it in timeline["measured"]] == [2, 3, 4]
+    plan = json.loads((straight / "plan.json").read_text())
+    for it in timeline["measured"]:
+        for r in it["ranks"]:
+            labels = [e["label"] for e in r["events"]]
+            for kind in "FB":  # each micro-batch's forward and backward, once
+                assert sorted(x for x in labels if x[0] == kind) == [f"{kind}{m}" for m in range(plan["num_micro_batches"])]
+            assert all(0 <= e["start"] <= e["end"] <= it["iteration_s"] for e in r["events"])
+    assert len(timeline["predicted"]["ranks"]) == 4 and timeline["predicted"]["iteration_s"] > 0
+    assert (straight / "timeline.svg").read_text().startswith("<svg")
     # The contract outside checks rely on.
     assert json.loads((straight / "plan.json").read_text())["stages"][0]["replicas"] == 2
     assert find_checkpoints(straight / "checkpoints")

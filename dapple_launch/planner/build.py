@@ -1,6 +1,8 @@
 """Turning a costed candidate into the Plan contract, and building a Plan from a fixed layout."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_schedule, validate
@@ -25,7 +27,7 @@ def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: 
             iteration_s=c.iteration_s, samples_per_s=global_batch / c.iteration_s,
             peak_memory_bytes=tuple(c.memory_bytes),
             speedup_over_data_parallel=(data_parallel_s / c.iteration_s) if data_parallel_s else None,
-            simulated_iteration_s=sim.iteration_s),
+            simulated_iteration_s=sim.iteration_s, stage_costs=tuple(asdict(sc) for sc in c.costs)),
         device_memory_bytes=topology.device_memory_bytes,
         runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
                          for r in runners_up),

@@ -21,6 +21,9 @@ class Estimate:
     peak_memory_bytes: tuple[float, ...]  # per device of each stage
     speedup_over_data_parallel: float | None = None
     simulated_iteration_s: float | None = None  # the discrete-event simulator's figure
+    # per stage, the cost model's figures the estimate was made from (schedule.StageCosts fields):
+    # forward_s, backward_s, send_activation_s, send_gradient_s, allreduce_s, activation_bytes
+    stage_costs: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Plan:
         for s in d["stages"]:
             s["layers"], s["layer_names"], s["devices"] = list(s["layers"]), list(s["layer_names"]), list(s["devices"])
         d["estimate"]["peak_memory_bytes"] = list(d["estimate"]["peak_memory_bytes"])
+        d["estimate"]["stage_costs"] = [dict(c) for c in d["estimate"]["stage_costs"]]
         d["runners_up"] = [dict(r) for r in d["runners_up"]]
         return d
 
@@ -78,6 +82,7 @@ class Plan:
             for s in d["stages"])
         e = dict(d["estimate"])
         e["peak_memory_bytes"] = tuple(e["peak_memory_bytes"])
+        e["stage_costs"] = tuple(dict(c) for c in e.get("stage_costs", ()))
         d["estimate"] = Estimate(**e)
         d["runners_up"] = tuple(RunnerUp(**r) for r in d.get("runners_up", ()))
         return cls(**d)

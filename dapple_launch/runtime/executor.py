@@ -141,10 +141,13 @@ class GradientSync:
         self.params, self.group, self.replicas = params, group, replicas
         self.work = None
         self.flat = None
+        self.span: tuple[float, float] | None = None  # (started, waited for) wall times of the last one
 
     def start(self) -> None:
+        self.span = None
         if self.replicas == 1 or not self.params:
             return
+        self.span = (time.time(), 0.0)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         self.flat = torch.cat([g.reshape(-1) for g in grads])
         self.work = dist.all_reduce(self.flat, group=self.group, async_op=True)
@@ -153,6 +156,7 @@ class GradientSync:
         if self.work is None:
             return
         self.work.wait()
+        self.span = (self.span[0], time.time())
         offset = 0
         for p in self.params:
             k = p.numel()

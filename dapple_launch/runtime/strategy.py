@@ -30,7 +30,8 @@ PLAN_ENV = "DAPPLE_PLAN"
 class DappleStrategy(DDPStrategy):
     strategy_name = "dapple"
 
-    def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 300.0, **kwargs: Any):
+    def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 300.0,
+                 profile_steps: range | None = None, timeline_dir: str | Path | None = None, **kwargs: Any):
         kwargs.setdefault("process_group_backend", None)
         super().__init__(timeout=timedelta(seconds=timeout_s), **kwargs)
         if plan is None:
@@ -43,6 +44,9 @@ class DappleStrategy(DDPStrategy):
         self.train_schedule = build_schedule(self.plan.schedule, self.plan.num_stages, self.plan.num_micro_batches)
         self._executor: StageExecutor | None = None
         self._sync: GradientSync | None = None
+        # trainer.profile_pipeline: the steps whose actions every rank records (timeline.py)
+        self.profile_steps, self.timeline_dir = profile_steps or range(0), timeline_dir
+        self._recorded: list[dict] = []
 
     # ---- the grid ------------------------------------------------------------------------
     @property
@@ -117,9 +121,29 @@ class DappleStrategy(DDPStrategy):
         return loss
 
     def pipeline_train_step(self, batch) -> torch.Tensor:
+        step = self.lightning_module.trainer.global_step
+        recording = step in self.profile_steps
+        self._executor.timeline = [] if recording else None
         result = self._executor.run(self.train_schedule, batch)
         self._sync.finish()
+        if recording:
+            self._record(step)
         return self._broadcast_loss(result.loss_sum)
+
+    def _record(self, step: int) -> None:
+        from .timeline import measured_iteration, write_timeline
+        events = self._executor.timeline
+        if self._sync.span:
+            events.append(("AR", *self._sync.span))
+        self._executor.timeline = None
+        gathered = [None] * self.world_size if self.is_global_zero else None
+        dist.gather_object(events, gathered, dst=0)
+        if not self.is_global_zero:
+            return
+        self._recorded.append(measured_iteration(step, gathered, self.grid))
+        if step == self.profile_steps[-1] and self.timeline_dir is not None:
+            json_path, svg_path = write_timeline(Path(self.timeline_dir), self.plan, self._recorded)
+            print(f"pipeline timeline of steps {self.profile_steps[0]}..{step}: {svg_path} (numbers: {json_path})")
 
     def pipeline_eval_step(self, batch) -> torch.Tensor:
         n = batch[0].shape[0]
