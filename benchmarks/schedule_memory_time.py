@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import SavedBytes, SleepLayer  # noqa: E402
 from dapple_launch.runtime.executor import StageExecutor  # noqa: E402
 from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
 from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
@@ -31,57 +32,9 @@ from tests.multiproc import run_ranks  # noqa: E402
 STAGES, FORWARD_S, BACKWARD_S, WIDTH, BATCH_PER_MICRO = 4, 0.020, 0.040, 4096, 4
 
 
-class _Sleep(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w):
-        time.sleep(FORWARD_S)
-        ctx.save_for_backward(x, w)
-        return x * w
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        time.sleep(BACKWARD_S)
-        return g * w, (g * x).sum(0)
-
-
-class SleepLayer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(WIDTH))
-
-    def forward(self, x):
-        return _Sleep.apply(x, self.w)
-
-
-class SavedBytes:
-    """Bytes of tensors saved for backward that are alive right now, and the peak."""
-
-    def __init__(self):
-        self.live = self.peak = 0
-
-    def pack(self, t):
-        n = t.numel() * t.element_size()
-        self.live += n
-        self.peak = max(self.peak, self.live)
-        return _Handle(self, t, n)
-
-    @staticmethod
-    def unpack(h):
-        return h.t
-
-
-class _Handle:
-    def __init__(self, owner, t, n):
-        self.owner, self.t, self.n = owner, t, n
-
-    def __del__(self):
-        self.owner.live -= self.n
-
-
 def _rank(rank, world, schedule_name, micro_batches, iterations):
     grid = ProcessGrid((1,) * STAGES, tuple((d,) for d in range(STAGES)))
-    layers = nn.Sequential(SleepLayer())
+    layers = nn.Sequential(SleepLayer(WIDTH, FORWARD_S, BACKWARD_S))
     ex = StageExecutor(layers, lambda y, t: y.mean(1), PointToPoint(grid, rank, 0), STAGES)
     schedule = build_schedule(schedule_name, STAGES, micro_batches)
     n = BATCH_PER_MICRO * micro_batches
@@ -91,7 +44,7 @@ def _rank(rank, world, schedule_name, micro_batches, iterations):
     for _ in range(iterations + 1):  # the first iteration warms up the connections
         dist.barrier()
         t0 = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+        with counter.hooks():
             ex.run(schedule, batch)
         dist.barrier()
         times.append(time.perf_counter() - t0)

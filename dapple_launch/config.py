@@ -55,6 +55,9 @@ class ClusterConfig:
     intra_node_allreduce_gbps: Optional[float] = None
     inter_node_allreduce_gbps: Optional[float] = None
     launcher: str = "local"  # the launcher this cluster is reached by: local | slurm
+    # what `strategy: default` becomes on this cluster: auto (the planner) on real clusters; the
+    # CPU clusters of this machine keep the fixed 2-stage demonstration layout
+    default_strategy: str = "auto"
     # Slurm (launcher=slurm): every field may be overridden on the command line
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -69,7 +72,7 @@ class ClusterConfig:
 
 @dataclass
 class StrategyConfig:
-    name: str = "fixed"  # fixed | auto (the planner)
+    name: str = "auto"  # auto (the planner) | fixed | file
     stages: int = 2
     replicas: List[int] = field(default_factory=list)  # one per stage, one for all, or [] = fill the cluster evenly
     boundaries: List[int] = field(default_factory=list)  # layer positions where stages start (not 0)

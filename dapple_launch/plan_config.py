@@ -51,7 +51,9 @@ def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
     if source == "measured":
         # Times hold for this machine's device: plan with a cluster config that describes it.
         from .profile.measure import measure_profile
-        return measure_profile(model, PROFILE_BATCH)
+        if topology.device_kind != "cpu":
+            return measure_profile(model, PROFILE_BATCH)
+        return measured_cpu_share(model, topology)
     if source != "analytic":
         raise ValueError(f"strategy.profile_source={source!r}; valid: analytic (from the model's shapes and "
                          f"cluster.device_tflops), measured (run each layer on this machine, cached)")
@@ -101,6 +103,34 @@ def plan_from_file(path: str | None, topology, num_layers: int, global_batch: in
                          f"{global_batch}; set global_batch_size={plan.global_batch_size} or re-plan")
     check_plan_runs_on(plan, topology, num_layers)
     return plan
+
+
+def measured_cpu_share(model: PipelineModel, topology: Topology) -> ModelProfile:
+    """A CPU cluster's device is a share of this machine: the local launcher gives each of its
+    processes cores // processes threads, and more processes than cores share them. Measure the
+    layers with the threads a rank will have, then stretch the times by how oversubscribed the
+    cores are, so the estimate describes the ranks as they will really run."""
+    import os
+    from dataclasses import replace
+
+    import torch
+
+    from .profile.measure import measure_profile
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = topology.num_devices
+    threads = max(1, cores // ranks)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        profile = measure_profile(model, PROFILE_BATCH)
+    finally:
+        torch.set_num_threads(before)
+    share = max(1.0, ranks * threads / cores)
+    if share == 1.0:
+        return profile
+    return replace(profile, source=f"{profile.source} × {share:g} ({ranks} processes on {cores} cores)",
+                   layers=tuple(replace(layer, forward_s=layer.forward_s * share, backward_s=layer.backward_s * share)
+                                for layer in profile.layers))
 
 
 _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")

@@ -64,6 +64,9 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
         # The rich bar prints "Epoch 2/-2" for a run bounded by steps; tqdm shows the epoch alone.
         from lightning.pytorch.callbacks import TQDMProgressBar
         callbacks.append(TQDMProgressBar(refresh_rate=10))
+    from .runtime.preemption import SIGNAL, SaveOnPreemption
+    if SIGNAL.installed:  # under Slurm: the warning signal saves a checkpoint at the step's end
+        callbacks.append(SaveOnPreemption(run_dir / "checkpoints"))
     logger = build_logger(cfg, run_dir)
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))

@@ -26,7 +26,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_dry_run_contract(tmp_path):
-    out = cli(["model=bert", "cluster=v100x16", "strategy.replicas=[8]", "global_batch_size=128",
+    out = cli(["model=bert", "cluster=v100x16", "strategy=fixed", "strategy.replicas=[8]", "global_batch_size=128",
                "strategy.num_micro_batches=8", "dry_run=true", f"hydra.run.dir={tmp_path}/dry"], tmp_path)
     assert out.returncode == 0, out.stderr
     plan = json.loads((tmp_path / "dry" / "plan.json").read_text())

@@ -10,14 +10,14 @@ from dapple_launch.plan_config import plan_from_config
 
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
-GPU_FIXED = {"v100x16": ["strategy.replicas=[8]", "global_batch_size=128", "strategy.num_micro_batches=8"],
-             "v100-16x1": ["strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
+GPU_FIXED = {"v100x16": ["strategy=fixed", "strategy.replicas=[8]", "global_batch_size=128", "strategy.num_micro_batches=8"],
+             "v100-16x1": ["strategy=fixed", "strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
                            "strategy.num_micro_batches=8"],
-             "v100-16x1-10g": ["strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
+             "v100-16x1-10g": ["strategy=fixed", "strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
                                "strategy.num_micro_batches=8"],
-             "a100x64": ["strategy.stages=4", "strategy.replicas=[16]", "global_batch_size=512",
+             "a100x64": ["strategy=fixed", "strategy.stages=4", "strategy.replicas=[16]", "global_batch_size=512",
                          "strategy.num_micro_batches=8"],
-             "h100x8": ["strategy.replicas=[4]", "global_batch_size=64", "strategy.num_micro_batches=8"],
+             "h100x8": ["strategy=fixed", "strategy.replicas=[4]", "global_batch_size=64", "strategy.num_micro_batches=8"],
              "local": [], "slurm-dev": []}
 PROFILE = ["model.profile=" + str(CONF_DIR.parent / "dapple_launch/profiles/bert-48-pbs-2.txt"),
            "model.profile_batch_size=2"]

@@ -67,8 +67,9 @@ def test_no_sbatch_is_refused_before_submission(tmp_path):
 
 
 def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path):
-    """Requeue a running job with scontrol: it comes back, resumes its newest checkpoint and ends
-    with the weights of an uninterrupted run (the same plan on local processes)."""
+    """Send a running job Slurm's preemption warning (USR2, as before a time limit or a preempting
+    job): every rank saves the current step together, the job requeues itself, comes back, resumes
+    that checkpoint and ends with the weights of an uninterrupted run (the same plan, local processes)."""
     steps = ["trainer.max_steps=300", "trainer.checkpoint_every_n_steps=10"]
     run = tmp_path / "preempted"
     out = cli([*TWO_TASKS, *steps, f"hydra.run.dir={run}"], tmp_path)
@@ -81,7 +82,7 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path)
     while not find_checkpoints(run / "checkpoints") and time.time() < end:
         time.sleep(1)
     assert find_checkpoints(run / "checkpoints"), "no checkpoint before the preemption"
-    subprocess.run(["scontrol", "requeue", job], check=True)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
     # Slurm holds a requeued batch job back (about 2 minutes here); let it start at once.
     for _ in range(30):
         if state(job) == "PENDING":
@@ -95,6 +96,9 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path)
     wait_gone(job, 420)
     log = "".join(p.read_text() for p in (run / "slurm").glob(f"{job}_0_log.*"))
     assert "resum" in log.lower() or "Restoring states" in log, log[-2000:]
+    saved = re.search(r"preempted: saved (\S+step(\d+)\.ckpt)", log)
+    assert saved, log[-3000:]  # the signal's own checkpoint, at whatever step it arrived
+    assert f"resuming from {saved.group(1)}" in log, log[-3000:]
     a, _ = read_shards(find_checkpoints(straight / "checkpoints")[-1])
     b, _ = read_shards(find_checkpoints(run / "checkpoints")[-1])
     assert find_checkpoints(run / "checkpoints")[-1].name == "step000300.ckpt"

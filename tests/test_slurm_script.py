@@ -13,7 +13,7 @@ RUN_DIR = Path("/shared/runs/bert \"large\" it's here")
 
 
 def render(compose_cfg) -> str:
-    cfg = compose_cfg(["model=bert", "cluster=v100x16", "global_batch_size=128", "strategy.num_micro_batches=8",
+    cfg = compose_cfg(["model=bert", "cluster=v100x16", "strategy=fixed", "global_batch_size=128", "strategy.num_micro_batches=8",
                        "cluster.partition=gpu", "cluster.account=ml-team", "cluster.time_min=120",
                        "cluster.setup=[module load cuda/12.4,source /opt/env/bin/activate]"])
     plan = Plan.from_dict(plan_from_config(cfg).to_dict())

@@ -32,16 +32,23 @@ class TrainTask:
     def __call__(self) -> str:
         import submitit
         from ..runtime.checkpoint import find_checkpoints
+        from ..runtime.preemption import SIGNAL
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         if not self._take_planned_rank(env):
             return "idle"
+        SIGNAL.install()  # after submitit's own handler, which it keeps for the hand-over
         # A requeued job (preempted, timed out, or `scontrol requeue`) runs this again: the run
         # directory was checked clean at submission, so any checkpoint in it is this job's own.
         found = find_checkpoints(Path(self.run_dir) / "checkpoints")
         os.environ["DAPPLE_CKPT"] = str(found[-1]) if found else (self.ckpt_path or "")
+        if os.environ["DAPPLE_CKPT"]:
+            print(f"resuming from {os.environ['DAPPLE_CKPT']}", flush=True)
         os.environ.setdefault("DAPPLE_THREADS", "1")
         from .worker import main
         main(self.run_dir)
+        if SIGNAL.stopped:  # saved together on the signal: now submitit requeues (task 0) and exits
+            SIGNAL.hand_over()
+            return "preempted"
         return self.run_dir
 
     def _take_planned_rank(self, env) -> bool:
@@ -85,6 +92,9 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
         raise ValueError(f"the plan needs {plan.world_size} devices but cluster {c.name} offers {c.nodes} nodes × "
                          f"{c.devices_per_node} = {c.nodes * c.devices_per_node}")
     check_plan_runs_on(plan, topology_from_config(c))
+    if 0 not in {d for st in plan.stages for d in st.devices}:
+        raise ValueError(f"the plan leaves device 0 idle, but under Slurm task 0 (device 0) is the one that requeues "
+                         f"the job on preemption; renumber the plan's devices so that one stage uses device 0")
     first_save_s = plan.estimate.iteration_s * cfg.trainer.checkpoint_every_n_steps
     if first_save_s > c.time_min * 60:
         print(f"warning: the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "

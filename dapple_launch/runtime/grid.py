@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..planner.plan import Plan
 
@@ -12,12 +13,13 @@ def split_sizes(n: int, parts: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(parts)]
 
 
-def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+@lru_cache(maxsize=4096)
+def split_bounds(n: int, parts: int) -> tuple[tuple[int, int], ...]:
     out, lo = [], 0
     for size in split_sizes(n, parts):
         out.append((lo, lo + size))
         lo += size
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True)

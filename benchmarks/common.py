@@ -1,0 +1,81 @@
+"""What the benchmarks share: layers of known cost and an exact count of saved activation bytes.
+
+A SleepLayer sleeps a stated time in forward and backward (per micro-batch, or per sample so
+that splitting a micro-batch across replicas divides it), so schedule timing does not depend
+on how 2 shared cores are scheduled; its `extra_params` adds parameters whose gradient the
+all-reduce must carry (VGG's fully connected layers, in miniature;
+GradientSync all-reduces a parameter without a gradient as zeros). SavedBytes counts the bytes
+of tensors autograd keeps for backward, alive at once, through saved-tensor hooks: exact, not RSS.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, big, layer):
+        time.sleep(layer.cost(x, layer.forward_s))
+        ctx.save_for_backward(x, w)
+        ctx.layer = layer
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        time.sleep(ctx.layer.cost(x, ctx.layer.backward_s))
+        # The extra parameters get no per-micro-batch gradient (accumulating it would add a memory-bound
+        # cost no profile states); the stage's gradient all-reduce still carries them every iteration.
+        return g * w, (g * x).sum(0), None, None
+
+
+class SleepLayer(nn.Module):
+    def __init__(self, width: int, forward_s: float, backward_s: float, per_sample: bool = False,
+                 extra_params: int = 0):
+        super().__init__()
+        self.forward_s, self.backward_s, self.per_sample = forward_s, backward_s, per_sample
+        self.w = nn.Parameter(torch.ones(width))
+        self.big = nn.Parameter(torch.zeros(max(extra_params, width))) if extra_params else None
+
+    def cost(self, x: torch.Tensor, seconds: float) -> float:
+        return seconds * x.shape[0] if self.per_sample else seconds
+
+    def forward(self, x):
+        return _Sleep.apply(x, self.w, self.big, self)
+
+
+class SavedBytes:
+    """Bytes of tensors saved for backward that are alive right now, and the peak."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+
+    def pack(self, t):
+        n = t.numel() * t.element_size()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        return _Handle(self, t, n)
+
+    @staticmethod
+    def unpack(h):
+        return h.t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Handle:
+    def __init__(self, owner, t, n):
+        self.owner, self.t, self.n = owner, t, n
+
+    def __del__(self):
+        self.owner.live -= self.n

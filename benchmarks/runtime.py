@@ -1,0 +1,300 @@
+"""This runtime against torch.distributed.pipelining, side by side in one run, 4 gloo processes.
+
+1. sleep rows: 4 stages × 1 replica, layers that sleep a known time (20 ms forward, 40 ms
+   backward per micro-batch), GPipe and 1F1B through our executor and through
+   torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on PipelineStage: iteration time
+   ours / theirs and ours / the simulator's prediction.
+2. compute rows: the same cut with real layers (Linear + GELU): CPU seconds per rank per
+   iteration, ours / theirs (process CPU time, so gloo's own threads count on both sides; the
+   row's ratio is of the mean over ranks; runs alternate ours/theirs `--repeats` times and each
+   rank keeps its median, because 4 processes on 2 shared cores are noisy).
+3. saved activation bytes per stage (saved-tensor hooks, exact) on every row, ours / theirs.
+4. uneven: a model whose last layer holds most parameters (VGG's FC layers in miniature), on 4
+   processes: the 3:1 plan torch.distributed.pipelining cannot express, against every uniform plan
+   (4 data-parallel replicas, 2:2, 4 stages), each at its best micro-batch count; and the
+   planner, given a profile of the known layer costs and a topology with gloo's bandwidth as
+   probed in this run, picks its plan and estimates it.
+
+    python benchmarks/runtime.py [--quick] [--iterations N] [--out runtime.json]
+
+Writes runtime.json with sleep_time_ratio, cpu_time_ratio, activation_bytes_ratio (ours / theirs,
+worst row) and simulator_error (worst relative error of the sleep rows), plus every row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import SavedBytes, SleepLayer  # noqa: E402
+from dapple_launch.cluster import Topology  # noqa: E402
+from dapple_launch.planner import Limits  # noqa: E402
+from dapple_launch.planner.cost import StageSpec, evaluate  # noqa: E402
+from dapple_launch.planner.search import plan as run_planner  # noqa: E402
+from dapple_launch.profile.model_profile import LayerProfile, ModelProfile  # noqa: E402
+from dapple_launch.runtime.executor import GradientSync, StageExecutor  # noqa: E402
+from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
+from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
+from dapple_launch.schedule import StageCosts, build_schedule, simulate  # noqa: E402
+from tests.multiproc import run_ranks  # noqa: E402
+
+WORLD, WIDTH = 4, 2048
+SLEEP_F, SLEEP_B, SLEEP_BATCH = 0.020, 0.040, 4  # per micro-batch; samples per micro-batch
+COMPUTE_WIDTH, COMPUTE_BATCH = 768, 32
+# uneven model: three light-parameter layers and one parameter-heavy layer, per-sample sleep
+UNEVEN_F, UNEVEN_B, UNEVEN_BIG, UNEVEN_G = 0.0015, 0.003, 4_000_000, 24
+
+
+def _stage_layers(kind: str) -> nn.Module:
+    if kind == "sleep":
+        return nn.Sequential(SleepLayer(WIDTH, SLEEP_F, SLEEP_B))
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU(),
+                         nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU())
+
+
+def _per_sample_loss(y, t):
+    return y.float().pow(2).mean(1)
+
+
+def _time_iterations(step, iterations: int, counter: SavedBytes) -> dict:
+    walls, cpus = [], []
+    for i in range(iterations + 1):  # the first iteration connects peers and learns shapes
+        dist.barrier()
+        w0, c0 = time.perf_counter(), time.process_time()
+        with counter.hooks():
+            step()
+        if i:
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_saved_bytes": counter.peak}
+
+
+def _ours(rank, world, kind, schedule_name, micro_batches, iterations):
+    grid = ProcessGrid((1,) * world)
+    layers = _stage_layers(kind)
+    ex = StageExecutor(layers, _per_sample_loss, PointToPoint(grid, rank, 0), world)
+    schedule = build_schedule(schedule_name, world, micro_batches)
+    n = (SLEEP_BATCH if kind == "sleep" else COMPUTE_BATCH) * micro_batches
+    width = WIDTH if kind == "sleep" else COMPUTE_WIDTH
+    batch = (torch.randn(n, width, generator=torch.Generator().manual_seed(1)), torch.zeros(n))
+
+    def step():
+        ex.run(schedule, batch)
+        layers.zero_grad(set_to_none=True)
+    return _time_iterations(step, iterations, SavedBytes())
+
+
+def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    layers = _stage_layers(kind)
+    stage = PipelineStage(layers, rank, world, torch.device("cpu"))
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name]
+    sched = cls(stage, micro_batches, loss_fn=lambda y, t: _per_sample_loss(y, t).mean())
+    n = (SLEEP_BATCH if kind == "sleep" else COMPUTE_BATCH) * micro_batches
+    width = WIDTH if kind == "sleep" else COMPUTE_WIDTH
+    x = torch.randn(n, width, generator=torch.Generator().manual_seed(1))
+    target = torch.zeros(n)
+
+    def step():
+        if rank == 0:
+            sched.step(x)
+        elif rank == world - 1:
+            sched.step(target=target, losses=[], return_outputs=False)
+        else:
+            sched.step()
+        layers.zero_grad(set_to_none=True)
+    return _time_iterations(step, iterations, SavedBytes())
+
+
+def _median_runs(runs: list[list[dict]]) -> list[dict]:
+    """Per rank, the median of each figure over repeated runs."""
+    return [{k: statistics.median(run[rank][k] for run in runs) for k in runs[0][rank]} for rank in range(len(runs[0]))]
+
+
+# ---- uneven plans ----------------------------------------------------------------------------
+def _uneven_layers() -> list[nn.Module]:
+    return [SleepLayer(WIDTH, UNEVEN_F, UNEVEN_B, per_sample=True) for _ in range(3)] + [
+        SleepLayer(WIDTH, UNEVEN_F, UNEVEN_B, per_sample=True, extra_params=UNEVEN_BIG)]
+
+
+def _probe(rank, world, nbytes, iterations):
+    """gloo on this machine: point-to-point and 4-way all-reduce bandwidth, for the planner's topology."""
+    t = torch.zeros(int(nbytes // 4))
+    p2p, ar = [], []
+    for _ in range(iterations + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+        p2p.append(time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        ar.append(time.perf_counter() - t0)
+    return {"p2p_s": statistics.median(p2p[1:]), "allreduce_s": statistics.median(ar[1:])}
+
+
+def _uneven(rank, world, replicas, cuts, micro_batches, iterations):
+    grid = ProcessGrid(tuple(replicas))
+    stage, replica = grid.position(rank)
+    bounds = [0, *cuts, 4]
+    all_layers = _uneven_layers()
+    layers = nn.Sequential(*all_layers[bounds[stage]:bounds[stage + 1]])
+    groups = [dist.new_group(grid.stage_ranks(s)) for s in range(grid.num_stages)]
+    params = list(layers.parameters())
+    sync = GradientSync(params, groups[stage], grid.replicas[stage])
+    ex = StageExecutor(layers, _per_sample_loss, PointToPoint(grid, stage, replica), grid.num_stages,
+                       on_last_backward=sync.start)
+    schedule = build_schedule("1f1b", grid.num_stages, micro_batches)
+    batch = (torch.randn(UNEVEN_G, WIDTH, generator=torch.Generator().manual_seed(1)), torch.zeros(UNEVEN_G))
+
+    def step():
+        ex.run(schedule, batch)
+        sync.finish()
+        layers.zero_grad(set_to_none=True)
+    return _time_iterations(step, iterations, SavedBytes())
+
+
+def uneven_profile() -> ModelProfile:
+    small, big = WIDTH * 4.0, (UNEVEN_BIG + WIDTH) * 4.0
+    layers = tuple(LayerProfile(f"layer{i}", UNEVEN_F, UNEVEN_B, WIDTH * 4.0, small + (big if i == 3 else 0.0),
+                                inputs=(i - 1,) if i else (), saved_bytes=2 * WIDTH * 4.0) for i in range(4))
+    return ModelProfile("uneven-sleep", layers, batch_size=1, source="known sleep costs", device="cpu")
+
+
+def probed_topology(probe: dict) -> Topology:
+    nbytes = probe["bytes"]
+    ar_bus = 2 * (WORLD - 1) / WORLD * nbytes / probe["allreduce_s"]  # ring formula, solved for bandwidth
+    return Topology("this machine (probed)", 1, WORLD, 4e9, 1.0, nbytes / probe["p2p_s"], nbytes / probe["p2p_s"],
+                    intra_node_latency_s=50e-6, inter_node_latency_s=50e-6, intra_node_allreduce_bandwidth=ar_bus,
+                    device_kind="cpu")
+
+
+UNEVEN_LAYOUTS = {"3:1 (uneven)": ((3, 1), (3,)), "4 (data parallel)": ((4,), ()), "2:2": ((2, 2), (2,)),
+                  "1:1:1:1": ((1, 1, 1, 1), (1, 2, 3))}
+
+
+def best_micro_batches(profile, topo, replicas, cuts) -> tuple[int, float]:
+    bounds = [0, *cuts, 4]
+    devices, d = [], 0
+    for r in replicas:
+        devices.append(tuple(range(d, d + r)))
+        d += r
+    layout = tuple(StageSpec(a, z, ds) for a, z, ds in zip(bounds, bounds[1:], devices))
+    best = None
+    for m in (1, 2, 3, 4, 6, 8, 12, 24):
+        b = UNEVEN_G // m
+        if m < len(replicas) or b < max(replicas):
+            continue
+        c = evaluate(profile, topo, layout, b, m, Limits(optimizer_factor=1.0))
+        if best is None or c.iteration_s < best[1]:
+            best = (m, c.iteration_s)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer rows and iterations (under 5 minutes here)")
+    ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per compute row")
+    ap.add_argument("--out", default="runtime.json")
+    args = ap.parse_args()
+    iters = args.iterations or (3 if args.quick else 5)
+    micro = (4, 8) if args.quick else (4, 8, 16)
+    rows, uneven = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("sleep", "compute"):
+            for name in ("gpipe", "1f1b"):
+                for m in micro if kind == "sleep" else micro[-1:]:
+                    repeats = 1 if kind == "sleep" else args.repeats
+                    runs = [(run_ranks(WORLD, _ours, (kind, name, m, iters), tmp),
+                             run_ranks(WORLD, _theirs, (kind, name, m, iters), tmp)) for _ in range(repeats)]
+                    ours, theirs = _median_runs([o for o, _ in runs]), _median_runs([t for _, t in runs])
+                    row = {"kind": kind, "schedule": name, "micro_batches": m,
+                           "ours_wall_s": max(r["wall_s"] for r in ours), "theirs_wall_s": max(r["wall_s"] for r in theirs),
+                           "ours_cpu_s": [r["cpu_s"] for r in ours], "theirs_cpu_s": [r["cpu_s"] for r in theirs],
+                           "ours_saved": [r["peak_saved_bytes"] for r in ours],
+                           "theirs_saved": [r["peak_saved_bytes"] for r in theirs]}
+                    row["time_ratio"] = row["ours_wall_s"] / row["theirs_wall_s"]
+                    row["cpu_ratio"] = sum(row["ours_cpu_s"]) / sum(row["theirs_cpu_s"])
+                    row["cpu_ratio_worst_rank"] = max(a / b for a, b in zip(row["ours_cpu_s"], row["theirs_cpu_s"]))
+                    row["saved_ratio"] = max(a / b for a, b in zip(row["ours_saved"], row["theirs_saved"]) if b)
+                    if kind == "sleep":
+                        sim = simulate(build_schedule(name, WORLD, m), [StageCosts(SLEEP_F, SLEEP_B)] * WORLD)
+                        row["simulated_s"] = sim.iteration_s
+                        row["simulator_error"] = row["ours_wall_s"] / sim.iteration_s - 1
+                    rows.append(row)
+                    print(f"  {kind} {name} M={m}: ours {row['ours_wall_s']:.3f} s, theirs {row['theirs_wall_s']:.3f} s",
+                          flush=True)
+        nbytes = (UNEVEN_BIG + WIDTH) * 4.0
+        probes = run_ranks(WORLD, _probe, (nbytes, iters), tmp)
+        probe = {"bytes": nbytes, "p2p_s": probes[1]["p2p_s"], "allreduce_s": max(p["allreduce_s"] for p in probes)}
+        profile, topo = uneven_profile(), probed_topology(probe)
+        chosen = run_planner(profile, topo, UNEVEN_G, Limits(optimizer_factor=1.0))
+        for label, (replicas, cuts) in UNEVEN_LAYOUTS.items():
+            m, estimate = best_micro_batches(profile, topo, replicas, cuts)
+            res = run_ranks(WORLD, _uneven, (replicas, cuts, m, iters), tmp)
+            measured = max(r["wall_s"] for r in res)
+            uneven.append({"plan": label, "micro_batches": m, "measured_s": measured, "estimate_s": estimate,
+                           "estimate_error": estimate / measured - 1})
+            print(f"  uneven {label} M={m}: {measured:.3f} s (estimate {estimate:.3f} s)", flush=True)
+    report(rows, uneven, probe, chosen, args.out)
+
+
+def report(rows, uneven, probe, chosen, out) -> None:
+    print(f"\n{WORLD} gloo processes, 1 thread each; median of the timed iterations; ours / theirs = this runtime / "
+          f"torch.distributed.pipelining\n")
+    print("| layers | schedule | M | ours s | theirs s | time ours/theirs | ours vs simulator | CPU s/rank ours "
+          "| CPU s/rank theirs | CPU ours/theirs (mean; worst rank) | saved MiB/stage ours | saved MiB/stage theirs | "
+          "saved ours/theirs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mib = lambda xs: ", ".join(f"{x / 2**20:.2f}" for x in xs)  # noqa: E731
+        cpu = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+        sim = f"{r['simulator_error']:+.1%}" if "simulator_error" in r else ""
+        print(f"| {r['kind']} | {r['schedule']} | {r['micro_batches']} | {r['ours_wall_s']:.3f} | "
+              f"{r['theirs_wall_s']:.3f} | {r['time_ratio']:.3f} | {sim} | {cpu(r['ours_cpu_s'])} | "
+              f"{cpu(r['theirs_cpu_s'])} | {r['cpu_ratio']:.3f}; {r['cpu_ratio_worst_rank']:.3f} | {mib(r['ours_saved'])} | {mib(r['theirs_saved'])} | "
+              f"{r['saved_ratio']:.3f} |")
+    best_uniform = min((u for u in uneven if "uneven" not in u["plan"]), key=lambda u: u["measured_s"])
+    ours = next(u for u in uneven if "uneven" in u["plan"])
+    print(f"\nuneven model (3 layers of {UNEVEN_F * 1e3:g}/{UNEVEN_B * 1e3:g} ms per sample, the last with "
+          f"{UNEVEN_BIG / 1e6:g} M parameters), global batch {UNEVEN_G}; gloo probed: point-to-point "
+          f"{probe['bytes'] / probe['p2p_s'] / 1e9:.2f} GB/s, 4-way all-reduce of {probe['bytes'] / 1e6:.0f} MB in "
+          f"{probe['allreduce_s'] * 1e3:.0f} ms\n")
+    print("| plan | M | measured s | planner estimate s | estimate error |")
+    print("|---|---|---|---|---|")
+    for u in uneven:
+        print(f"| {u['plan']} | {u['micro_batches']} | {u['measured_s']:.3f} | {u['estimate_s']:.3f} | "
+              f"{u['estimate_error']:+.1%} |")
+    print(f"\n3:1 / best uniform ({best_uniform['plan']}): {ours['measured_s'] / best_uniform['measured_s']:.3f}; "
+          f"the planner picked {chosen.layout()} with {chosen.num_micro_batches} micro-batches "
+          f"(estimate {chosen.estimate.iteration_s:.3f} s)")
+    sleep = [r for r in rows if r["kind"] == "sleep"]
+    summary = {"sleep_time_ratio": max(r["time_ratio"] for r in sleep),
+               "cpu_time_ratio": max(r["cpu_ratio"] for r in rows if r["kind"] == "compute"),
+               "activation_bytes_ratio": max(r["saved_ratio"] for r in rows),
+               "simulator_error": max(abs(r["simulator_error"]) for r in sleep),
+               "uneven_over_best_uniform": ours["measured_s"] / best_uniform["measured_s"],
+               "planner_choice": {"layout": chosen.layout(), "num_micro_batches": chosen.num_micro_batches,
+                                  "estimate_s": chosen.estimate.iteration_s},
+               "probe": probe, "rows": rows, "uneven": uneven}
+    print("\n" + " · ".join(f"{k} {summary[k]:.3f}" for k in ("sleep_time_ratio", "cpu_time_ratio",
+                                                             "activation_bytes_ratio", "simulator_error")))
+    Path(out).write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
