@@ -36,6 +36,7 @@ class Limits:
     micro_batch_size: int | None = None  # fix the micro-batch size instead of searching it
     schedule: str = "1f1b"
     search_nodes: int = 1_000_000  # candidates the search may score; ending within it proves optimality
+    optimality_gap: float = 0.01  # first pass: prune what cannot win by more than this (then closed exactly)
 
 
 @dataclass(frozen=True)

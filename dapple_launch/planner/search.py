@@ -11,8 +11,9 @@ Exactness: every complete candidate is scored by the same closed form as `cost.e
 branch is cut only when a valid lower bound on every completion is no better than the best plan
 found, so the result is the optimum over the space (ties keep the first found: deterministic).
 Lower bound of a partial plan (stages 0..k placed, layers [i, L) and devices [d, D) left):
-  bottleneck >= the placed stages' and links' times, and the remaining compute spread perfectly
-  over the remaining devices; E_0 >= placed sum + remaining compute / remaining devices;
+  bottleneck >= the placed stages' and links' times, the remaining compute spread perfectly
+  over the remaining devices, and the least bottleneck of any cut of the remaining layers onto
+  the remaining devices (bounds.py, a dynamic programme per micro-batch size); E_0 >= placed sum + remaining compute / remaining devices;
   T >= E_0 + (M - 1) * bottleneck, and T >= that - C_s + AR_s for each placed stage s.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .baselines import all_baselines, balanced_uniform, divisors
+from .bounds import min_bottleneck_stages, suffix_bottleneck
 from .build import MIN_MICRO_BATCHES, to_plan
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
 from .explain import human_bytes
@@ -44,6 +46,7 @@ class SearchStats:
     leaves: int = 0
     seconds: float = 0.0
     proven_optimal: bool = True  # False when the time budget ended the search first
+    proven_gap: float | None = 0.0  # the result is within this fraction of the optimum (None: unknown)
 
 
 def replica_choices(topology: Topology, limit: int) -> list[int]:
@@ -57,13 +60,14 @@ def replica_choices(topology: Topology, limit: int) -> list[int]:
 
 class _Search:
     def __init__(self, profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-                 b: int, incumbent: float, node_budget: float = math.inf):
+                 b: int, incumbent: float, node_budget: float = math.inf, gap: float = 0.0):
         self.p, self.t, self.G, self.limits, self.b = profile, topology, global_batch, limits, b
         self.M = global_batch // b
         self.L, self.D = profile.num_layers, topology.num_devices
         self.max_stages = min(self.L, self.D, limits.max_stages or self.L)
         self.pbs, self.speed = profile.batch_size, speed_ratio(profile, topology)
         self.best_t, self.best = incumbent, None
+        self.gap = gap  # prune branches that cannot beat the incumbent by more than this fraction
         self.cap = topology.device_memory_bytes * (1 - limits.memory_headroom)
         self.R = replica_choices(topology, b)
         self.fast_bw = max(topology.intra_node_bandwidth, topology.inter_node_bandwidth)
@@ -75,6 +79,8 @@ class _Search:
         for layer in profile.layers:
             pre.append(pre[-1] + layer.forward_s + layer.backward_s)
         self.work = pre  # per profile batch, prefix sums of forward+backward
+        self.suffix = suffix_bottleneck(profile, b, self.R, self.D, self.speed, self.cap, limits.optimizer_factor,
+                                        self.fast_bw, self.fast_lat)
 
     def rest_work_per_sample(self, i: int) -> float:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
@@ -86,21 +92,54 @@ class _Search:
         received = self.p.cut_bytes[a - 1] if a > 0 else 0.0
         return f * s, bk * s, (kept + received) * n / self.pbs, params
 
+    def root_bound(self) -> float:
+        """No plan with this micro-batch size is faster: M - 1 bottlenecks plus one pass of the work."""
+        beta = float(self.suffix[0, self.D])
+        if not math.isfinite(beta):
+            return math.inf
+        return (self.M - 1) * beta + self.rest_work_per_sample(0) * self.b / self.D
+
+    @property
+    def cutoff(self) -> float:
+        """A branch whose lower bound reaches this is cut: exact with gap 0, else every cut branch is
+        provably at best (1 - gap) × the incumbent, so the result is within `gap` of the optimum."""
+        return self.best_t * (1 - max(self.gap, 1e-12))
+
     def run(self) -> Costed | None:
+        self._seed_incumbent()
         self._extend(0, 0, [])
         return self.best
+
+    def _seed_incumbent(self) -> None:
+        """Cost the least-bottleneck cut (bounds.py) in full first: a strong incumbent prunes early."""
+        stages = min_bottleneck_stages(self.p, self.b, self.R, self.D, self.speed, self.cap,
+                                       self.limits.optimizer_factor, self.suffix, self.fast_bw, self.fast_lat)
+        if not stages or len(stages) > self.max_stages:
+            return
+        layout, d = [], 0
+        for a, z, r in stages:
+            layout.append(StageSpec(a, z, tuple(range(d, d + r))))
+            d += r
+        if self.M < MIN_MICRO_BATCHES[self.limits.schedule](len(layout)):
+            return
+        cand = evaluate(self.p, self.t, tuple(layout), self.b, self.M, self.limits)
+        if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
+            self.best_t, self.best = cand.iteration_s, cand
 
     def _lower_bound(self, i: int, d: int, placed: list) -> float:
         M = self.M
         left = self.D - d
         rest, out_link = 0.0, 0.0
+        if i < self.L and (left == 0 or not math.isfinite(self.suffix[i, left])):
+            return math.inf  # no device left, or no cut of the remaining layers fits in memory
         if i < self.L:
             rest = self.rest_work_per_sample(i) * self.b / left
             # the transfer out of the last placed stage takes at least its share over the fastest link
             last = placed[-1]
             total = self.p.cut_bytes[i - 1] * self.b / self.pbs
             out_link = self.fast_lat + total / len(last["devices"]) / self.fast_bw
-        beta = max([c["t"] for c in placed] + [c["link"] for c in placed] + [rest, out_link])
+        beta = max([c["t"] for c in placed] + [c["link"] for c in placed] + [rest, out_link,
+                                                                          float(self.suffix[i, left]) if left else 0.0])
         if self.limits.schedule == "1f1b":
             # windows of adjacent placed stages are windows of every completion (see cost.py)
             for s in range(len(placed)):
@@ -137,7 +176,7 @@ class _Search:
                     total = self.p.cut_bytes[i - 1] * self.b / self.pbs
                     bw, lat = self.t.p2p(prev["devices"], devices)
                     link_in = lat + max(total / len(prev["devices"]), total / r) / bw
-                    if (self.M - 1) * link_in >= self.best_t:
+                    if (self.M - 1) * link_in >= self.cutoff:
                         continue
                 for z in range(i + 1, self.L + 1):
                     if z < self.L and (len(placed) + 1 == self.max_stages or start + r >= self.D):
@@ -145,7 +184,7 @@ class _Search:
                     f, bk, act, params = self.stage_time(i, z, r)
                     if params * self.limits.optimizer_factor + act > self.cap:
                         break  # more layers only need more memory
-                    if (self.M - 1) * max(beta_placed, f + bk) + f + bk >= self.best_t:
+                    if (self.M - 1) * max(beta_placed, f + bk) + f + bk >= self.cutoff:
                         break  # a longer stage is only slower
                     entry = {"start": i, "stop": z, "devices": devices, "t": f + bk, "bk": bk, "link": 0.0,
                              "link_sum": 0.0, "link_grad": 0.0,
@@ -158,7 +197,7 @@ class _Search:
                     self.scored += 1  # the budget counts scored candidates: the unit of work
                     if self.scored > self.node_budget:
                         raise _OutOfTime
-                    if self._lower_bound(z, start + r, chain) >= self.best_t * (1 - 1e-12):
+                    if self._lower_bound(z, start + r, chain) >= self.cutoff:
                         continue
                     self._extend(z, start + r, chain)
 
@@ -191,23 +230,18 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     found = [c for c in [*baselines.values(), start] if c is not None]
     incumbent = min((c.iteration_s for c in found), default=math.inf)
     stats = SearchStats()
-    per_b = []
-    for b in micro_batch_sizes(global_batch, limits):
-        # A node budget, not a clock: the same inputs give the same plan on any machine.
-        left = limits.search_nodes - stats.nodes
-        if left <= 0:
-            stats.proven_optimal = False
-            break
-        s = _Search(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), left)
-        try:
-            best = s.run()
-        except _OutOfTime:
-            best, stats.proven_optimal = s.best, False
-        stats.nodes += s.scored
-        stats.leaves += s.stats.leaves
-        if best is not None:
-            per_b.append(best)
-            incumbent = min(incumbent, best.iteration_s)
+    # Phase 1 prunes anything that cannot beat the incumbent by more than the optimality gap: fast,
+    # and its result is provably within the gap. Phase 2, seeded with it, closes the gap exactly
+    # within what is left of the node budget (small instances always finish: exact optimum).
+    per_b, done = _sweep(profile, topology, global_batch, limits, incumbent, limits.optimality_gap, stats)
+    stats.proven_gap = limits.optimality_gap if done else None
+    if done and limits.optimality_gap > 0:
+        incumbent = min([incumbent, *(c.iteration_s for c in per_b)])
+        exact, done = _sweep(profile, topology, global_batch, limits, incumbent, 0.0, stats)
+        per_b += exact
+        if done:
+            stats.proven_gap = 0.0
+    stats.proven_optimal = stats.proven_gap == 0.0
     candidates = sorted(found + per_b, key=lambda c: (c.iteration_s, len(c.layout), c.summary()))
     unique, seen = [], set()
     for c in candidates:
@@ -216,6 +250,38 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
             unique.append(c)
     stats.seconds = time.perf_counter() - t0
     return (unique[0] if unique else None), unique[1:keep + 1], baselines, stats
+
+
+def _sweep(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, incumbent: float,
+           gap: float, stats: SearchStats) -> tuple[list[Costed], bool]:
+    """Branch and bound over every micro-batch size; (best per size, whether it ran to the end)."""
+    per_b = []
+    # Most promising micro-batch size first (by its least bottleneck): a strong incumbent early
+    # prunes the others; a size whose bound cannot win is skipped whole.
+    searches = [_Search(profile, topology, global_batch, limits, b, math.inf, math.inf, gap)
+                for b in micro_batch_sizes(global_batch, limits)]
+    searches.sort(key=lambda s: (s.root_bound(), -s.b))
+    for s in searches:
+        # A node budget, not a clock: the same inputs give the same plan on any machine.
+        left = limits.search_nodes - stats.nodes
+        if left <= 0:
+            return per_b, False
+        s.best_t, s.node_budget = incumbent * (1 + 1e-9), left
+        if s.root_bound() >= s.cutoff:
+            continue
+        out_of_time = False
+        try:
+            best = s.run()
+        except _OutOfTime:
+            best, out_of_time = s.best, True
+        stats.nodes += s.scored
+        stats.leaves += s.stats.leaves
+        if best is not None:
+            per_b.append(best)
+            incumbent = min(incumbent, best.iteration_s)
+        if out_of_time:
+            return per_b, False
+    return per_b, True
 
 
 def smallest_memory_need(profile: ModelProfile, topology: Topology, limits: Limits) -> tuple[float, str]:
@@ -249,9 +315,13 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
         if c is not None:
             c.extra["note"] = name
     dp = baselines.get("data parallel")
-    how = (f"auto: optimal under the cost model ({stats.nodes} candidates scored)"
-           if stats.proven_optimal else
-           f"auto: best found within the budget of {limits.search_nodes} scored candidates, optimality not proven "
-           f"(strategy.search_nodes raises it)")
+    if stats.proven_optimal:
+        how = f"auto: optimal under the cost model ({stats.nodes} candidates scored)"
+    elif stats.proven_gap is not None:
+        how = (f"auto: within {stats.proven_gap:.1%} of the optimum under the cost model, proven ({stats.nodes} "
+               f"candidates scored; strategy.search_nodes or a smaller strategy.optimality_gap closes it)")
+    else:
+        how = (f"auto: best found within the budget of {limits.search_nodes} scored candidates, optimality not "
+               f"proven (strategy.search_nodes raises it)")
     return to_plan(best, profile, topology, global_batch, how, runners_up,
                    data_parallel_s=dp.iteration_s if dp else None)
