@@ -1,81 +1,121 @@
 """A lower bound the search prunes with: the least bottleneck any completion can reach.
 
-suffix[i, k] = the smallest possible max stage time (forward + backward of one micro-batch slice)
-over every way to cut layers [i, L) into contiguous stages that use at most k devices in all,
-each stage with an allowed replica count and within memory (parameters × optimizer factor plus
-one micro-batch of activations: the least any schedule keeps). A stage's outgoing transfer counts
-too (the bottleneck includes links), at its least: this stage's share over the fastest link. The
-warm-up, placement, the other side's replica count and the stage limit are left out, so it never exceeds the bottleneck of a real completion: a valid
-bound. Computed once per micro-batch size by dynamic programming, vectorised over the cut point
-and the device count.
+bound[i, d] = the smallest possible max over the remaining stages of (stage time, outgoing
+transfer) when layers [i, L) are cut into contiguous stages placed from device d on, exactly as
+the search places them (each stage starts at the next free device or at the next node's first
+device, and takes an allowed replica count), each within memory (parameters × optimizer factor
+plus one micro-batch of activations: the least any schedule keeps). A transfer counts at its
+least: this stage's share of the activation over the fastest link the placement allows (the
+network when the stage spans nodes or the next stage must start on another node, else NVLink).
+The warm-up, the other side's replica count, all-reduces and the stage limit are left out, so the
+bound never exceeds the bottleneck of a real completion. One dynamic programme per micro-batch
+size, vectorised over cut points and device positions.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 
 
-def suffix_bottleneck(profile: ModelProfile, micro_batch: int, replica_choices: list[int], devices: int,
-                      speed: float, capacity_bytes: float, optimizer_factor: float,
-                      link_bandwidth: float = math.inf, link_latency_s: float = 0.0) -> np.ndarray:
-    L, pbs = profile.num_layers, profile.batch_size
-    pre = profile._prefix
+@dataclass(frozen=True)
+class BoundInputs:
+    profile: ModelProfile
+    topology: Topology
+    micro_batch: int
+    replica_choices: tuple[int, ...]
+    speed: float
+    capacity_bytes: float
+    optimizer_factor: float
+
+
+def stage_starts(d: int, devices_per_node: int, devices: int) -> list[int]:
+    """Where the next stage may start when device d is the first free one (append or fresh node)."""
+    k = devices_per_node
+    if d % k == 0 or d // k == (devices - 1) // k:
+        return [d]
+    return [d, (d // k + 1) * k]
+
+
+def _links(x: BoundInputs, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per start device s: (latency, bandwidth) of the fastest link out of a stage on [s, s + r)."""
+    t, D, k = x.topology, x.topology.num_devices, x.topology.devices_per_node
+    s = np.arange(D)
+    spans = (s // k) != ((s + r - 1) // k)
+    next_elsewhere = ((s + r) % k) == 0  # the next free device is on another node
+    slow = spans | next_elsewhere
+    fast_bw = max(t.intra_node_bandwidth, t.inter_node_bandwidth)
+    fast_lat = min(t.intra_node_latency_s, t.inter_node_latency_s)
+    return (np.where(slow, t.inter_node_latency_s, fast_lat), np.where(slow, t.inter_node_bandwidth, fast_bw))
+
+
+def suffix_bound(x: BoundInputs) -> np.ndarray:
+    """bound[i, d] for i in 0..L, d in 0..D (float array; inf where nothing fits)."""
+    p, D = x.profile, x.topology.num_devices
+    L, pbs, k = p.num_layers, p.batch_size, x.topology.devices_per_node
+    pre = p._prefix
     work = np.asarray(pre["f"]) + np.asarray(pre["b"])
     params, kept = np.asarray(pre["p"]), np.asarray(pre["m"])
-    cut = np.asarray((0.0, *profile.cut_bytes))  # cut[i]: bytes received by a stage starting at layer i
-    best = np.full((L + 1, devices + 1), np.inf)
-    best[L, :] = 0.0
+    cut = np.asarray((0.0, *p.cut_bytes))  # cut[i]: bytes crossing into a stage that starts at layer i
+    links = {r: _links(x, r) for r in x.replica_choices}
+    bound = np.full((L + 1, D + 1), np.inf)
+    bound[L, :] = 0.0
+    # starts_at[i, s]: best completion whose first stage (holding layer i) starts exactly at device s
     for i in range(L - 1, -1, -1):
         z = np.arange(i + 1, L + 1)
-        stage_work = (work[z] - work[i]) * speed / pbs
-        stage_params = (params[z] - params[i]) * optimizer_factor
+        stage_work = (work[z] - work[i]) * x.speed / pbs
+        stage_params = (params[z] - params[i]) * x.optimizer_factor
         stage_kept = (kept[z] - kept[i] + cut[i]) / pbs
-        sent = np.where(z < L, cut[np.minimum(z, L - 1)] * micro_batch / pbs, 0.0)  # this stage's output
-        rest = best[z]  # (stops, devices + 1)
-        for r in replica_choices:
-            if r > devices:
+        sent = np.where(z < L, cut[np.minimum(z, L - 1)] * x.micro_batch / pbs, 0.0)
+        starts_at = np.full(D + 1, np.inf)
+        for r in x.replica_choices:
+            if r > D:
                 break
-            n = math.ceil(micro_batch / r)
-            t = np.maximum(stage_work * n, np.where(z < L, link_latency_s + sent / r / link_bandwidth, 0.0))
-            t = np.where(stage_params + stage_kept * n > capacity_bytes, np.inf, t)
-            # for k = r .. devices: min over stops of max(this stage, the best of the rest on k - r)
-            cand = np.maximum(t[:, None], rest[:, : devices + 1 - r]).min(axis=0)
-            np.minimum(best[i, r:], cand, out=best[i, r:])
-    return best
+            n = math.ceil(x.micro_batch / r)
+            t = np.where(stage_params + stage_kept * n > x.capacity_bytes, np.inf, stage_work * n)
+            lat, bw = links[r]
+            starts = D - r + 1  # a stage of r devices can start at 0 .. D - r
+            link = np.where((z < L)[:, None], lat[None, :starts] + (sent / r)[:, None] / bw[None, :starts], 0.0)
+            rest = bound[z][:, r:r + starts]  # the completion from device s + r on
+            cand = np.maximum(np.maximum(t[:, None], link), rest).min(axis=0)
+            np.minimum(starts_at[:starts], cand, out=starts_at[:starts])
+        for d in range(D):
+            bound[i, d] = min(starts_at[s] for s in stage_starts(d, k, D))
+    return bound
 
 
-def min_bottleneck_stages(profile: ModelProfile, micro_batch: int, replica_choices: list[int], devices: int,
-                          speed: float, capacity_bytes: float, optimizer_factor: float,
-                          best: np.ndarray, link_bandwidth: float = math.inf,
-                          link_latency_s: float = 0.0) -> list[tuple[int, int, int]] | None:
-    """One cut that attains suffix[0, devices]: [(start, stop, replicas)], or None if nothing fits.
-    A strong first incumbent for the search (it is then costed in full, links and all)."""
-    L, pbs = profile.num_layers, profile.batch_size
-    if not np.isfinite(best[0, devices]):
+def least_bottleneck_stages(x: BoundInputs, bound: np.ndarray) -> list[tuple[int, int, int, int]] | None:
+    """One placement attaining bound[0, 0]: [(first layer, stop, first device, replicas)], or None.
+    A strong first incumbent for the search (it is then costed in full)."""
+    p, D = x.profile, x.topology.num_devices
+    L, pbs, k = p.num_layers, p.batch_size, x.topology.devices_per_node
+    if not math.isfinite(bound[0, 0]):
         return None
-    pre = profile._prefix
-    cut = (0.0, *profile.cut_bytes)
-    stages, i, k = [], 0, devices
+    pre = p._prefix
+    cut = (0.0, *p.cut_bytes)
+    stages, i, d = [], 0, 0
     while i < L:
-        target = best[i, k]
+        target = bound[i, d] * (1 + 1e-12)
         found = None
-        for r in replica_choices:
-            if r > k or found:
-                break
-            n = math.ceil(micro_batch / r)
-            for z in range(i + 1, L + 1):
-                work = (pre["f"][z] + pre["b"][z] - pre["f"][i] - pre["b"][i]) * speed / pbs * n
-                if z < L:
-                    work = max(work, link_latency_s + cut[z] * micro_batch / pbs / r / link_bandwidth)
-                mem = (pre["p"][z] - pre["p"][i]) * optimizer_factor + (pre["m"][z] - pre["m"][i] + cut[i]) / pbs * n
-                if mem <= capacity_bytes and max(work, best[z, k - r]) <= target * (1 + 1e-12):
-                    found = (i, z, r)
+        for s in stage_starts(d, k, D):
+            for r in x.replica_choices:
+                if s + r > D or found:
                     break
+                n = math.ceil(x.micro_batch / r)
+                lat, bw = (a[s] for a in _links(x, r))
+                for z in range(i + 1, L + 1):
+                    t = (pre["f"][z] + pre["b"][z] - pre["f"][i] - pre["b"][i]) * x.speed / pbs * n
+                    mem = (pre["p"][z] - pre["p"][i]) * x.optimizer_factor + (pre["m"][z] - pre["m"][i] + cut[i]) / pbs * n
+                    link = lat + cut[z] * x.micro_batch / pbs / r / bw if z < L else 0.0
+                    if mem <= x.capacity_bytes and max(t, link, bound[z, s + r]) <= target:
+                        found = (i, z, s, r)
+                        break
         if found is None:
             return None
         stages.append(found)
-        i, k = found[1], k - found[2]
+        i, d = found[1], found[2] + found[3]
     return stages

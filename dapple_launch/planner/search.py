@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .baselines import all_baselines, balanced_uniform, divisors
-from .bounds import min_bottleneck_stages, suffix_bottleneck
+from .bounds import BoundInputs, least_bottleneck_stages, suffix_bound
 from .build import MIN_MICRO_BATCHES, to_plan
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
 from .explain import human_bytes
@@ -79,8 +79,9 @@ class _Search:
         for layer in profile.layers:
             pre.append(pre[-1] + layer.forward_s + layer.backward_s)
         self.work = pre  # per profile batch, prefix sums of forward+backward
-        self.suffix = suffix_bottleneck(profile, b, self.R, self.D, self.speed, self.cap, limits.optimizer_factor,
-                                        self.fast_bw, self.fast_lat)
+        self.bound_inputs = BoundInputs(profile, topology, b, tuple(self.R), self.speed, self.cap,
+                                        limits.optimizer_factor)
+        self.suffix = suffix_bound(self.bound_inputs)  # [next layer, first free device]
 
     def rest_work_per_sample(self, i: int) -> float:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
@@ -92,12 +93,22 @@ class _Search:
         received = self.p.cut_bytes[a - 1] if a > 0 else 0.0
         return f * s, bk * s, (kept + received) * n / self.pbs, params
 
+    def restart(self, incumbent: float, node_budget: float, gap: float) -> None:
+        self.best_t, self.best, self.node_budget, self.gap = incumbent, None, node_budget, gap
+        self.scored, self.stats = 0, SearchStats()
+
+    def one_pass(self, i: int, left: int) -> float:
+        """Least time for one micro-batch to pass layers [i, L): every sample crosses every layer,
+        and a replica of any stage takes at least ceil(b / most replicas a stage can have) samples."""
+        widest = min(self.b, left, max(self.R))
+        return self.rest_work_per_sample(i) * math.ceil(self.b / widest)
+
     def root_bound(self) -> float:
         """No plan with this micro-batch size is faster: M - 1 bottlenecks plus one pass of the work."""
-        beta = float(self.suffix[0, self.D])
+        beta = float(self.suffix[0, 0])
         if not math.isfinite(beta):
             return math.inf
-        return (self.M - 1) * beta + self.rest_work_per_sample(0) * self.b / self.D
+        return (self.M - 1) * beta + self.one_pass(0, self.D)
 
     @property
     def cutoff(self) -> float:
@@ -112,14 +123,10 @@ class _Search:
 
     def _seed_incumbent(self) -> None:
         """Cost the least-bottleneck cut (bounds.py) in full first: a strong incumbent prunes early."""
-        stages = min_bottleneck_stages(self.p, self.b, self.R, self.D, self.speed, self.cap,
-                                       self.limits.optimizer_factor, self.suffix, self.fast_bw, self.fast_lat)
+        stages = least_bottleneck_stages(self.bound_inputs, self.suffix)
         if not stages or len(stages) > self.max_stages:
             return
-        layout, d = [], 0
-        for a, z, r in stages:
-            layout.append(StageSpec(a, z, tuple(range(d, d + r))))
-            d += r
+        layout = [StageSpec(a, z, tuple(range(s, s + r))) for a, z, s, r in stages]
         if self.M < MIN_MICRO_BATCHES[self.limits.schedule](len(layout)):
             return
         cand = evaluate(self.p, self.t, tuple(layout), self.b, self.M, self.limits)
@@ -129,17 +136,18 @@ class _Search:
     def _lower_bound(self, i: int, d: int, placed: list) -> float:
         M = self.M
         left = self.D - d
-        rest, out_link = 0.0, 0.0
-        if i < self.L and (left == 0 or not math.isfinite(self.suffix[i, left])):
+        rest, one_pass, out_link = 0.0, 0.0, 0.0
+        if i < self.L and (left == 0 or not math.isfinite(self.suffix[i, d])):
             return math.inf  # no device left, or no cut of the remaining layers fits in memory
         if i < self.L:
             rest = self.rest_work_per_sample(i) * self.b / left
+            one_pass = self.one_pass(i, left)
             # the transfer out of the last placed stage takes at least its share over the fastest link
             last = placed[-1]
             total = self.p.cut_bytes[i - 1] * self.b / self.pbs
             out_link = self.fast_lat + total / len(last["devices"]) / self.fast_bw
         beta = max([c["t"] for c in placed] + [c["link"] for c in placed] + [rest, out_link,
-                                                                          float(self.suffix[i, left]) if left else 0.0])
+                                                                          float(self.suffix[i, d]) if left else 0.0])
         if self.limits.schedule == "1f1b":
             # windows of adjacent placed stages are windows of every completion (see cost.py)
             for s in range(len(placed)):
@@ -147,7 +155,7 @@ class _Search:
                 for e in range(s + 1, len(placed)):
                     window += placed[e]["t"] + 2 * placed[e - 1]["link"]
                     beta = max(beta, window / (e - s + 1))
-        e0 = sum(c["t"] + 2 * c["link_sum"] for c in placed) + rest + 2 * out_link + (M - 1) * beta
+        e0 = sum(c["t"] + 2 * c["link_sum"] for c in placed) + one_pass + 2 * out_link + (M - 1) * beta
         lb, behind = e0, 0.0
         for c in placed:
             lb = max(lb, e0 - behind + c["ar"])
@@ -230,16 +238,27 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     found = [c for c in [*baselines.values(), start] if c is not None]
     incumbent = min((c.iteration_s for c in found), default=math.inf)
     stats = SearchStats()
-    # Phase 1 prunes anything that cannot beat the incumbent by more than the optimality gap: fast,
-    # and its result is provably within the gap. Phase 2, seeded with it, closes the gap exactly
-    # within what is left of the node budget (small instances always finish: exact optimum).
-    per_b, done = _sweep(profile, topology, global_batch, limits, incumbent, limits.optimality_gap, stats)
+    # One search per micro-batch size, most promising first (by its least bottleneck). Each one's
+    # least-bottleneck placement is costed up front: a strong incumbent before any branching.
+    searches = [_Search(profile, topology, global_batch, limits, b, math.inf, math.inf)
+                for b in micro_batch_sizes(global_batch, limits)]
+    searches.sort(key=lambda x: (x.root_bound(), -x.b))
+    for x in searches:
+        x._seed_incumbent()
+        if x.best is not None:
+            found.append(x.best)
+    incumbent = min((c.iteration_s for c in found), default=math.inf)
+    # Pass 1 prunes what cannot beat the incumbent by more than the optimality gap, every size
+    # with an equal share of half the budget: fast, and provably within the gap if all finish.
+    # Pass 2 closes the gap exactly with what is left (small instances always finish: optimum).
+    share = max(1, limits.search_nodes // (2 * max(1, len(searches))))
+    per_b, done = _sweep(searches, incumbent, limits.optimality_gap, share, limits.search_nodes, stats)
     stats.proven_gap = limits.optimality_gap if done else None
-    if done and limits.optimality_gap > 0:
+    if not done or limits.optimality_gap > 0:
         incumbent = min([incumbent, *(c.iteration_s for c in per_b)])
-        exact, done = _sweep(profile, topology, global_batch, limits, incumbent, 0.0, stats)
+        exact, exact_done = _sweep(searches, incumbent, 0.0, math.inf, limits.search_nodes, stats)
         per_b += exact
-        if done:
+        if exact_done:
             stats.proven_gap = 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
     candidates = sorted(found + per_b, key=lambda c: (c.iteration_s, len(c.layout), c.summary()))
@@ -252,36 +271,28 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     return (unique[0] if unique else None), unique[1:keep + 1], baselines, stats
 
 
-def _sweep(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, incumbent: float,
-           gap: float, stats: SearchStats) -> tuple[list[Costed], bool]:
-    """Branch and bound over every micro-batch size; (best per size, whether it ran to the end)."""
-    per_b = []
-    # Most promising micro-batch size first (by its least bottleneck): a strong incumbent early
-    # prunes the others; a size whose bound cannot win is skipped whole.
-    searches = [_Search(profile, topology, global_batch, limits, b, math.inf, math.inf, gap)
-                for b in micro_batch_sizes(global_batch, limits)]
-    searches.sort(key=lambda s: (s.root_bound(), -s.b))
+def _sweep(searches: list[_Search], incumbent: float, gap: float, per_search: float, budget: int,
+           stats: SearchStats) -> tuple[list[Costed], bool]:
+    """Branch and bound over each micro-batch size in turn; (best per size, whether all finished).
+    A node budget, not a clock: the same inputs give the same plan on any machine."""
+    per_b, finished = [], True
     for s in searches:
-        # A node budget, not a clock: the same inputs give the same plan on any machine.
-        left = limits.search_nodes - stats.nodes
+        left = budget - stats.nodes
         if left <= 0:
             return per_b, False
-        s.best_t, s.node_budget = incumbent * (1 + 1e-9), left
+        s.restart(incumbent * (1 + 1e-9), min(left, per_search), gap)
         if s.root_bound() >= s.cutoff:
             continue
-        out_of_time = False
         try:
             best = s.run()
         except _OutOfTime:
-            best, out_of_time = s.best, True
+            best, finished = s.best, False
         stats.nodes += s.scored
         stats.leaves += s.stats.leaves
         if best is not None:
             per_b.append(best)
             incumbent = min(incumbent, best.iteration_s)
-        if out_of_time:
-            return per_b, False
-    return per_b, True
+    return per_b, finished
 
 
 def smallest_memory_need(profile: ModelProfile, topology: Topology, limits: Limits) -> tuple[float, str]:
