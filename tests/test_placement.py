@@ -81,3 +81,25 @@ def test_plans_carry_the_devices_per_node_they_were_made_for():
     old = json.loads(plan.to_json())
     del old["devices_per_node"]  # a plan.json written before the field existed still loads
     assert Plan.from_dict(old) == dataclasses.replace(plan, devices_per_node=0)
+
+
+def test_each_rank_binds_the_gpu_the_plan_placed_it_on(monkeypatch):
+    """Rank 3 of a plan that puts it on device 6 (node 1, local 2) uses cuda:2 and says node 1;
+    Lightning's own numbering (node × devices + local rank) is not used."""
+    import torch
+
+    from dapple_launch.runtime.placement import PlannedEnvironment
+    from dapple_launch.runtime.strategy import DappleStrategy
+    plan = plan_with([[4, 5, 6], [0]])
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    env = PlannedEnvironment(plan, 4)
+    strategy = DappleStrategy(plan, cluster_environment=env, parallel_devices=[torch.device("cuda", i) for i in range(4)])
+    assert (env.global_rank(), env.node_rank(), env.local_rank()) == (3, 1, 2)
+    assert strategy.root_device == torch.device("cuda", 2)
+    strategy.set_world_ranks()
+    assert strategy.global_rank == 3 and strategy.world_size == 4
+    assert (strategy.stage, strategy.replica) == (0, 2)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="needs 4 ranks"):
+        PlannedEnvironment(plan, 4)
