@@ -44,7 +44,9 @@ class Topology:
         return device // self.devices_per_node
 
     def spans_nodes(self, devices: Iterable[int]) -> bool:
-        return len({self.node_of(d) for d in devices}) > 1
+        # the lowest and highest device ids are on different nodes exactly when any two are
+        devices = tuple(devices)
+        return bool(devices) and min(devices) // self.devices_per_node != max(devices) // self.devices_per_node
 
     def p2p(self, src: Iterable[int], dst: Iterable[int]) -> tuple[float, float]:
         """(bandwidth, latency) of the slowest link between two device sets."""

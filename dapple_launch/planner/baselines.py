@@ -1,6 +1,8 @@
 """Baselines planned under the same cost model, for comparison and for `speedup_over_data_parallel`."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .cost import Costed, Limits, StageSpec, evaluate
@@ -99,26 +101,33 @@ def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limi
         work.append(work[-1] + layer.forward_s + layer.backward_s)
     comm = [2 * b / pbs / topology.inter_node_bandwidth for b in profile.cut_bytes]  # per sample, both ways
     R = replica_choices(topology, D)
-    inf = float("inf")
-    # A[j][m]: best bottleneck (per sample) for layers [0, j) on m devices; choice for back-tracking
-    A = [[inf] * (D + 1) for _ in range(L + 1)]
-    choice = [[None] * (D + 1) for _ in range(L + 1)]
+    # A[j, m]: best bottleneck (per sample) for layers [0, j) on m devices; choice for back-tracking.
+    # Vectorised over the previous cut i and the device count m (512-device clusters).
+    A = np.full((L + 1, D + 1), np.inf)
+    choice_i = np.zeros((L + 1, D + 1), dtype=int)
+    choice_r = np.zeros((L + 1, D + 1), dtype=int)
     for j in range(1, L + 1):
         for m in R:
-            A[j][m], choice[j][m] = work[j] / m, (0, m)
-    for j in range(1, L + 1):
-        for m in range(2, D + 1):
-            for i in range(1, j):
-                for r in R:
-                    if r >= m:
-                        break
-                    v = max(A[i][m - r], comm[i - 1], (work[j] - work[i]) / r)
-                    if v < A[j][m] - 1e-15:
-                        A[j][m], choice[j][m] = v, (i, r)
-    m = min(range(1, D + 1), key=lambda k: (A[L][k], -k))
+            A[j, m], choice_r[j, m] = work[j] / m, m
+    w, c = np.asarray(work), np.asarray(comm)
+    for j in range(2, L + 1):
+        i = np.arange(1, j)
+        for r in R:
+            if r >= D:
+                break
+            # the last stage holds layers [i, j) on r devices; m - r devices hold [0, i)
+            v = np.maximum(np.maximum(A[1:j, 1:D + 1 - r], c[i - 1][:, None]), ((w[j] - w[i]) / r)[:, None])
+            best_i = v.argmin(axis=0)
+            best_v = v[best_i, np.arange(v.shape[1])]
+            m = np.arange(r + 1, D + 1)
+            better = best_v < A[j, m] - 1e-15
+            A[j, m[better]] = best_v[better]
+            choice_i[j, m[better]] = best_i[better] + 1
+            choice_r[j, m[better]] = r
+    m = min(range(1, D + 1), key=lambda k: (A[L, k], -k))
     stages, j = [], L
     while j > 0:
-        i, r = choice[j][m]
+        i, r = int(choice_i[j, m]), int(choice_r[j, m])
         stages.append((i, j, r))
         j, m = i, m - r
     stages.reverse()
@@ -130,10 +139,12 @@ def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limi
 
 
 def dapple_two_stage(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
-    """The published DAPPLE planner's P:Q family: two stages on P and D - P devices, best cut."""
+    """The published DAPPLE planner's P:Q family: two stages on P and D - P devices, best cut.
+    Beyond 16 devices P takes the search's replica counts (1..devices per node, whole nodes)."""
+    from .search import replica_choices
     L, D = profile.num_layers, topology.num_devices
     best = None
-    for P in range(1, D):
+    for P in (p for p in replica_choices(topology, D) if p < D):
         for cut in range(1, L):
             layout = (StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D))))
             c = best_over_micro_batches(profile, topology, layout, global_batch, limits, _min_micro(limits, 2))
@@ -171,7 +182,8 @@ def balanced_uniform(profile: ModelProfile, topology: Topology, global_batch: in
     wherever a deeper pipeline fits memory; the search starts from the best of these."""
     L, D = profile.num_layers, topology.num_devices
     best = None
-    for S in range(1, min(L, D, limits.max_stages or L) + 1):
+    counts = range(1, min(L, D, limits.max_stages or L) + 1)
+    for S in counts if D <= 16 else [s for s in counts if D % s == 0]:  # beyond 16: even splits only
         r = D // S
         cuts = balanced_boundaries(profile, S)
         layout = tuple(StageSpec(a, z, tuple(range(s * r, (s + 1) * r)))
