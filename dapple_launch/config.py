@@ -83,6 +83,7 @@ class StrategyConfig:
     max_stages: Optional[int] = None
     micro_batch_size: Optional[int] = None
     search_nodes: int = 1000000  # candidates the planner may score (the plan says whether it proved optimality)
+    optimality_gap: float = 0.01  # first pass prunes what cannot win by more than this; then closed exactly
     profile_source: str = "analytic"  # analytic | measured (model profile for estimates and planning)
     plan_file: Optional[str] = None  # strategy=file: a plan.json to run as written
 

@@ -62,7 +62,8 @@ def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
 
 def limits_from_config(s: DictConfig) -> Limits:
     return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom, max_stages=s.max_stages,
-                  micro_batch_size=s.micro_batch_size, schedule=s.schedule, search_nodes=s.search_nodes)
+                  micro_batch_size=s.micro_batch_size, schedule=s.schedule, search_nodes=s.search_nodes,
+                  optimality_gap=s.optimality_gap)
 
 
 def plan_from_config(cfg: DictConfig) -> Plan:

@@ -125,3 +125,25 @@ def test_global_batch_smaller_than_devices():
     p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32)
     with pytest.raises(ValueError, match="global_batch_size=8 is smaller than the 16 devices"):
         plan(p, V100X16, 8, Limits())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_first_pass_with_a_gap_alone_is_within_the_gap(seed):
+    """The first pass alone (as when the budget ends before the exact pass) is within the gap;
+    the whole search, exact pass included, is the optimum."""
+    from dapple_launch.planner.search import SearchStats, _Search, _sweep, micro_batch_sizes
+    rng = random.Random(100 + seed)
+    profile = random_profile(rng, rng.choice([5, 6]))
+    topo = Topology("t", 2, 2, 2e9, 10.0, 100e9, 10e9)
+    limits = Limits(optimality_gap=0.2)
+    optimum = brute_force(profile, topo, 16, limits)
+    searches = [_Search(profile, topo, 16, limits, b, math.inf, math.inf) for b in micro_batch_sizes(16, limits)]
+    first, done = _sweep(searches, math.inf, 0.2, math.inf, 10**9, SearchStats())
+    assert done and min(c.iteration_s for c in first) <= optimum * (1 + 1e-9) / (1 - 0.2)
+    best, _, _, stats = search(profile, topo, 16, limits)
+    assert stats.proven_gap == 0.0 and best.iteration_s == pytest.approx(optimum, rel=1e-12)
+
+
+def test_optimality_gap_out_of_range_is_refused():
+    with pytest.raises(ValueError, match=r"optimality_gap=0.7 must be in \[0, 0.5\)"):
+        Limits(optimality_gap=0.7)

@@ -38,6 +38,13 @@ class Limits:
     search_nodes: int = 1_000_000  # candidates the search may score; ending within it proves optimality
     optimality_gap: float = 0.01  # first pass: prune what cannot win by more than this (then closed exactly)
 
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.optimality_gap < 0.5:
+            raise ValueError(f"strategy.optimality_gap={self.optimality_gap} must be in [0, 0.5): it is the fraction "
+                             f"a first pass may leave on the table (0 = exact from the start, 0.01 = 1%)")
+        if self.search_nodes < 1:
+            raise ValueError(f"strategy.search_nodes={self.search_nodes} must be >= 1")
+
 
 @dataclass(frozen=True)
 class StageSpec:

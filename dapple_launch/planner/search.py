@@ -10,6 +10,9 @@ deeper warm-up only costs memory.
 Exactness: every complete candidate is scored by the same closed form as `cost.evaluate`, and a
 branch is cut only when a valid lower bound on every completion is no better than the best plan
 found, so the result is the optimum over the space (ties keep the first found: deterministic).
+A first pass cuts branches that cannot win by more than `optimality_gap` (its result is provably
+within that gap); a second, exact pass closes the gap in what is left of the node budget. The plan
+says which was proven: optimal, within the gap, or neither (budget exhausted).
 Lower bound of a partial plan (stages 0..k placed, layers [i, L) and devices [d, D) left):
   bottleneck >= the placed stages' and links' times, the remaining compute spread perfectly
   over the remaining devices, and the least bottleneck of any cut of the remaining layers onto
