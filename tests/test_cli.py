@@ -167,3 +167,16 @@ def test_malformed_profile_names_line_and_reason(tmp_path):
     out = cli(["model=from_profile", f"model.profile={bad}", "cluster=v100x16", "global_batch_size=128",
                "dry_run=true", f"hydra.run.dir={tmp_path}/p"], tmp_path)
     assert out.returncode == 2 and "bad.txt:5" in out.stderr and "not a number" in out.stderr
+
+
+@pytest.mark.multiprocess
+def test_multirun_sweep_runs_locally_with_submitit_local(tmp_path):
+    """The sweep users send to Slurm as an array runs on this machine with hydra/launcher=submitit_local:
+    every point trains with its own override and leaves its plan and a checkpoint."""
+    sweep = tmp_path / "sweep"
+    out = cli(["-m", "hydra/launcher=submitit_local", *TINY_GPT, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2",
+               "trainer.progress_bar=false", "strategy.num_micro_batches=2,4", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for point, m in ((0, 2), (1, 4)):
+        assert json.loads((sweep / str(point) / "plan.json").read_text())["num_micro_batches"] == m
+        assert [p.name for p in find_checkpoints(sweep / str(point) / "checkpoints")] == ["step000002.ckpt"]
