@@ -66,6 +66,13 @@ def test_no_sbatch_is_refused_before_submission(tmp_path):
     assert out.returncode == 2 and "no sbatch on PATH" in out.stderr and "launcher=local" in out.stderr
 
 
+def test_a_partition_slurm_rejects_surfaces_slurms_own_message(tmp_path):
+    out = cli([*TWO_TASKS, "cluster.partition=no-such-partition", f"hydra.run.dir={tmp_path}/p"], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Slurm refused the job" in out.stderr and "invalid partition" in out.stderr.lower(), out.stderr
+    assert "Traceback" not in out.stderr and "Submitted job" not in out.stdout
+
+
 def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path):
     """Send a running job Slurm's preemption warning (USR2, as before a time limit or a preempting
     job): every rank saves the current step together, the job requeues itself, comes back, resumes
