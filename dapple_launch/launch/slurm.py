@@ -93,8 +93,8 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
                          f"{c.devices_per_node} = {c.nodes * c.devices_per_node}")
     check_plan_runs_on(plan, topology_from_config(c))
     if 0 not in {d for st in plan.stages for d in st.devices}:
-        raise ValueError(f"the plan leaves device 0 idle, but under Slurm task 0 (device 0) is the one that requeues "
-                         f"the job on preemption; renumber the plan's devices so that one stage uses device 0")
+        raise ValueError("the plan leaves device 0 idle, but under Slurm task 0 (device 0) is the one that requeues "
+                         "the job on preemption; renumber the plan's devices so that one stage uses device 0")
     first_save_s = plan.estimate.iteration_s * cfg.trainer.checkpoint_every_n_steps
     if first_save_s > c.time_min * 60:
         print(f"warning: the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "

@@ -110,7 +110,7 @@ def render_svg(plan: Plan, measured: dict, pred: dict | None) -> str:
     out = ["<style>.title{font-size:15px;font-weight:bold}.panel{font-size:13px;font-weight:bold}"
            ".row{font-size:11px;text-anchor:end}.mb{font-size:10px;fill:white;text-anchor:middle}"
            ".tick{font-size:10px;fill:#555;text-anchor:middle}.legend{font-size:11px}</style>",
-           f'<rect width="100%" height="100%" fill="white"/>',
+           '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="12" y="24" class="title">{plan.model} · {plan.num_stages} stages {plan.layout()} · '
            f'{plan.schedule} · {plan.num_micro_batches} micro-batches of {plan.micro_batch_size}</text>']
     err = f" ({(pred['iteration_s'] - measured['iteration_s']) / measured['iteration_s']:+.1%})" if pred else ""
