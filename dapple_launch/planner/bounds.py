@@ -33,12 +33,17 @@ class BoundInputs:
     optimizer_factor: float
 
 
+def fresh_node_start(d, devices_per_node: int, devices: int):
+    """The next node's first device, where a stage may start fresh instead of at free device d
+    (d itself when d already starts a node or lies in the last node). Ints or numpy arrays."""
+    k = devices_per_node
+    return np.where((d % k != 0) & (d // k != (devices - 1) // k), (d // k + 1) * k, d)
+
+
 def stage_starts(d: int, devices_per_node: int, devices: int) -> list[int]:
     """Where the next stage may start when device d is the first free one (append or fresh node)."""
-    k = devices_per_node
-    if d % k == 0 or d // k == (devices - 1) // k:
-        return [d]
-    return [d, (d // k + 1) * k]
+    fresh = int(fresh_node_start(d, devices_per_node, devices))
+    return [d] if fresh == d else [d, fresh]
 
 
 def _links(x: BoundInputs, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,8 +58,9 @@ def _links(x: BoundInputs, r: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.where(slow, t.inter_node_latency_s, fast_lat), np.where(slow, t.inter_node_bandwidth, fast_bw))
 
 
-def suffix_bound(x: BoundInputs) -> np.ndarray:
-    """bound[i, d] for i in 0..L, d in 0..D (float array; inf where nothing fits)."""
+def suffix_bound(x: BoundInputs) -> tuple[np.ndarray, np.ndarray]:
+    """(bound, choice): bound[i, d] for i in 0..L, d in 0..D (inf where nothing fits), and
+    choice[i, d] = (stop, first device, replicas) of a first stage that attains it."""
     p, D = x.profile, x.topology.num_devices
     L, pbs, k = p.num_layers, p.batch_size, x.topology.devices_per_node
     pre = p._prefix
@@ -64,14 +70,16 @@ def suffix_bound(x: BoundInputs) -> np.ndarray:
     links = {r: _links(x, r) for r in x.replica_choices}
     bound = np.full((L + 1, D + 1), np.inf)
     bound[L, :] = 0.0
-    # starts_at[i, s]: best completion whose first stage (holding layer i) starts exactly at device s
+    choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     for i in range(L - 1, -1, -1):
         z = np.arange(i + 1, L + 1)
         stage_work = (work[z] - work[i]) * x.speed / pbs
         stage_params = (params[z] - params[i]) * x.optimizer_factor
         stage_kept = (kept[z] - kept[i] + cut[i]) / pbs
         sent = np.where(z < L, cut[np.minimum(z, L - 1)] * x.micro_batch / pbs, 0.0)
+        # the best completion whose first stage (holding layer i) starts exactly at device s
         starts_at = np.full(D + 1, np.inf)
+        stop_at, replicas_at = np.zeros(D + 1, dtype=int), np.zeros(D + 1, dtype=int)
         for r in x.replica_choices:
             if r > D:
                 break
@@ -81,41 +89,28 @@ def suffix_bound(x: BoundInputs) -> np.ndarray:
             starts = D - r + 1  # a stage of r devices can start at 0 .. D - r
             link = np.where((z < L)[:, None], lat[None, :starts] + (sent / r)[:, None] / bw[None, :starts], 0.0)
             rest = bound[z][:, r:r + starts]  # the completion from device s + r on
-            cand = np.maximum(np.maximum(t[:, None], link), rest).min(axis=0)
-            np.minimum(starts_at[:starts], cand, out=starts_at[:starts])
-        for d in range(D):
-            bound[i, d] = min(starts_at[s] for s in stage_starts(d, k, D))
-    return bound
+            value = np.maximum(np.maximum(t[:, None], link), rest)
+            best_z = value.argmin(axis=0)
+            cand = value[best_z, np.arange(starts)]
+            better = np.flatnonzero(cand < starts_at[:starts])
+            starts_at[better], stop_at[better], replicas_at[better] = cand[better], z[best_z[better]], r
+        d = np.arange(D)
+        fresh = fresh_node_start(d, k, D)
+        s = np.where(starts_at[fresh] < starts_at[d], fresh, d)  # ties: continue on the same node
+        bound[i, :D] = starts_at[s]
+        choice[i, :D] = np.stack([stop_at[s], s, replicas_at[s]], axis=1)
+    return bound, choice
 
 
-def least_bottleneck_stages(x: BoundInputs, bound: np.ndarray) -> list[tuple[int, int, int, int]] | None:
-    """One placement attaining bound[0, 0]: [(first layer, stop, first device, replicas)], or None.
+def least_bottleneck_stages(bound: np.ndarray, choice: np.ndarray) -> list[tuple[int, int, int, int]] | None:
+    """The placement attaining bound[0, 0]: [(first layer, stop, first device, replicas)], or None.
     A strong first incumbent for the search (it is then costed in full)."""
-    p, D = x.profile, x.topology.num_devices
-    L, pbs, k = p.num_layers, p.batch_size, x.topology.devices_per_node
     if not math.isfinite(bound[0, 0]):
         return None
-    pre = p._prefix
-    cut = (0.0, *p.cut_bytes)
+    L = bound.shape[0] - 1
     stages, i, d = [], 0, 0
     while i < L:
-        target = bound[i, d] * (1 + 1e-12)
-        found = None
-        for s in stage_starts(d, k, D):
-            for r in x.replica_choices:
-                if s + r > D or found:
-                    break
-                n = math.ceil(x.micro_batch / r)
-                lat, bw = (a[s] for a in _links(x, r))
-                for z in range(i + 1, L + 1):
-                    t = (pre["f"][z] + pre["b"][z] - pre["f"][i] - pre["b"][i]) * x.speed / pbs * n
-                    mem = (pre["p"][z] - pre["p"][i]) * x.optimizer_factor + (pre["m"][z] - pre["m"][i] + cut[i]) / pbs * n
-                    link = lat + cut[z] * x.micro_batch / pbs / r / bw if z < L else 0.0
-                    if mem <= x.capacity_bytes and max(t, link, bound[z, s + r]) <= target:
-                        found = (i, z, s, r)
-                        break
-        if found is None:
-            return None
-        stages.append(found)
-        i, d = found[1], found[2] + found[3]
+        stop, s, r = (int(v) for v in choice[i, d])
+        stages.append((i, stop, s, r))
+        i, d = stop, s + r
     return stages

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .baselines import all_baselines, balanced_uniform, divisors
-from .bounds import BoundInputs, least_bottleneck_stages, suffix_bound
+from .bounds import BoundInputs, least_bottleneck_stages, stage_starts, suffix_bound
 from .build import MIN_MICRO_BATCHES, to_plan
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
 from .explain import human_bytes
@@ -84,7 +84,7 @@ class _Search:
         self.work = pre  # per profile batch, prefix sums of forward+backward
         self.bound_inputs = BoundInputs(profile, topology, b, tuple(self.R), self.speed, self.cap,
                                         limits.optimizer_factor)
-        self.suffix = suffix_bound(self.bound_inputs)  # [next layer, first free device]
+        self.suffix, self.suffix_choice = suffix_bound(self.bound_inputs)  # [next layer, first free device]
 
     def rest_work_per_sample(self, i: int) -> float:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
@@ -126,7 +126,7 @@ class _Search:
 
     def _seed_incumbent(self) -> None:
         """Cost the least-bottleneck cut (bounds.py) in full first: a strong incumbent prunes early."""
-        stages = least_bottleneck_stages(self.bound_inputs, self.suffix)
+        stages = least_bottleneck_stages(self.suffix, self.suffix_choice)
         if not stages or len(stages) > self.max_stages:
             return
         layout = [StageSpec(a, z, tuple(range(s, s + r))) for a, z, s, r in stages]
@@ -173,7 +173,7 @@ class _Search:
         if len(placed) == self.max_stages or d >= self.D:
             return
         k = self.t.devices_per_node
-        starts = [d] if d % k == 0 or d // k == (self.D - 1) // k else [d, (d // k + 1) * k]
+        starts = stage_starts(d, k, self.D)
         beta_placed = max([c["t"] for c in placed] + [c["link"] for c in placed], default=0.0)
         for start in starts:
             left = self.D - start
