@@ -1,11 +1,12 @@
-"""Slurm launcher: one task per device of the plan, submitted with submitit.
+"""Slurm launcher: one task per device of the nodes the plan uses, submitted with submitit.
 
 The plan and resolved config are written into the run directory before submission, and every
-task reads them: ranks never re-plan. Each task exports submitit's torch.distributed environment
-(MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK); Lightning sees a Slurm environment with
-auto_requeue off, so submitit alone owns the requeue signal. On preemption or time-out submitit
-calls `checkpoint()`, which requeues the same run directory with ckpt_path=last: the job resumes
-the newest complete checkpoint with the same plan and arguments.
+task reads them: ranks never re-plan. Each task takes the rank the plan gives its device (or exits
+if the plan leaves the device idle) and exports the torch.distributed environment; Lightning sees
+the plan's placement (runtime/placement.py), which installs no signal handler. On the preemption
+signal the ranks save together (runtime/preemption.py) and task 0 hands over to submitit, which
+calls `checkpoint()` and requeues: the job resumes the newest complete checkpoint with the same
+plan and arguments.
 """
 from __future__ import annotations
 

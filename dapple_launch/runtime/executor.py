@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -121,7 +122,8 @@ class StageExecutor:
         return loss_sum
 
 
-def _receives_ahead(actions) -> dict[int, list]:
+@lru_cache(maxsize=64)
+def _receives_ahead(actions: tuple) -> dict[int, list]:
     """For each compute action's index, the receives the *next* compute action will need: posted
     before this compute runs, so they overlap it (one micro-batch of look-ahead keeps memory bounded)."""
     compute = [i for i, a in enumerate(actions) if a.kind.is_compute]
