@@ -11,6 +11,7 @@ from .config import GBPS, GIB
 from .models import PipelineModel, build_model
 from .planner import Limits, Plan, fixed_plan
 from .profile import ModelProfile, analytic_profile, read_profile_file
+from .schedule import validate
 
 _SHAPE_KEYS = ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout", "image_size",
                "num_classes", "width_divisor", "fc_width")
@@ -63,7 +64,7 @@ def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
 def limits_from_config(s: DictConfig) -> Limits:
     return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom, max_stages=s.max_stages,
                   micro_batch_size=s.micro_batch_size, schedule=s.schedule, search_nodes=s.search_nodes,
-                  optimality_gap=s.optimality_gap)
+                  optimality_gap=s.optimality_gap, max_warmup_depth=s.max_warmup_depth)
 
 
 def plan_from_config(cfg: DictConfig) -> Plan:
@@ -78,7 +79,7 @@ def plan_from_config(cfg: DictConfig) -> Plan:
                                  f"not divide into {s.stages} equal stages; list strategy.replicas per stage")
             replicas = [topology.num_devices // s.stages]
         return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, replicas, s.num_micro_batches,
-                          limits_from_config(s), boundaries=list(s.boundaries) or None)
+                          limits_from_config(s), boundaries=list(s.boundaries) or None, warmup_depth=s.warmup_depth)
     if s.name == "auto":
         from .planner.search import plan
         return plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
@@ -103,6 +104,10 @@ def plan_from_file(path: str | None, topology, num_layers: int, global_batch: in
         raise ValueError(f"{path} was planned for global_batch_size={plan.global_batch_size} but this run has "
                          f"{global_batch}; set global_batch_size={plan.global_batch_size} or re-plan")
     check_plan_runs_on(plan, topology, num_layers)
+    try:
+        validate(plan.build_schedule())
+    except ValueError as exc:  # a ScheduleError (deadlock) is one too
+        raise ValueError(f"{path}: its schedule cannot run: {exc}") from None
     return plan
 
 

@@ -26,11 +26,11 @@ def tiny_model(name="gpt"):
     return build_model(name, "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40)
 
 
-def make_plan(model, replicas, schedule, num_micro_batches, global_batch, devices=None):
+def make_plan(model, replicas, schedule, num_micro_batches, global_batch, devices=None, warmup_depth=1):
     topo = Topology("test", 1, sum(replicas), 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
     return fixed_plan(profile, topo, global_batch, len(replicas), list(replicas), num_micro_batches,
-                      Limits(schedule=schedule), devices=devices)
+                      Limits(schedule=schedule), devices=devices, warmup_depth=warmup_depth)
 
 
 def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json):
@@ -53,7 +53,7 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     sync = GradientSync(params, groups[stage], grid.replicas[stage])
     ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
                        on_last_backward=sync.start)
-    result = ex.run(build_schedule(schedule, grid.num_stages, num_micro_batches), batch)
+    result = ex.run(plan.build_schedule(), batch)
     sync.finish()
     loss = result.loss_sum.clone()
     dist.all_reduce(loss)
@@ -92,6 +92,21 @@ def test_pipelined_equals_reference(tmp_path, replicas, schedule, num_micro_batc
         assert r["saved_peak"] == predicted[r["stage"]]
         all_names |= set(r["names"])
     assert all_names == {n for n, _ in PipelineModule(model).materialize().named_parameters()}
+
+
+@pytest.mark.parametrize("replicas,warmup_depth", [((1, 1, 1, 1), 2), ((2, 1, 1), 3)])
+def test_a_deeper_warmup_equals_reference_and_keeps_what_it_planned(tmp_path, replicas, warmup_depth):
+    """A plan with a deeper 1F1B warm-up (k × DAPPLE's in-flight micro-batches per stage) runs as
+    written: same loss and gradients, and each stage keeps exactly min(M, warm-up + 1) alive."""
+    model = tiny_model()
+    plan = make_plan(model, replicas, "1f1b", 8, 8 * max(replicas), warmup_depth=warmup_depth)
+    S = len(replicas)
+    assert plan.warmup == tuple(min(8, warmup_depth * (S - s)) - 1 if s < S - 1 else 0 for s in range(S))
+    results = run_ranks(sum(replicas), _compare, ("gpt", replicas, "1f1b", 8, 17, plan.to_json()), tmp_path)
+    for r in results:
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["worst_grad_rel"] < 1e-4
+        assert r["saved_peak"] == min(8, plan.warmup[r["stage"]] + 1)
 
 
 def test_ranks_follow_the_planned_devices(tmp_path):

@@ -88,3 +88,35 @@ def test_allreduce_overlaps_later_stages_backward():
 def test_communication_delays_the_receiver():
     costs = [StageCosts(1, 1, send_activation_s=0.5), StageCosts(1, 1, send_gradient_s=0.5)]
     assert simulate(gpipe(2, 1), costs).iteration_s == pytest.approx(5.0)
+
+
+def test_deeper_warmup_keeps_a_multiple_of_dapples_in_flight_count():
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    assert deeper_warmup(4, 16, 1) == (3, 2, 1, 0)  # DAPPLE's minimum: S - s - 1
+    assert deeper_warmup(4, 16, 2) == (7, 5, 3, 0)  # twice the in-flight micro-batches, the last stage as before
+    assert deeper_warmup(4, 6, 3) == (5, 5, 5, 0)  # capped: at most every micro-batch in flight
+    for depth in (1, 2, 3):
+        s = one_f_one_b(4, 16, deeper_warmup(4, 16, depth))
+        validate(s)
+        peak = simulate(s, [StageCosts(1.0, 2.0, 0.3, 0.3)] * 4).peak_in_flight
+        assert peak == [min(16, w + 1) for w in deeper_warmup(4, 16, depth)]
+
+
+def test_a_deeper_warmup_hides_a_slow_link_on_the_steady_cycle():
+    """With transfers as long as a forward, DAPPLE's minimal warm-up leaves each stage waiting for
+    the gradient's round trip; twice the in-flight micro-batches keep it busy (less idle time)."""
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    costs = [StageCosts(1.0, 2.0, 1.0, 1.0 if s else 0.0) for s in range(4)]
+    costs[-1] = StageCosts(1.0, 2.0, 0.0, 1.0)
+    minimal = simulate(one_f_one_b(4, 16), costs).iteration_s
+    deeper = simulate(one_f_one_b(4, 16, deeper_warmup(4, 16, 2)), costs).iteration_s
+    assert deeper < 0.9 * minimal
+
+
+@pytest.mark.parametrize("warmup,rule", [((1, 2, 0), "never fewer than the next stage"),
+                                          ((1, 1, 0), "between min(S - s - 1, M) and M"),
+                                          ((9, 1, 0), "between min(S - s - 1, M) and M")])
+def test_an_invalid_warmup_is_refused_with_the_rule(warmup, rule):
+    with pytest.raises(ValueError, match=r"1F1B warm-up .* is not valid for 3 stages and 8 micro-batches") as e:
+        one_f_one_b(3, 8, warmup)
+    assert rule in str(e.value) and "[2, 1, 0]" in str(e.value)

@@ -31,7 +31,7 @@ def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: 
         device_memory_bytes=topology.device_memory_bytes,
         runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
                          for r in runners_up),
-        planner=planner, devices_per_node=topology.devices_per_node,
+        planner=planner, devices_per_node=topology.devices_per_node, warmup=c.warmup,
     )
 
 
@@ -48,7 +48,8 @@ def check_micro_batches(schedule: str, num_stages: int, num_micro_batches: int) 
 
 def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num_stages: int,
                replicas: list[int], num_micro_batches: int, limits: Limits,
-               boundaries: list[int] | None = None, devices: list[list[int]] | None = None) -> Plan:
+               boundaries: list[int] | None = None, devices: list[list[int]] | None = None,
+               warmup_depth: int = 1) -> Plan:
     """Build and validate a Plan from a stated layout, through the checks the planner uses."""
     L, D = profile.num_layers, topology.num_devices
     if num_stages < 1:
@@ -98,8 +99,11 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
         devices = [[next(it) for _ in range(r)] for r in replicas]
     starts, stops = [0, *cuts], [*cuts, L]
     layout = tuple(StageSpec(a, z, tuple(ds)) for a, z, ds in zip(starts, stops, devices))
-    validate(build_schedule(limits.schedule, num_stages, num_micro_batches))
-    c = evaluate(profile, topology, layout, b, num_micro_batches, limits)
+    if warmup_depth < 1 or (warmup_depth > 1 and limits.schedule != "1f1b"):
+        raise ValueError(f"strategy.warmup_depth={warmup_depth}: must be >= 1 (1 = DAPPLE's minimal warm-up, k = k times "
+                         f"as many micro-batches in flight per stage), and deeper than 1 only with strategy.schedule=1f1b")
+    c = evaluate(profile, topology, layout, b, num_micro_batches, limits, warmup_depth=warmup_depth)
+    validate(build_schedule(limits.schedule, num_stages, num_micro_batches, c.warmup))
     if not c.fits:
         worst = max(range(num_stages), key=lambda s: c.memory_bytes[s])
         raise ValueError(

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts, build_schedule, simulate
+from ..schedule.one_f_one_b import deeper_warmup
+from ..schedule.validate import execute_order
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,9 @@ class Limits:
     max_stages: int | None = None
     micro_batch_size: int | None = None  # fix the micro-batch size instead of searching it
     schedule: str = "1f1b"
-    search_nodes: int = 1_000_000  # candidates the search may score; ending within it proves optimality
+    search_nodes: int = 20_000  # candidates the search may score; ending within it proves optimality
     optimality_gap: float = 0.01  # first pass: prune what cannot win by more than this (then closed exactly)
+    max_warmup_depth: int = 4  # 1F1B warm-up depths tried for the best layouts (1 = DAPPLE's minimum only)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
@@ -44,6 +48,9 @@ class Limits:
                              f"a first pass may leave on the table (0 = exact from the start, 0.01 = 1%)")
         if self.search_nodes < 1:
             raise ValueError(f"strategy.search_nodes={self.search_nodes} must be >= 1")
+        if self.max_warmup_depth < 1:
+            raise ValueError(f"strategy.max_warmup_depth={self.max_warmup_depth} must be >= 1 (1 = DAPPLE's minimum "
+                             f"warm-up only)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,8 @@ class Costed:
     memory_bytes: list[float]  # per device of each stage
     capacity_bytes: float
     extra: dict = field(default_factory=dict)
+    warmup: tuple[int, ...] = ()  # 1F1B forwards before each stage's first backward; () = DAPPLE's minimum
+    warmup_depth: int = 1  # the multiple of DAPPLE's in-flight count that `warmup` keeps (schedule.deeper_warmup)
 
     @property
     def fits(self) -> bool:
@@ -81,7 +90,9 @@ class Costed:
         cut = ",".join(str(s.stop) for s in self.layout[:-1])
         ratio = ":".join(str(s.replicas) for s in self.layout)
         return (f"{len(self.layout)} stage{'s' if len(self.layout) > 1 else ''} {ratio}"
-                + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}")
+                + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}"
+                + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
+                + (", gpipe" if self.schedule == "gpipe" else ""))
 
 
 def speed_ratio(profile: ModelProfile, topology: Topology) -> float:
@@ -90,9 +101,11 @@ def speed_ratio(profile: ModelProfile, topology: Topology) -> float:
     return 1.0
 
 
-def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> int:
+def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()) -> int:
     if schedule == "gpipe":
         return num_micro_batches
+    if warmup:
+        return min(warmup[stage] + 1, num_micro_batches)
     return min(num_stages - stage, num_micro_batches)
 
 
@@ -157,19 +170,38 @@ def formula_iteration_s(costs: list[StageCosts], num_micro_batches: int, schedul
 
 
 def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
-             num_micro_batches: int, limits: Limits) -> Costed:
+             num_micro_batches: int, limits: Limits, warmup_depth: int = 1) -> Costed:
+    """A candidate costed in full. DAPPLE's minimal warm-up (depth 1) by the closed form; a deeper
+    1F1B warm-up by the simulator, the ground truth, as the closed form's windows do not model it."""
     costs = stage_costs(profile, topology, layout, micro_batch_size)
     S = len(layout)
+    warmup = ()
+    if warmup_depth > 1:
+        if limits.schedule != "1f1b":
+            raise ValueError(f"warm-up depth {warmup_depth} needs the 1f1b schedule, not {limits.schedule}")
+        warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
     memory = []
     for s, (st, c) in enumerate(zip(layout, costs)):
         params = profile.span(st.start, st.stop)[3]
         memory.append(params * limits.optimizer_factor
-                      + in_flight(limits.schedule, s, S, num_micro_batches) * c.activation_bytes)
-    return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs,
-                  formula_iteration_s(costs, num_micro_batches, limits.schedule), memory,
-                  topology.device_memory_bytes * (1 - limits.memory_headroom))
+                      + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes)
+    if warmup:
+        schedule, order = _warmup_schedule(S, num_micro_batches, warmup)
+        iteration_s = simulate(schedule, costs, record=False, order=order).iteration_s
+    else:
+        iteration_s = formula_iteration_s(costs, num_micro_batches, limits.schedule)
+    return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
+                  topology.device_memory_bytes * (1 - limits.memory_headroom), warmup=warmup,
+                  warmup_depth=warmup_depth)
+
+
+@lru_cache(maxsize=64)
+def _warmup_schedule(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]):
+    """A deeper-warm-up schedule and its execution order, shared by every layout of that shape."""
+    schedule = build_schedule("1f1b", num_stages, num_micro_batches, warmup)
+    return schedule, execute_order(schedule)
 
 
 def simulate_costed(c: Costed):
     """Run the discrete-event simulator on the schedule this candidate would execute."""
-    return simulate(build_schedule(c.schedule, len(c.layout), c.num_micro_batches), c.costs)
+    return simulate(build_schedule(c.schedule, len(c.layout), c.num_micro_batches, c.warmup), c.costs)

@@ -27,7 +27,9 @@ def _names(names: tuple[str, ...]) -> str:
 def explain(plan) -> str:
     e = plan.estimate
     header = (f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
-              f"layout {plan.layout()}, schedule {plan.schedule}, global batch {plan.global_batch_size} = "
+              f"layout {plan.layout()}, schedule {plan.schedule}"
+              + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
+              + f", global batch {plan.global_batch_size} = "
               f"{plan.num_micro_batches} micro-batches × {plan.micro_batch_size}")
     rows = [("stage", "layers", "names", "replicas", "devices", "memory/device")]
     for i, (s, mem) in enumerate(zip(plan.stages, e.peak_memory_bytes)):

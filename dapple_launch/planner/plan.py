@@ -48,6 +48,8 @@ class Plan:
     runners_up: tuple[RunnerUp, ...] = ()
     planner: str = "fixed"  # how the layout was chosen
     devices_per_node: int = 0  # of the cluster it was planned for (device id = node × this + local); 0 = unstated
+    # 1F1B: forwards each stage runs before its first backward; () = DAPPLE's minimum, S - s - 1
+    warmup: tuple[int, ...] = ()
 
     @property
     def num_stages(self) -> int:
@@ -72,6 +74,7 @@ class Plan:
         d["estimate"]["peak_memory_bytes"] = list(d["estimate"]["peak_memory_bytes"])
         d["estimate"]["stage_costs"] = [dict(c) for c in d["estimate"]["stage_costs"]]
         d["runners_up"] = [dict(r) for r in d["runners_up"]]
+        d["warmup"] = list(d["warmup"])
         return d
 
     @classmethod
@@ -85,7 +88,13 @@ class Plan:
         e["stage_costs"] = tuple(dict(c) for c in e.get("stage_costs", ()))
         d["estimate"] = Estimate(**e)
         d["runners_up"] = tuple(RunnerUp(**r) for r in d.get("runners_up", ()))
+        d["warmup"] = tuple(int(w) for w in d.get("warmup", ()))
         return cls(**d)
+
+    def build_schedule(self):
+        """The action lists every reader of this plan uses: runtime, simulator, timeline."""
+        from ..schedule import build_schedule
+        return build_schedule(self.schedule, self.num_stages, self.num_micro_batches, self.warmup)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

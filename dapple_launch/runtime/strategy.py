@@ -17,7 +17,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from ..planner.plan import Plan
-from ..schedule import build_schedule, forward_only
+from ..schedule import forward_only
 from . import checkpoint as ckpt
 from .executor import GradientSync, StageExecutor
 from .grid import ProcessGrid
@@ -41,7 +41,7 @@ class DappleStrategy(DDPStrategy):
             plan = os.environ[PLAN_ENV]
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
         self.grid = ProcessGrid.from_plan(self.plan)
-        self.train_schedule = build_schedule(self.plan.schedule, self.plan.num_stages, self.plan.num_micro_batches)
+        self.train_schedule = self.plan.build_schedule()
         self._executor: StageExecutor | None = None
         self._sync: GradientSync | None = None
         # trainer.profile_pipeline: the steps whose actions every rank records (timeline.py)

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from ..planner.plan import Plan
-from ..schedule import StageCosts, build_schedule, simulate
+from ..schedule import StageCosts, simulate
 from .grid import ProcessGrid
 
 COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "send": "#54A24B", "wait": "#D9D9D9",
@@ -45,7 +45,7 @@ def predicted(plan: Plan) -> dict | None:
     if not plan.estimate.stage_costs:
         return None
     costs = [StageCosts(**c) for c in plan.estimate.stage_costs]
-    sim = simulate(build_schedule(plan.schedule, plan.num_stages, plan.num_micro_batches), costs)
+    sim = simulate(plan.build_schedule(), costs)
     grid = ProcessGrid.from_plan(plan)
     ranks = []
     for rank in range(grid.world_size):

@@ -8,9 +8,14 @@ from .one_f_one_b import one_f_one_b
 SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe}
 
 
-def build_schedule(name: str, num_stages: int, num_micro_batches: int) -> Schedule:
+def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()) -> Schedule:
+    """`warmup` (1F1B only): forwards each stage runs before its first backward; () = DAPPLE's minimum."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}")
+    if warmup:
+        if name != "1f1b":
+            raise ValueError(f"a warm-up depth is a 1F1B setting; schedule {name!r} takes none")
+        return one_f_one_b(num_stages, num_micro_batches, tuple(warmup))
     return SCHEDULES[name](num_stages, num_micro_batches)
 
 

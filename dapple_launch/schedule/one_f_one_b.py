@@ -14,22 +14,40 @@ def warmup_depth(stage: int, num_stages: int, num_micro_batches: int) -> int:
     return min(num_stages - stage - 1, num_micro_batches)
 
 
-def one_f_one_b(num_stages: int, num_micro_batches: int, extra_warmup: int = 0) -> Schedule:
-    """`extra_warmup` > 0 lets early stages run further ahead (more memory, fewer stalls
-    when communication is slow): the planner's warm-up depth knob."""
+def deeper_warmup(num_stages: int, num_micro_batches: int, depth: int) -> tuple[int, ...]:
+    """Warm-up forwards per stage when every stage but the last keeps `depth` times DAPPLE's
+    in-flight count (S - s) micro-batches: depth 1 is the minimum. Deeper warm-up breaks the
+    steady state's dependency cycles through slow links (cost.py: windows) for more memory."""
+    if depth < 1:
+        raise ValueError(f"warm-up depth must be >= 1 (1 = DAPPLE's minimum), got {depth}")
+    S, M = num_stages, num_micro_batches
+    return tuple(min(M, depth * (S - s)) - 1 if s < S - 1 else 0 for s in range(S))
+
+
+def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> Schedule:
+    """`warmup[s]`: forwards stage s runs before its first backward (default S - s - 1, capped at
+    M); more lets a stage run further ahead (more memory, fewer stalls when links are slow)."""
     if num_micro_batches < 1:
         raise ValueError(f"1F1B needs at least 1 micro-batch, got {num_micro_batches}")
+    S, M = num_stages, num_micro_batches
+    if warmup is None:
+        warmup = tuple(warmup_depth(s, S, M) for s in range(S))
+    warmup = tuple(warmup)
+    if len(warmup) != S or any(not warmup_depth(s, S, M) <= w <= M for s, w in enumerate(warmup)) \
+            or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
+        raise ValueError(f"1F1B warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
+                         f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage "
+                         f"(else the pipeline does not fill or deadlocks); e.g. {[warmup_depth(s, S, M) for s in range(S)]}")
     compute = []
-    for s in range(num_stages):
-        warm = min(warmup_depth(s, num_stages, num_micro_batches) + (extra_warmup if s < num_stages - 1 else 0),
-                   num_micro_batches)
+    for s in range(S):
+        warm = warmup[s]
         order = [Action(Kind.FORWARD, m) for m in range(warm)]
         next_f, next_b = warm, 0
-        while next_f < num_micro_batches:
+        while next_f < M:
             order.append(Action(Kind.FORWARD, next_f))
             next_f += 1
             order.append(Action(Kind.BACKWARD, next_b))
             next_b += 1
-        order += [Action(Kind.BACKWARD, m) for m in range(next_b, num_micro_batches)]
+        order += [Action(Kind.BACKWARD, m) for m in range(next_b, M)]
         compute.append(order)
-    return with_communication("1f1b", compute, num_micro_batches)
+    return with_communication("1f1b", compute, M)

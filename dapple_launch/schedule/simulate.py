@@ -42,7 +42,10 @@ class Simulation:
     timeline: list[Event] = field(default_factory=list)
 
 
-def simulate(schedule: Schedule, costs: list[StageCosts]) -> Simulation:
+def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
+             order: list[tuple[int, int]] | None = None) -> Simulation:
+    """`record=False` skips the per-action timeline (the planner needs only the times and memory);
+    `order`: the schedule's execute_order when the caller already has it (it depends on the lists only)."""
     S = schedule.num_stages
     if len(costs) != S:
         raise ValueError(f"simulate: {S} stages but {len(costs)} stage costs")
@@ -54,13 +57,14 @@ def simulate(schedule: Schedule, costs: list[StageCosts]) -> Simulation:
     last_backward_end = [0.0] * S
     timeline: list[Event] = []
     # execute_order gives an order in which every receive comes after its send.
-    for s, i in execute_order(schedule):
+    for s, i in order if order is not None else execute_order(schedule):
         a = schedule.stage_actions[s][i]
         c = costs[s]
         if a.kind is Kind.FORWARD or a.kind is Kind.BACKWARD:
             dur = c.forward_s if a.kind is Kind.FORWARD else c.backward_s
             start, clock[s] = clock[s], clock[s] + dur
-            timeline.append(Event(s, str(a), "forward" if a.kind is Kind.FORWARD else "backward", start, clock[s]))
+            if record:
+                timeline.append(Event(s, str(a), "forward" if a.kind is Kind.FORWARD else "backward", start, clock[s]))
             in_flight[s] += 1 if a.kind is Kind.FORWARD else -1
             peak[s] = max(peak[s], in_flight[s])
             if a.kind is Kind.BACKWARD:
@@ -72,7 +76,7 @@ def simulate(schedule: Schedule, costs: list[StageCosts]) -> Simulation:
             link_free[(s, peer)] = start + dur
             recv = Kind.RECV_ACTIVATION if a.kind is Kind.SEND_ACTIVATION else Kind.RECV_GRADIENT
             arrival[(peer, recv, a.micro_batch)] = start + dur
-            if dur > 0:
+            if dur > 0 and record:
                 timeline.append(Event(s, str(a), "send", start, start + dur))
         else:
             clock[s] = max(clock[s], arrival[(s, a.kind, a.micro_batch)])
