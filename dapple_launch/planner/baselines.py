@@ -44,27 +44,25 @@ def balanced_boundaries(profile: ModelProfile, num_stages: int, weights: list[in
         raise ValueError(f"{num_stages} stages but the model has only {L} layers; use at most {L} stages")
     weights = weights or [1] * num_stages
 
-    def t(a: int, b: int, s: int) -> float:
-        f, bk, _, _ = profile.span(a, b)
-        return (f + bk) / weights[s]
-
-    inf = float("inf")
-    # best[s][i]: minimal max-stage time for the first i layers in s+1 stages
-    best = [[inf] * (L + 1) for _ in range(num_stages)]
-    arg = [[0] * (L + 1) for _ in range(num_stages)]
-    for i in range(1, L + 1):
-        best[0][i] = t(0, i, 0)
+    pre = profile._prefix
+    work = np.asarray(pre["f"]) + np.asarray(pre["b"])
+    j, i = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+    span = np.where(j < i, work[i] - work[j], np.inf)  # span[j, i]: compute of layers [j, i)
+    # best[s, i]: minimal max-stage time for the first i layers in s+1 stages; arg: where stage s starts
+    best = np.full((num_stages, L + 1), np.inf)
+    arg = np.zeros((num_stages, L + 1), dtype=int)
+    best[0, 1:] = span[0, 1:] / weights[0]
     for s in range(1, num_stages):
-        for i in range(s + 1, L + 1):
-            for j in range(s, i):
-                v = max(best[s - 1][j], t(j, i, s))
-                # ties: prefer the more even layer count, so zero-cost layers spread out
-                if v < best[s][i] - 1e-15 or (abs(v - best[s][i]) <= 1e-15 and abs(i - 2 * j) < abs(i - 2 * arg[s][i])):
-                    best[s][i], arg[s][i] = v, j
-    cuts, i = [], L
+        value = np.maximum(best[s - 1][:, None], span / weights[s])  # [j, i]: stages up to s-1 end at j
+        least = value.min(axis=0)
+        # ties: prefer the more even layer count, so zero-cost layers spread out
+        evenness = np.where(value <= least[None, :] + 1e-15, np.abs(i - 2 * j), np.iinfo(np.int64).max)
+        arg[s] = evenness.argmin(axis=0)
+        best[s] = least
+    cuts, at = [], L
     for s in range(num_stages - 1, 0, -1):
-        i = arg[s][i]
-        cuts.append(i)
+        at = int(arg[s][at])
+        cuts.append(at)
     return sorted(cuts)
 
 

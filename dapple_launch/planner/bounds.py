@@ -27,6 +27,7 @@ class BoundInputs:
     profile: ModelProfile
     topology: Topology
     micro_batch: int
+    num_micro_batches: int
     replica_choices: tuple[int, ...]
     speed: float
     capacity_bytes: float
@@ -58,59 +59,129 @@ def _links(x: BoundInputs, r: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.where(slow, t.inter_node_latency_s, fast_lat), np.where(slow, t.inter_node_bandwidth, fast_bw))
 
 
-def suffix_bound(x: BoundInputs) -> tuple[np.ndarray, np.ndarray]:
-    """(bound, choice): bound[i, d] for i in 0..L, d in 0..D (inf where nothing fits), and
-    choice[i, d] = (stop, first device, replicas) of a first stage that attains it."""
-    p, D = x.profile, x.topology.num_devices
-    L, pbs, k = p.num_layers, p.batch_size, x.topology.devices_per_node
+@dataclass(frozen=True)
+class SuffixBounds:
+    """Lower bounds over every completion of layers [i, L) placed from device d on (arrays [i, d])."""
+    bottleneck: np.ndarray  # the least max over its stages of (stage time, outgoing transfer)
+    choice: np.ndarray  # [i, d] -> (stop, first device, replicas) of a first stage attaining it
+    pass_sum: np.ndarray  # the least sum over its stages of (stage time + 2 × outgoing transfer)
+    pass_tail: np.ndarray  # the least sum plus all-reduce tail X (cost.py: T = E_0 + X), bounded
+    stage_end: np.ndarray  # the least over completions of max over its stages of when that stage's all-reduce can end
+
+
+def suffix_bound(x: BoundInputs) -> SuffixBounds:
+    """One backward dynamic programme over first layer i and first free device d, three tables.
+
+    bottleneck: min over completions of max(t_s, c_s) (c_s the least outgoing transfer).
+    pass_sum:   min over completions of sum(t_s + 2 c_s): the warm-up and ending of E_0.
+    pass_tail:  with the all-reduce tail X = max_s(AR_s - sum_{j<s}(B_j + c_j)) of cost.py, a
+                completion starting with stage p has sum + X = max(t_p + 2c_p + AR_p + rest's sum,
+                F_p + c_p + rest's (sum + X)); each rest term is bounded by its own table, so
+                pass_tail bounds sum + X from below.
+    stage_end:  stage s of a plan runs M micro-batches and then its all-reduce, after the first
+                micro-batch's forward reached it and before the rest's last pass leaves:
+                T >= sum_{j<s}(F_j + c_j) + M t_s + 2 c_s + AR_s + sum_{j>s}(t_j + 2 c_j), for
+                every s (both schedules). It couples a stage's speed to the all-reduce its
+                replicas pay, which the bottleneck table alone cannot see.
+    Each table minimises on its own (the least of each is at most what any one completion
+    attains), so each is a valid bound.
+    """
+    p, topo = x.profile, x.topology
+    D, L, pbs, k, M = topo.num_devices, p.num_layers, p.batch_size, topo.devices_per_node, x.num_micro_batches
     pre = p._prefix
-    work = np.asarray(pre["f"]) + np.asarray(pre["b"])
+    fwd = np.asarray(pre["f"])
+    work = fwd + np.asarray(pre["b"])
     params, kept = np.asarray(pre["p"]), np.asarray(pre["m"])
     cut = np.asarray((0.0, *p.cut_bytes))  # cut[i]: bytes crossing into a stage that starts at layer i
-    links = {r: _links(x, r) for r in x.replica_choices}
-    bound = np.full((L + 1, D + 1), np.inf)
-    bound[L, :] = 0.0
+    # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
+    # (always inf), where a stage that would run past the last device points.
+    shape = (L + 1, D + 2)
+    bound, pass_sum, pass_tail, stage_end = (np.full(shape, np.inf) for _ in range(4))
+    for table in (bound, pass_sum, pass_tail, stage_end):
+        table[L, :D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
+    starts = np.arange(D)
+    # Replica counts in chunks of at most ~64k cells per array: small clusters take every count in
+    # one vectorised step, 512 devices one count at a time (same results, ties to the fewest replicas).
+    replicas = [r for r in x.replica_choices if r <= D]
+    per_chunk = max(1, 65536 // (L * D))
+    chunks = []
+    for c in range(0, len(replicas), per_chunk):
+        R = np.asarray(replicas[c:c + per_chunk])
+        nxt = starts[None, :] + R[:, None]  # (R, D): the next free device after the stage
+        nxt = np.where(nxt <= D, nxt, D + 1)
+        lat, bw = (np.stack(v) for v in zip(*(_links(x, int(r)) for r in R)))
+        slope, fixed = (np.stack(v) for v in zip(*(_allreduce_factors(topo, int(r)) for r in R)))
+        n = np.ceil(x.micro_batch / R)
+        chunks.append((R, nxt, lat, bw, slope, fixed, n))
     for i in range(L - 1, -1, -1):
         z = np.arange(i + 1, L + 1)
         stage_work = (work[z] - work[i]) * x.speed / pbs
-        stage_params = (params[z] - params[i]) * x.optimizer_factor
+        stage_fwd = (fwd[z] - fwd[i]) * x.speed / pbs
+        stage_param_bytes = params[z] - params[i]
+        stage_params = stage_param_bytes * x.optimizer_factor
         stage_kept = (kept[z] - kept[i] + cut[i]) / pbs
         sent = np.where(z < L, cut[np.minimum(z, L - 1)] * x.micro_batch / pbs, 0.0)
         # the best completion whose first stage (holding layer i) starts exactly at device s
-        starts_at = np.full(D + 1, np.inf)
-        stop_at, replicas_at = np.zeros(D + 1, dtype=int), np.zeros(D + 1, dtype=int)
-        for r in x.replica_choices:
-            if r > D:
-                break
-            n = math.ceil(x.micro_batch / r)
-            t = np.where(stage_params + stage_kept * n > x.capacity_bytes, np.inf, stage_work * n)
-            lat, bw = links[r]
-            starts = D - r + 1  # a stage of r devices can start at 0 .. D - r
-            link = np.where((z < L)[:, None], lat[None, :starts] + (sent / r)[:, None] / bw[None, :starts], 0.0)
-            rest = bound[z][:, r:r + starts]  # the completion from device s + r on
-            value = np.maximum(np.maximum(t[:, None], link), rest)
-            best_z = value.argmin(axis=0)
-            cand = value[best_z, np.arange(starts)]
-            better = np.flatnonzero(cand < starts_at[:starts])
-            starts_at[better], stop_at[better], replicas_at[better] = cand[better], z[best_z[better]], r
-        d = np.arange(D)
-        fresh = fresh_node_start(d, k, D)
-        s = np.where(starts_at[fresh] < starts_at[d], fresh, d)  # ties: continue on the same node
-        bound[i, :D] = starts_at[s]
+        best_at = np.full(D, np.inf)
+        sum_at, tail_at, end_at = np.full(D, np.inf), np.full(D, np.inf), np.full(D, np.inf)
+        stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
+        has_next = (z < L)[None, :, None]
+        for R, nxt, lat, bw, slope, fixed, n in chunks:  # arrays laid out (replicas, stop, start)
+            t = np.where(stage_params[None, :] + stage_kept[None, :] * n[:, None] > x.capacity_bytes, np.inf,
+                         stage_work[None, :] * n[:, None])[:, :, None]
+            link = np.where(has_next, lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0)
+            rest = bound[z][:, nxt].transpose(1, 0, 2)  # the completion from device s + r on
+            value = np.maximum(np.maximum(t, link), rest).reshape(-1, D)
+            flat = value.argmin(axis=0)
+            cand = value[flat, starts]
+            better = cand < best_at
+            best_at = np.where(better, cand, best_at)
+            stop_at = np.where(better, z[flat % len(z)], stop_at)
+            replicas_at = np.where(better, R[flat // len(z)], replicas_at)
+            per_pass = t + 2 * link
+            rest_sum = pass_sum[z][:, nxt].transpose(1, 0, 2)
+            sum_at = np.minimum(sum_at, (per_pass + rest_sum).min(axis=(0, 1)))
+            ar = np.where(stage_param_bytes[None, :, None] > 0,
+                          stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :], 0.0)
+            forward_in = stage_fwd[None, :, None] * n[:, None, None] + link
+            tail = np.maximum(per_pass + ar + rest_sum, forward_in + pass_tail[z][:, nxt].transpose(1, 0, 2))
+            tail_at = np.minimum(tail_at, tail.min(axis=(0, 1)))
+            end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
+            end_at = np.minimum(end_at, end.min(axis=(0, 1)))
+        fresh = fresh_node_start(starts, k, D)
+        s = np.where(best_at[fresh] < best_at, fresh, starts)  # ties: continue on the same node
+        bound[i, :D] = best_at[s]
         choice[i, :D] = np.stack([stop_at[s], s, replicas_at[s]], axis=1)
-    return bound, choice
+        pass_sum[i, :D] = np.minimum(sum_at, sum_at[fresh])
+        pass_tail[i, :D] = np.minimum(tail_at, tail_at[fresh])
+        stage_end[i, :D] = np.minimum(end_at, end_at[fresh])
+    return SuffixBounds(bound, choice, pass_sum, pass_tail, stage_end)
 
 
-def least_bottleneck_stages(bound: np.ndarray, choice: np.ndarray) -> list[tuple[int, int, int, int]] | None:
+def _allreduce_factors(t: Topology, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per start device s: (seconds per byte, fixed seconds) of a ring all-reduce over [s, s + r),
+    as Topology.allreduce_s (the network's figures when the range spans nodes)."""
+    D, k = t.num_devices, t.devices_per_node
+    if r <= 1:
+        return np.zeros(D), np.zeros(D)
+    s = np.arange(D)
+    spans = (s // k) != ((s + r - 1) // k)
+    bw = np.where(spans, t.inter_node_allreduce_bandwidth or t.inter_node_bandwidth,
+                  t.intra_node_allreduce_bandwidth or t.intra_node_bandwidth)
+    lat = np.where(spans, t.inter_node_latency_s, t.intra_node_latency_s)
+    return 2 * (r - 1) / r / bw, 2 * (r - 1) * lat
+
+
+def least_bottleneck_stages(x: SuffixBounds) -> list[tuple[int, int, int, int]] | None:
     """The placement attaining bound[0, 0]: [(first layer, stop, first device, replicas)], or None.
     A strong first incumbent for the search (it is then costed in full)."""
-    if not math.isfinite(bound[0, 0]):
+    if not math.isfinite(x.bottleneck[0, 0]):
         return None
-    L = bound.shape[0] - 1
+    L = x.bottleneck.shape[0] - 1
     stages, i, d = [], 0, 0
     while i < L:
-        stop, s, r = (int(v) for v in choice[i, d])
+        stop, s, r = (int(v) for v in x.choice[i, d])
         stages.append((i, stop, s, r))
         i, d = stop, s + r
     return stages

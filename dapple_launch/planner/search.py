@@ -33,6 +33,8 @@ from .build import MIN_MICRO_BATCHES, to_plan
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
 from .explain import human_bytes
 from .plan import Plan
+from .polish import descend, shape_of
+from ..schedule.one_f_one_b import deeper_warmup
 
 
 class NoFeasiblePlan(ValueError):
@@ -48,8 +50,8 @@ class SearchStats:
     nodes: int = 0
     leaves: int = 0
     seconds: float = 0.0
-    proven_optimal: bool = True  # False when the time budget ended the search first
-    proven_gap: float | None = 0.0  # the result is within this fraction of the optimum (None: unknown)
+    proven_optimal: bool = True  # False when the node budget ended the search first
+    proven_gap: float = 0.0  # the result is at most this fraction above the optimum (a proven bound)
 
 
 def replica_choices(topology: Topology, limit: int) -> list[int]:
@@ -78,13 +80,16 @@ class _Search:
         self.stats = SearchStats()
         self.node_budget = node_budget
         self.scored = 0
+        self.open_bound = math.inf  # least lower bound of what the budget left unexplored
+        self._root_bound = None
         pre = [0.0]
         for layer in profile.layers:
             pre.append(pre[-1] + layer.forward_s + layer.backward_s)
         self.work = pre  # per profile batch, prefix sums of forward+backward
-        self.bound_inputs = BoundInputs(profile, topology, b, tuple(self.R), self.speed, self.cap,
+        self.bound_inputs = BoundInputs(profile, topology, b, self.M, tuple(self.R), self.speed, self.cap,
                                         limits.optimizer_factor)
-        self.suffix, self.suffix_choice = suffix_bound(self.bound_inputs)  # [next layer, first free device]
+        self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
+        self.suffix = self.bounds.bottleneck
 
     def rest_work_per_sample(self, i: int) -> float:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
@@ -98,7 +103,7 @@ class _Search:
 
     def restart(self, incumbent: float, node_budget: float, gap: float) -> None:
         self.best_t, self.best, self.node_budget, self.gap = incumbent, None, node_budget, gap
-        self.scored, self.stats = 0, SearchStats()
+        self.scored, self.stats, self.open_bound = 0, SearchStats(), math.inf
 
     def one_pass(self, i: int, left: int) -> float:
         """Least time for one micro-batch to pass layers [i, L): every sample crosses every layer,
@@ -107,11 +112,10 @@ class _Search:
         return self.rest_work_per_sample(i) * math.ceil(self.b / widest)
 
     def root_bound(self) -> float:
-        """No plan with this micro-batch size is faster: M - 1 bottlenecks plus one pass of the work."""
-        beta = float(self.suffix[0, 0])
-        if not math.isfinite(beta):
-            return math.inf
-        return (self.M - 1) * beta + self.one_pass(0, self.D)
+        """No plan with this micro-batch size is faster."""
+        if self._root_bound is None:
+            self._root_bound = self._lower_bound(0, 0, None)
+        return self._root_bound
 
     @property
     def cutoff(self) -> float:
@@ -121,12 +125,12 @@ class _Search:
 
     def run(self) -> Costed | None:
         self._seed_incumbent()
-        self._extend(0, 0, [])
+        self._extend(0, 0, None)
         return self.best
 
     def _seed_incumbent(self) -> None:
         """Cost the least-bottleneck cut (bounds.py) in full first: a strong incumbent prunes early."""
-        stages = least_bottleneck_stages(self.suffix, self.suffix_choice)
+        stages = least_bottleneck_stages(self.bounds)
         if not stages or len(stages) > self.max_stages:
             return
         layout = [StageSpec(a, z, tuple(range(s, s + r))) for a, z, s, r in stages]
@@ -136,45 +140,61 @@ class _Search:
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
             self.best_t, self.best = cand.iteration_s, cand
 
-    def _lower_bound(self, i: int, d: int, placed: list) -> float:
-        M = self.M
+    def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
+        """No completion of `placed` (stages so far; layers [i, L) left from device d on) is faster.
+        T = (M - 1) beta + sum_s (t_s + 2 c_s) + X (cost.py): each part is bounded on its own."""
         left = self.D - d
-        rest, one_pass, out_link = 0.0, 0.0, 0.0
-        if i < self.L and (left == 0 or not math.isfinite(self.suffix[i, d])):
-            return math.inf  # no device left, or no cut of the remaining layers fits in memory
+        rest, pass_sum, pass_tail, stage_end, out_link = 0.0, 0.0, 0.0, 0.0, 0.0
         if i < self.L:
+            if left == 0 or not math.isfinite(self.suffix[i, d]):
+                return math.inf  # no device left, or no cut of the remaining layers fits in memory
             rest = self.rest_work_per_sample(i) * self.b / left
-            one_pass = self.one_pass(i, left)
-            # the transfer out of the last placed stage takes at least its share over the fastest link
-            last = placed[-1]
-            total = self.p.cut_bytes[i - 1] * self.b / self.pbs
-            out_link = self.fast_lat + total / len(last["devices"]) / self.fast_bw
-        beta = max([c["t"] for c in placed] + [c["link"] for c in placed] + [rest, out_link,
-                                                                          float(self.suffix[i, d]) if left else 0.0])
-        if self.limits.schedule == "1f1b":
-            # windows of adjacent placed stages are windows of every completion (see cost.py)
-            for s in range(len(placed)):
-                window = placed[s]["t"]
-                for e in range(s + 1, len(placed)):
-                    window += placed[e]["t"] + 2 * placed[e - 1]["link"]
-                    beta = max(beta, window / (e - s + 1))
-        e0 = sum(c["t"] + 2 * c["link_sum"] for c in placed) + one_pass + 2 * out_link + (M - 1) * beta
-        lb, behind = e0, 0.0
-        for c in placed:
-            lb = max(lb, e0 - behind + c["ar"])
-            behind += c["bk"] + c["link_grad"]
-        return lb
+            pass_sum = max(float(self.bounds.pass_sum[i, d]), self.one_pass(i, left))
+            pass_tail = float(self.bounds.pass_tail[i, d])
+            stage_end = float(self.bounds.stage_end[i, d])
+            if placed is not None:  # the transfer out of the last placed stage: its share over the fastest link
+                total = self.p.cut_bytes[i - 1] * self.b / self.pbs
+                out_link = self.fast_lat + total / len(placed.stages[-1][2]) / self.fast_bw
+        if placed is None:
+            placed = _EMPTY
+        steady = (self.M - 1) * max(placed.beta, rest, out_link, float(self.suffix[i, d]) if left else 0.0)
+        e0 = steady + placed.total + 2 * out_link + pass_sum
+        # every stage still to come ends (its all-reduce included) after the forward path through the
+        # placed ones (bounds.py: stage_end)
+        ends = placed.forward + out_link + stage_end
+        if self.limits.schedule != "1f1b":  # GPipe's stages end paced differently: only the first stage's tail holds
+            return max(e0 + placed.ar0, ends)
+        # X >= AR_s - (backward and gradient transfers before s), for placed s and, through
+        # pass_tail, for the stages still to come (behind them: every placed stage and its link).
+        return max(e0 + max(placed.tail, 0.0), ends, steady + placed.total + out_link + pass_tail - placed.back)
 
-    def _extend(self, i: int, d: int, placed: list) -> None:
+    def _extend(self, i: int, d: int, placed: Prefix | None) -> None:
         self.stats.nodes += 1
         if i == self.L:
             self._leaf(placed)
             return
-        if len(placed) == self.max_stages or d >= self.D:
+        if placed is not None and (len(placed.stages) == self.max_stages or d >= self.D):
             return
+        # Children are explored most promising first (least lower bound): good plans are found
+        # early, so later siblings are cut against a better incumbent.
+        children = sorted(self._children(i, d, placed), key=lambda c: c[0])
+        for n, (lb, z, next_d, chain) in enumerate(children):
+            if lb >= self.cutoff:
+                break  # the rest are no better
+            try:
+                self._extend(z, next_d, chain)
+            except _OutOfTime:
+                # What is left unexplored here is bounded by the next sibling's bound (they are sorted);
+                # deeper levels have recorded what is left inside this child.
+                if n + 1 < len(children):
+                    self.open_bound = min(self.open_bound, children[n + 1][0])
+                raise
+
+    def _children(self, i: int, d: int, placed: Prefix | None):
+        """(lower bound, next layer, next free device, placed stages) of every stage that may come next."""
         k = self.t.devices_per_node
         starts = stage_starts(d, k, self.D)
-        beta_placed = max([c["t"] for c in placed] + [c["link"] for c in placed], default=0.0)
+        count = len(placed.stages) if placed is not None else 0
         for start in starts:
             left = self.D - start
             for r in self.R:
@@ -182,45 +202,78 @@ class _Search:
                     break
                 devices = tuple(range(start, start + r))
                 link_in = 0.0
-                if placed:
-                    prev = placed[-1]
+                if placed is not None:
+                    prev = placed.stages[-1][2]
                     total = self.p.cut_bytes[i - 1] * self.b / self.pbs
-                    bw, lat = self.t.p2p(prev["devices"], devices)
-                    link_in = lat + max(total / len(prev["devices"]), total / r) / bw
+                    bw, lat = self.t.p2p(prev, devices)
+                    link_in = lat + max(total / len(prev), total / r) / bw
                     if (self.M - 1) * link_in >= self.cutoff:
                         continue
+                beta_placed = max(placed.beta, link_in) if placed is not None else 0.0
                 for z in range(i + 1, self.L + 1):
-                    if z < self.L and (len(placed) + 1 == self.max_stages or start + r >= self.D):
+                    if z < self.L and (count + 1 == self.max_stages or start + r >= self.D):
                         continue  # no stage or device left for the rest
                     f, bk, act, params = self.stage_time(i, z, r)
                     if params * self.limits.optimizer_factor + act > self.cap:
                         break  # more layers only need more memory
                     if (self.M - 1) * max(beta_placed, f + bk) + f + bk >= self.cutoff:
                         break  # a longer stage is only slower
-                    entry = {"start": i, "stop": z, "devices": devices, "t": f + bk, "bk": bk, "link": 0.0,
-                             "link_sum": 0.0, "link_grad": 0.0,
-                             "ar": self.t.allreduce_s(devices, params), "act": act, "params": params}
-                    if placed:
-                        prev2 = dict(placed[-1], link=link_in, link_sum=link_in, link_grad=link_in)
-                        chain = [*placed[:-1], prev2, entry]
-                    else:
-                        chain = [entry]
+                    chain = (placed or _EMPTY).then(i, z, devices, f, bk, link_in,
+                                                    self.t.allreduce_s(devices, params),
+                                                    self.limits.schedule == "1f1b")
                     self.scored += 1  # the budget counts scored candidates: the unit of work
                     if self.scored > self.node_budget:
+                        self.open_bound = min(self.open_bound, self._lower_bound(i, d, placed))
                         raise _OutOfTime
-                    if self._lower_bound(z, start + r, chain) >= self.cutoff:
-                        continue
-                    self._extend(z, start + r, chain)
+                    lb = self._lower_bound(z, start + r, chain)
+                    if lb < self.cutoff:
+                        yield lb, z, start + r, chain
 
-    def _leaf(self, placed: list) -> None:
+    def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
-        S = len(placed)
+        S = len(placed.stages)
         if self.M < MIN_MICRO_BATCHES[self.limits.schedule](S):
             return
-        layout = tuple(StageSpec(c["start"], c["stop"], c["devices"]) for c in placed)
+        layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits)
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
             self.best_t, self.best = cand.iteration_s, cand
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """The stages placed so far and what the bound needs of them, kept as running totals so a
+    child's bound costs O(stages) (its windows), not O(stages²). Links are those between placed
+    stages; the one out of the last stage is not known until the next stage is."""
+    stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # (first layer, stop, devices)
+    times: tuple[float, ...]  # t = F + B per stage
+    links: tuple[float, ...]  # transfer time between stage j and j + 1
+    beta: float  # max of stage times, links and (1F1B) window means: the bottleneck so far
+    total: float  # sum of t + 2 × link
+    forward: float  # sum of F + link: when the first micro-batch reaches the next stage
+    back: float  # sum of B + link: the backward path back down to stage 0
+    tail: float  # max over stages of AR_s - (B + link before s): the all-reduce tail X so far
+    ar0: float  # the first stage's all-reduce
+
+    def then(self, a: int, z: int, devices: tuple[int, ...], f: float, bk: float, link_in: float, ar: float,
+             windows: bool) -> Prefix:
+        t = f + bk
+        if not self.stages:
+            return Prefix(((a, z, devices),), (t,), (), t, t, f, bk, ar, ar)
+        beta = max(self.beta, t, link_in)
+        if windows:  # 1F1B: the windows ending at the new stage (cost.py)
+            window, n = t, 1
+            for j in range(len(self.times) - 1, -1, -1):
+                window += self.times[j] + 2 * (link_in if j == len(self.times) - 1 else self.links[j])
+                n += 1
+                beta = max(beta, window / n)
+        behind = self.back + link_in
+        return Prefix(self.stages + ((a, z, devices),), self.times + (t,), self.links + (link_in,), beta,
+                      self.total + 2 * link_in + t, self.forward + link_in + f, behind + bk,
+                      max(self.tail, ar - behind), self.ar0)
+
+
+_EMPTY = Prefix((), (), (), 0.0, 0.0, 0.0, 0.0, -math.inf, 0.0)
 
 
 def micro_batch_sizes(global_batch: int, limits: Limits) -> list[int]:
@@ -239,32 +292,37 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     baselines = all_baselines(profile, topology, global_batch, limits)
     start = balanced_uniform(profile, topology, global_batch, limits)
     found = [c for c in [*baselines.values(), start] if c is not None]
-    incumbent = min((c.iteration_s for c in found), default=math.inf)
     stats = SearchStats()
+    sizes = micro_batch_sizes(global_batch, limits)
     # One search per micro-batch size, most promising first (by its least bottleneck). Each one's
-    # least-bottleneck placement is costed up front: a strong incumbent before any branching.
-    searches = [_Search(profile, topology, global_batch, limits, b, math.inf, math.inf)
-                for b in micro_batch_sizes(global_batch, limits)]
+    # least-bottleneck placement is costed up front, then the best few starts are improved by
+    # local search: a strong incumbent before any branching.
+    searches = [_Search(profile, topology, global_batch, limits, b, math.inf, math.inf) for b in sizes]
     searches.sort(key=lambda x: (x.root_bound(), -x.b))
     for x in searches:
         x._seed_incumbent()
         if x.best is not None:
             found.append(x.best)
+    found += _polished(found, profile, topology, global_batch, limits, sizes, stats)
     incumbent = min((c.iteration_s for c in found), default=math.inf)
     # Pass 1 prunes what cannot beat the incumbent by more than the optimality gap, every size
     # with an equal share of half the budget: fast, and provably within the gap if all finish.
     # Pass 2 closes the gap exactly with what is left (small instances always finish: optimum).
     share = max(1, limits.search_nodes // (2 * max(1, len(searches))))
-    per_b, done = _sweep(searches, incumbent, limits.optimality_gap, share, limits.search_nodes, stats)
-    stats.proven_gap = limits.optimality_gap if done else None
-    if not done or limits.optimality_gap > 0:
-        incumbent = min([incumbent, *(c.iteration_s for c in per_b)])
-        exact, exact_done = _sweep(searches, incumbent, 0.0, math.inf, limits.search_nodes, stats)
+    per_b, bounds = _sweep(searches, incumbent, limits.optimality_gap, share, limits.search_nodes, stats)
+    best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
+    if best is not None and _proven_gap(best.iteration_s, bounds) > 0:
+        exact, exact_bounds = _sweep(searches, best.iteration_s, 0.0, math.inf, limits.search_nodes, stats)
         per_b += exact
-        if exact_done:
-            stats.proven_gap = 0.0
+        bounds = {b: max(v, exact_bounds.get(b, v)) for b, v in bounds.items()}  # each is a valid bound
+        best = min([*found, *per_b], key=lambda c: c.iteration_s)
+        if _proven_gap(best.iteration_s, bounds) > 0:  # the budget ended first: polish what it found
+            per_b += _polished([best], profile, topology, global_batch, limits, sizes, stats, top=1)
+            best = min([*found, *per_b], key=lambda c: c.iteration_s)
+    stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
-    candidates = sorted(found + per_b, key=lambda c: (c.iteration_s, len(c.layout), c.summary()))
+    deeper = _deeper_warmups(found + per_b, profile, topology, limits)
+    candidates = sorted(found + per_b + deeper, key=lambda c: (c.iteration_s, len(c.layout), c.summary()))
     unique, seen = [], set()
     for c in candidates:
         if c.summary() not in seen:
@@ -274,28 +332,95 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     return (unique[0] if unique else None), unique[1:keep + 1], baselines, stats
 
 
+def _polished(starts: list[Costed], profile: ModelProfile, topology: Topology, global_batch: int,
+              limits: Limits, sizes: list[int], stats: SearchStats, top: int = 3) -> list[Costed]:
+    """Local search (polish.py) from the `top` best distinct starts in the search's own space."""
+    allowed = replica_choices(topology, global_batch)
+    out, seen = [], set()
+    for c in sorted(starts, key=lambda c: (c.iteration_s, c.summary())):
+        if len(seen) == top:
+            break
+        shape = shape_of(c, topology)
+        if shape in seen or shape.layout(topology) != c.layout or any(r not in allowed for r in shape.replicas):
+            continue  # not a plan of the search's space (a baseline placed otherwise)
+        seen.add(shape)
+        better, costed = descend(c, profile, topology, global_batch, limits, allowed, sizes)
+        stats.nodes += costed
+        if better is not c:
+            out.append(better)
+    return out
+
+
+# A deeper warm-up is costed by the simulator (cost.evaluate): bounded work per candidate.
+WARMUP_LAYOUTS, WARMUP_MAX_ACTIONS = 3, 8192
+
+
+def _deeper_warmups(found: list[Costed], profile: ModelProfile, topology: Topology, limits: Limits) -> list[Costed]:
+    """The best few layouts again with deeper 1F1B warm-ups (2 .. max_warmup_depth times DAPPLE's
+    in-flight count, while memory allows): where a slow link sits on the steady state's dependency
+    cycle, running further ahead hides it, as GPipe does, for a bounded multiple of the memory.
+    The proof of optimality covers the minimal warm-up; this can only improve on it."""
+    if limits.schedule != "1f1b" or limits.max_warmup_depth < 2:
+        return []
+    out, seen = [], set()
+    for c in sorted(found, key=lambda c: (c.iteration_s, c.summary())):
+        key = (c.layout, c.micro_batch_size)
+        if key in seen or len(c.layout) < 2:
+            continue
+        seen.add(key)
+        if len(seen) > WARMUP_LAYOUTS:
+            break
+        S, M = len(c.layout), c.num_micro_batches
+        if S * M > WARMUP_MAX_ACTIONS or M < S:
+            continue
+        best, previous = c.iteration_s if c.schedule == "1f1b" else math.inf, deeper_warmup(S, M, 1)
+        for depth in range(2, limits.max_warmup_depth + 1):
+            if deeper_warmup(S, M, depth) == previous:
+                break  # every stage already runs all its forwards first
+            previous = deeper_warmup(S, M, depth)
+            cand = evaluate(profile, topology, c.layout, c.micro_batch_size, M, limits, warmup_depth=depth)
+            if not cand.fits or cand.iteration_s >= best * (1 - 1e-9):
+                break  # more depth needs more memory, and has stopped paying
+            best = cand.iteration_s
+            out.append(cand)
+    return out
+
+
+def _proven_gap(best: float, bounds: dict[int, float]) -> float:
+    """How far above the optimum `best` can be: 1 - (least lower bound of anything not yet ruled
+    out, over every micro-batch size) / best."""
+    lowest = min(bounds.values(), default=math.inf)
+    return 0.0 if lowest >= best * (1 - 1e-9) else 1 - lowest / best
+
+
 def _sweep(searches: list[_Search], incumbent: float, gap: float, per_search: float, budget: int,
-           stats: SearchStats) -> tuple[list[Costed], bool]:
-    """Branch and bound over each micro-batch size in turn; (best per size, whether all finished).
+           stats: SearchStats) -> tuple[list[Costed], dict[int, float]]:
+    """Branch and bound over each micro-batch size in turn; (best per size, bound per size started):
+    no plan of that size left unexplored or pruned is faster than the bound. A finished search
+    pruned only what its final cutoff (the incumbent less the gap) rules out; one the budget ended
+    also left its open branches. A size never started keeps its root bound.
     A node budget, not a clock: the same inputs give the same plan on any machine."""
-    per_b, finished = [], True
+    per_b, bounds = [], {}
     for s in searches:
         left = budget - stats.nodes
         if left <= 0:
-            return per_b, False
+            bounds[s.b] = s.root_bound()
+            continue
         s.restart(incumbent * (1 + 1e-9), min(left, per_search), gap)
         if s.root_bound() >= s.cutoff:
+            bounds[s.b] = s.root_bound()
             continue
         try:
             best = s.run()
+            bounds[s.b] = s.cutoff
         except _OutOfTime:
-            best, finished = s.best, False
+            best, bounds[s.b] = s.best, min(s.open_bound, s.cutoff)
         stats.nodes += s.scored
         stats.leaves += s.stats.leaves
         if best is not None:
             per_b.append(best)
             incumbent = min(incumbent, best.iteration_s)
-    return per_b, finished
+    return per_b, bounds
 
 
 def smallest_memory_need(profile: ModelProfile, topology: Topology, limits: Limits) -> tuple[float, str]:
@@ -330,12 +455,14 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
             c.extra["note"] = name
     dp = baselines.get("data parallel")
     if stats.proven_optimal:
-        how = f"auto: optimal under the cost model ({stats.nodes} candidates scored)"
-    elif stats.proven_gap is not None:
-        how = (f"auto: within {stats.proven_gap:.1%} of the optimum under the cost model, proven ({stats.nodes} "
-               f"candidates scored; strategy.search_nodes or a smaller strategy.optimality_gap closes it)")
+        how = f"optimal under the cost model ({stats.nodes} candidates scored)"
     else:
-        how = (f"auto: best found within the budget of {limits.search_nodes} scored candidates, optimality not "
-               f"proven (strategy.search_nodes raises it)")
+        how = (f"within {stats.proven_gap:.1%} of the optimum under the cost model, proven; the budget of "
+               f"{limits.search_nodes} scored candidates ended the search first (strategy.search_nodes raises it)")
+    if best.warmup_depth > 1:  # the proof is over DAPPLE's minimal warm-up; a deeper one beat its answer
+        how = (f"auto: a ×{best.warmup_depth} 1F1B warm-up (costed by the simulator) beats the best plan with "
+               f"DAPPLE's minimal warm-up, which is {how}")
+    else:
+        how = "auto: " + how
     return to_plan(best, profile, topology, global_batch, how, runners_up,
                    data_parallel_s=dp.iteration_s if dp else None)
