@@ -32,6 +32,9 @@ class BoundInputs:
     speed: float
     capacity_bytes: float
     optimizer_factor: float
+    # A stage slower than this is in no plan that beats the incumbent (T >= M × any stage's time),
+    # so the tables leave it out: they bound every plan that could still win, at a fraction of the work.
+    stage_time_cap: float = math.inf
 
 
 def fresh_node_start(d, devices_per_node: int, devices: int):
@@ -115,22 +118,29 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         n = np.ceil(x.micro_batch / R)
         chunks.append((R, nxt, lat, bw, slope, fixed, n))
     for i in range(L - 1, -1, -1):
-        z = np.arange(i + 1, L + 1)
-        stage_work = (work[z] - work[i]) * x.speed / pbs
-        stage_fwd = (fwd[z] - fwd[i]) * x.speed / pbs
-        stage_param_bytes = params[z] - params[i]
-        stage_params = stage_param_bytes * x.optimizer_factor
-        stage_kept = (kept[z] - kept[i] + cut[i]) / pbs
-        sent = np.where(z < L, cut[np.minimum(z, L - 1)] * x.micro_batch / pbs, 0.0)
+        z_all = np.arange(i + 1, L + 1)
+        stage_work_all = (work[z_all] - work[i]) * x.speed / pbs  # nondecreasing in the stop
+        stage_fwd_all = (fwd[z_all] - fwd[i]) * x.speed / pbs
+        stage_param_bytes_all = params[z_all] - params[i]
+        stage_params_all = stage_param_bytes_all * x.optimizer_factor
+        stage_kept_all = (kept[z_all] - kept[i] + cut[i]) / pbs
+        sent_all = np.where(z_all < L, cut[np.minimum(z_all, L - 1)] * x.micro_batch / pbs, 0.0)
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
         sum_at, tail_at, end_at = np.full(D, np.inf), np.full(D, np.inf), np.full(D, np.inf)
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
-        has_next = (z < L)[None, :, None]
-        for R, nxt, lat, bw, slope, fixed, n in chunks:  # arrays laid out (replicas, stop, start)
+        for R, nxt, lat, bw, slope, fixed, n_all in chunks:  # arrays laid out (replicas, stop, start)
+            # stops whose stage is too slow even with the chunk's most replicas are left out
+            useful = int(np.searchsorted(stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
+            if useful == 0:
+                continue
+            z, n = z_all[:useful], n_all
+            stage_work, stage_fwd = stage_work_all[:useful], stage_fwd_all[:useful]
+            stage_param_bytes, stage_params = stage_param_bytes_all[:useful], stage_params_all[:useful]
+            stage_kept, sent = stage_kept_all[:useful], sent_all[:useful]
             t = np.where(stage_params[None, :] + stage_kept[None, :] * n[:, None] > x.capacity_bytes, np.inf,
                          stage_work[None, :] * n[:, None])[:, :, None]
-            link = np.where(has_next, lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0)
+            link = np.where((z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0)
             rest = bound[z][:, nxt].transpose(1, 0, 2)  # the completion from device s + r on
             value = np.maximum(np.maximum(t, link), rest).reshape(-1, D)
             flat = value.argmin(axis=0)

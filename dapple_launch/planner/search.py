@@ -3,21 +3,26 @@
 Decided jointly: the cuts between stages, each stage's replica count (uneven allowed), where the
 replicas sit (contiguous device ranges in pipeline order; each stage either continues on the
 next free device — DAPPLE's append-first — or starts on a fresh node, leaving the rest of the
-current node idle — fresh-first), and the micro-batch size and count. The schedule's warm-up
-depth is the early-backward minimum (S - s - 1): in this cost model sends never block, so a
-deeper warm-up only costs memory.
+current node idle — fresh-first), the micro-batch size and count, and the 1F1B warm-up depth.
+DAPPLE's scatter-first (a stage's replicas spread over nodes) is left out because it is never
+better under this cost model: its all-reduce and its transfers both cross the network, while a
+contiguous range of the same size is at worst as slow on each.
 
-Exactness: every complete candidate is scored by the same closed form as `cost.evaluate`, and a
-branch is cut only when a valid lower bound on every completion is no better than the best plan
-found, so the result is the optimum over the space (ties keep the first found: deterministic).
-A first pass cuts branches that cannot win by more than `optimality_gap` (its result is provably
-within that gap); a second, exact pass closes the gap in what is left of the node budget. The plan
-says which was proven: optimal, within the gap, or neither (budget exhausted).
-Lower bound of a partial plan (stages 0..k placed, layers [i, L) and devices [d, D) left):
-  bottleneck >= the placed stages' and links' times, the remaining compute spread perfectly
-  over the remaining devices, and the least bottleneck of any cut of the remaining layers onto
-  the remaining devices (bounds.py, a dynamic programme per micro-batch size); E_0 >= placed sum + remaining compute / remaining devices;
-  T >= E_0 + (M - 1) * bottleneck, and T >= that - C_s + AR_s for each placed stage s.
+Exactness: every complete candidate with DAPPLE's minimal warm-up is scored by the closed form of
+`cost.evaluate`, and a branch is cut only when a valid lower bound on every completion is no
+better than the best plan found (ties keep the first found: deterministic). A first pass cuts
+branches that cannot win by more than `optimality_gap`; a second, exact pass closes the gap with
+what is left of the node budget. When the budget ends first, the least lower bound of everything
+left unexplored says how far from the optimum the answer can be: the plan states that proven gap.
+Local search (polish.py) gives the branching a strong incumbent and polishes a budget-cut answer.
+Then the best layouts are tried with deeper warm-ups (costed by the simulator), which can only
+improve on the minimal-warm-up optimum.
+
+Lower bound of a partial plan (stages placed so far, layers [i, L) left from device d on), with
+T = (M - 1) beta + sum_s (t_s + 2 c_s) + X (cost.py): beta is at least the placed stages', links'
+and windows' times, the remaining work spread over the remaining devices, and the least
+bottleneck of any completion; the sum and the all-reduce tail X of the completion, and each of
+its stages' end, are bounded by the tables of bounds.py; each part on its own.
 """
 from __future__ import annotations
 
@@ -82,12 +87,13 @@ class _Search:
         self.scored = 0
         self.open_bound = math.inf  # least lower bound of what the budget left unexplored
         self._root_bound = None
+        self.seed = None  # the least-bottleneck placement, costed (see _seed_incumbent)
         pre = [0.0]
         for layer in profile.layers:
             pre.append(pre[-1] + layer.forward_s + layer.backward_s)
         self.work = pre  # per profile batch, prefix sums of forward+backward
         self.bound_inputs = BoundInputs(profile, topology, b, self.M, tuple(self.R), self.speed, self.cap,
-                                        limits.optimizer_factor)
+                                        limits.optimizer_factor, stage_time_cap=incumbent / self.M)
         self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
         self.suffix = self.bounds.bottleneck
 
@@ -137,8 +143,10 @@ class _Search:
         if self.M < MIN_MICRO_BATCHES[self.limits.schedule](len(layout)):
             return
         cand = evaluate(self.p, self.t, tuple(layout), self.b, self.M, self.limits)
-        if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
-            self.best_t, self.best = cand.iteration_s, cand
+        if cand.fits:
+            self.seed = cand  # a start for local search even when it does not beat the incumbent
+            if cand.iteration_s < self.best_t * (1 - 1e-12):
+                self.best_t, self.best = cand.iteration_s, cand
 
     def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
         """No completion of `placed` (stages so far; layers [i, L) left from device d on) is faster.
@@ -297,12 +305,13 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     # One search per micro-batch size, most promising first (by its least bottleneck). Each one's
     # least-bottleneck placement is costed up front, then the best few starts are improved by
     # local search: a strong incumbent before any branching.
-    searches = [_Search(profile, topology, global_batch, limits, b, math.inf, math.inf) for b in sizes]
+    incumbent = min((c.iteration_s for c in found), default=math.inf)  # only stages that could beat it are bounded
+    searches = [_Search(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), math.inf) for b in sizes]
     searches.sort(key=lambda x: (x.root_bound(), -x.b))
     for x in searches:
         x._seed_incumbent()
-        if x.best is not None:
-            found.append(x.best)
+        if x.seed is not None:
+            found.append(x.seed)
     found += _polished(found, profile, topology, global_batch, limits, sizes, stats)
     incumbent = min((c.iteration_s for c in found), default=math.inf)
     # Pass 1 prunes what cannot beat the incumbent by more than the optimality gap, every size
