@@ -28,7 +28,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts, build_schedule, simulate
 from ..schedule.one_f_one_b import deeper_warmup
-from ..schedule.validate import execute_order
+from ..schedule.simulate import program
 
 
 @dataclass(frozen=True)
@@ -186,8 +186,8 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
         memory.append(params * limits.optimizer_factor
                       + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes)
     if warmup:
-        schedule, order = _warmup_schedule(S, num_micro_batches, warmup)
-        iteration_s = simulate(schedule, costs, record=False, order=order).iteration_s
+        schedule, steps = _warmup_schedule(S, num_micro_batches, warmup)
+        iteration_s = simulate(schedule, costs, record=False, steps=steps).iteration_s
     else:
         iteration_s = formula_iteration_s(costs, num_micro_batches, limits.schedule)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
@@ -197,9 +197,9 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
 
 @lru_cache(maxsize=64)
 def _warmup_schedule(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]):
-    """A deeper-warm-up schedule and its execution order, shared by every layout of that shape."""
+    """A deeper-warm-up schedule and its simulator program, shared by every layout of that shape."""
     schedule = build_schedule("1f1b", num_stages, num_micro_batches, warmup)
-    return schedule, execute_order(schedule)
+    return schedule, program(schedule)
 
 
 def simulate_costed(c: Costed):

@@ -66,6 +66,11 @@ def with_communication(
     """
     num_stages = len(compute)
     last = num_stages - 1
+    # one instance per (kind, micro-batch), shared by every stage: deep schedules build fast
+    comm = {k: [Action(k, m) for m in range(num_micro_batches)]
+            for k in (Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, Kind.RECV_GRADIENT, Kind.SEND_GRADIENT)}
+    recv_act, send_act = comm[Kind.RECV_ACTIVATION], comm[Kind.SEND_ACTIVATION]
+    recv_grad, send_grad = comm[Kind.RECV_GRADIENT], comm[Kind.SEND_GRADIENT]
     stage_actions = []
     for s, order in enumerate(compute):
         actions: list[Action] = []
@@ -73,15 +78,15 @@ def with_communication(
             m = a.micro_batch
             if a.kind is Kind.FORWARD:
                 if s > 0:
-                    actions.append(Action(Kind.RECV_ACTIVATION, m))
+                    actions.append(recv_act[m])
                 actions.append(a)
                 if s < last:
-                    actions.append(Action(Kind.SEND_ACTIVATION, m))
+                    actions.append(send_act[m])
             else:
                 if s < last:
-                    actions.append(Action(Kind.RECV_GRADIENT, m))
+                    actions.append(recv_grad[m])
                 actions.append(a)
                 if s > 0:
-                    actions.append(Action(Kind.SEND_GRADIENT, m))
+                    actions.append(send_grad[m])
         stage_actions.append(tuple(actions))
     return Schedule(name, num_stages, num_micro_batches, tuple(stage_actions), forward_only)

@@ -38,16 +38,18 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]
         raise ValueError(f"1F1B warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
                          f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage "
                          f"(else the pipeline does not fill or deadlocks); e.g. {[warmup_depth(s, S, M) for s in range(S)]}")
+    forward = [Action(Kind.FORWARD, m) for m in range(M)]
+    backward = [Action(Kind.BACKWARD, m) for m in range(M)]
     compute = []
     for s in range(S):
         warm = warmup[s]
-        order = [Action(Kind.FORWARD, m) for m in range(warm)]
+        order = forward[:warm]
         next_f, next_b = warm, 0
         while next_f < M:
-            order.append(Action(Kind.FORWARD, next_f))
+            order.append(forward[next_f])
             next_f += 1
-            order.append(Action(Kind.BACKWARD, next_b))
+            order.append(backward[next_b])
             next_b += 1
-        order += [Action(Kind.BACKWARD, m) for m in range(next_b, M)]
+        order += backward[next_b:]
         compute.append(order)
     return with_communication("1f1b", compute, M)

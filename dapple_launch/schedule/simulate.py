@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .actions import Kind, Schedule
+from .actions import Action, Kind, Schedule
 from .validate import execute_order
 
 
@@ -42,44 +42,59 @@ class Simulation:
     timeline: list[Event] = field(default_factory=list)
 
 
+def program(schedule: Schedule) -> list[tuple[int, Action]]:
+    """(stage, action) in an order where every receive comes after its send (execute_order): what
+    the simulator walks. It depends on the lists only, so a caller costing many layouts of one
+    shape builds it once."""
+    return [(s, schedule.stage_actions[s][i]) for s, i in execute_order(schedule)]
+
+
 def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
-             order: list[tuple[int, int]] | None = None) -> Simulation:
+             steps: list[tuple[int, Action]] | None = None) -> Simulation:
     """`record=False` skips the per-action timeline (the planner needs only the times and memory);
-    `order`: the schedule's execute_order when the caller already has it (it depends on the lists only)."""
+    `steps`: the schedule's program() when the caller already has it."""
     S = schedule.num_stages
     if len(costs) != S:
         raise ValueError(f"simulate: {S} stages but {len(costs)} stage costs")
     clock = [0.0] * S
-    link_free: dict[tuple[int, int], float] = {}
-    arrival: dict[tuple[int, Kind, int], float] = {}
+    link_up, link_down = [0.0] * S, [0.0] * S  # when the link to stage s + 1 / s - 1 is next free
+    arrived_activation: dict[tuple[int, int], float] = {}  # (receiving stage, micro-batch) -> time
+    arrived_gradient: dict[tuple[int, int], float] = {}
     in_flight = [0] * S
     peak = [0] * S
     last_backward_end = [0.0] * S
     timeline: list[Event] = []
-    # execute_order gives an order in which every receive comes after its send.
-    for s, i in order if order is not None else execute_order(schedule):
-        a = schedule.stage_actions[s][i]
-        c = costs[s]
-        if a.kind is Kind.FORWARD or a.kind is Kind.BACKWARD:
-            dur = c.forward_s if a.kind is Kind.FORWARD else c.backward_s
-            start, clock[s] = clock[s], clock[s] + dur
+    forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
+    send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
+    F, B, SA, SG, RA = Kind.FORWARD, Kind.BACKWARD, Kind.SEND_ACTIVATION, Kind.SEND_GRADIENT, Kind.RECV_ACTIVATION
+    for s, a in steps if steps is not None else program(schedule):
+        kind = a.kind
+        if kind is F or kind is B:
+            start = clock[s]
+            end = clock[s] = start + (forward[s] if kind is F else backward[s])
             if record:
-                timeline.append(Event(s, str(a), "forward" if a.kind is Kind.FORWARD else "backward", start, clock[s]))
-            in_flight[s] += 1 if a.kind is Kind.FORWARD else -1
-            peak[s] = max(peak[s], in_flight[s])
-            if a.kind is Kind.BACKWARD:
-                last_backward_end[s] = clock[s]
-        elif a.kind in (Kind.SEND_ACTIVATION, Kind.SEND_GRADIENT):
-            peer = s + 1 if a.kind is Kind.SEND_ACTIVATION else s - 1
-            dur = c.send_activation_s if a.kind is Kind.SEND_ACTIVATION else c.send_gradient_s
-            start = max(clock[s], link_free.get((s, peer), 0.0))
-            link_free[(s, peer)] = start + dur
-            recv = Kind.RECV_ACTIVATION if a.kind is Kind.SEND_ACTIVATION else Kind.RECV_GRADIENT
-            arrival[(peer, recv, a.micro_batch)] = start + dur
+                timeline.append(Event(s, str(a), "forward" if kind is F else "backward", start, end))
+            if kind is F:
+                in_flight[s] += 1
+                if in_flight[s] > peak[s]:
+                    peak[s] = in_flight[s]
+            else:
+                in_flight[s] -= 1
+                last_backward_end[s] = end
+        elif kind is SA or kind is SG:
+            links, dur = (link_up, send_up[s]) if kind is SA else (link_down, send_down[s])
+            start = clock[s] if clock[s] > links[s] else links[s]
+            end = links[s] = start + dur
+            if kind is SA:
+                arrived_activation[(s + 1, a.micro_batch)] = end
+            else:
+                arrived_gradient[(s - 1, a.micro_batch)] = end
             if dur > 0 and record:
-                timeline.append(Event(s, str(a), "send", start, start + dur))
+                timeline.append(Event(s, str(a), "send", start, end))
         else:
-            clock[s] = max(clock[s], arrival[(s, a.kind, a.micro_batch)])
+            arrival = (arrived_activation if kind is RA else arrived_gradient)[(s, a.micro_batch)]
+            if arrival > clock[s]:
+                clock[s] = arrival
     ends = []
     for s in range(S):
         done = clock[s]

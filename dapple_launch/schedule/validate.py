@@ -86,22 +86,26 @@ def execute_order(schedule: Schedule) -> list[tuple[int, int]]:
     """Run the lists abstractly (sends buffered, receives blocking) and return the global order of
     (stage, index) steps; raise with the blocked positions marked if it deadlocks."""
     pos = [0] * schedule.num_stages
-    sent: set[tuple[int, Action]] = set()  # (receiving stage, receive action) that can complete
+    sent: set[tuple[int, Kind, int]] = set()  # (receiving stage, receive kind, micro-batch) that can complete
     order = []
+    receives = (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)
     progressed = True
     while progressed:
         progressed = False
         for s, actions in enumerate(schedule.stage_actions):
-            while pos[s] < len(actions):
-                a = actions[pos[s]]
-                if a.kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT) and (s, a) not in sent:
+            p, n = pos[s], len(actions)
+            while p < n:
+                a = actions[p]
+                kind = a.kind
+                if kind in receives and (s, kind, a.micro_batch) not in sent:
                     break
-                if a.kind in _PEER:
-                    step, recv_kind = _PEER[a.kind]
-                    sent.add((s + step, Action(recv_kind, a.micro_batch)))
-                order.append((s, pos[s]))
-                pos[s] += 1
-                progressed = True
+                if kind in _PEER:
+                    step, recv_kind = _PEER[kind]
+                    sent.add((s + step, recv_kind, a.micro_batch))
+                order.append((s, p))
+                p += 1
+            if p != pos[s]:
+                pos[s], progressed = p, True
     if any(p < len(actions) for p, actions in zip(pos, schedule.stage_actions)):
         blocked = {s: p for s, p in enumerate(pos) if p < len(schedule.stage_actions[s])}
         raise ScheduleError(
