@@ -25,6 +25,8 @@ class Topology:
     intra_node_allreduce_bandwidth: float | None = None  # bytes/s ring bus bandwidth; default p2p
     inter_node_allreduce_bandwidth: float | None = None
     device_kind: str = "gpu"  # "gpu" or "cpu"
+    intra_node_allreduce_latency_s: float | None = None  # per ring step; default the link's latency
+    inter_node_allreduce_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -59,10 +61,13 @@ class Topology:
         r = len(devices)
         if r <= 1 or nbytes <= 0:
             return 0.0
-        if self.spans_nodes(devices):
-            bw = self.inter_node_allreduce_bandwidth or self.inter_node_bandwidth
-            lat = self.inter_node_latency_s
-        else:
-            bw = self.intra_node_allreduce_bandwidth or self.intra_node_bandwidth
-            lat = self.intra_node_latency_s
+        bw, lat = self.allreduce_link(self.spans_nodes(devices))
         return 2 * (r - 1) / r * nbytes / bw + 2 * (r - 1) * lat
+
+    def allreduce_link(self, across_nodes: bool) -> tuple[float, float]:
+        """(bus bandwidth, latency per ring step) of an all-reduce inside a node or across nodes."""
+        if across_nodes:
+            return (self.inter_node_allreduce_bandwidth or self.inter_node_bandwidth,
+                    self.inter_node_allreduce_latency_s or self.inter_node_latency_s)
+        return (self.intra_node_allreduce_bandwidth or self.intra_node_bandwidth,
+                self.intra_node_allreduce_latency_s or self.intra_node_latency_s)

@@ -69,6 +69,8 @@ def limits_from_config(s: DictConfig) -> Limits:
 
 def plan_from_config(cfg: DictConfig) -> Plan:
     topology = topology_from_config(cfg.cluster)
+    if cfg.strategy.profile_source == "measured" and topology.device_kind == "cpu":
+        topology = measured_cpu_links(topology)
     profile = profile_from_config(cfg, topology)
     s = cfg.strategy
     if s.name == "fixed":
@@ -135,8 +137,28 @@ def measured_cpu_share(model: PipelineModel, topology: Topology) -> ModelProfile
     if share == 1.0:
         return profile
     return replace(profile, source=f"{profile.source} × {share:g} ({ranks} processes on {cores} cores)",
-                   layers=tuple(replace(layer, forward_s=layer.forward_s * share, backward_s=layer.backward_s * share)
+                   layers=tuple(replace(layer, forward_s=layer.forward_s * share, backward_s=layer.backward_s * share,
+                                        forward_fixed_s=layer.forward_fixed_s * share,
+                                        backward_fixed_s=layer.backward_fixed_s * share)
                                 for layer in profile.layers))
+
+
+def measured_cpu_links(topology: Topology) -> Topology:
+    """A CPU cluster of this machine's processes, with the links measured here (profile/links.py)
+    instead of the config's figures: with the layers measured too, the estimate describes the
+    ranks as they will run. Every device is a local process, so both link kinds are this one."""
+    from dataclasses import replace
+
+    from .profile.links import measure_links
+    if topology.num_devices < 2:
+        return topology
+    links = measure_links(topology.num_devices)
+    return replace(topology, intra_node_bandwidth=links.p2p_bandwidth, inter_node_bandwidth=links.p2p_bandwidth,
+                   intra_node_latency_s=links.p2p_latency_s, inter_node_latency_s=links.p2p_latency_s,
+                   intra_node_allreduce_bandwidth=links.allreduce_bandwidth,
+                   inter_node_allreduce_bandwidth=links.allreduce_bandwidth,
+                   intra_node_allreduce_latency_s=links.allreduce_latency_s,
+                   inter_node_allreduce_latency_s=links.allreduce_latency_s)
 
 
 _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")

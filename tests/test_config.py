@@ -64,14 +64,28 @@ def test_unknown_group_option_lists_valid_ones(compose_cfg, group, name):
     assert "Available options" in str(e.value) or "valid" in str(e.value)
 
 
-def test_auto_plans_the_local_job_from_a_measured_profile(compose_cfg, tmp_path, monkeypatch):
+@pytest.mark.multiprocess  # the links are measured between 4 real gloo processes
+def test_auto_plans_the_local_job_from_measured_layers_and_links(compose_cfg, tmp_path, monkeypatch):
+    import json
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
     cfg = compose_cfg(["strategy=auto", "strategy.profile_source=measured", "model.num_layers=2", "model.hidden=32",
                        "model.heads=2", "model.seq_len=16"])
     plan = plan_from_config(cfg)
     assert plan.planner.startswith("auto") and plan.world_size <= 4
     assert plan.micro_batch_size * plan.num_micro_batches == cfg.global_batch_size
-    assert list((tmp_path / "profiles").glob("*.json"))
+    layers = [p for p in (tmp_path / "profiles").glob("*.json") if not p.name.startswith("links-")]
+    links = json.loads(next((tmp_path / "profiles").glob("links-gloo-4p-*c.json")).read_text())
+    assert layers and links["processes"] == 4
+    for key in ("p2p_latency_s", "p2p_bandwidth", "allreduce_latency_s", "allreduce_bandwidth"):
+        assert 0 < links[key] < float("inf")
+    assert plan_from_config(cfg) == plan  # both read back from the cache: the same plan
+
+
+def test_links_fit_recovers_latency_and_bandwidth():
+    from dapple_launch.profile.links import LARGE, SMALL, _fit
+    for fixed, bw, scale in [(3e-4, 2e9, 1.0), (5e-3, 9e8, 1.5)]:
+        got = _fit(fixed + scale * SMALL / bw, fixed + scale * LARGE / bw, scale)
+        assert got == pytest.approx((fixed, bw), rel=1e-9)
 
 
 def test_unknown_profile_source(compose_cfg):

@@ -18,9 +18,13 @@ PROFILES = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles"
 
 
 def random_profile(rng: random.Random, layers: int):
-    return chain("rand", [LayerProfile(f"l{i}", rng.uniform(1e-3, 5e-3), rng.uniform(2e-3, 1e-2),
-                                       rng.choice([1e5, 1e6, 1e7, 4e7]), rng.choice([0.0, 1e6, 2e7, 2e8]))
-                          for i in range(layers)], batch_size=4)
+    out = []
+    for i in range(layers):
+        f, b = rng.uniform(1e-3, 5e-3), rng.uniform(2e-3, 1e-2)
+        per_call = rng.choice([0.0, 0.0, 0.3, 0.8])  # the share of a call that does not scale with samples
+        out.append(LayerProfile(f"l{i}", f, b, rng.choice([1e5, 1e6, 1e7, 4e7]), rng.choice([0.0, 1e6, 2e7, 2e8]),
+                                forward_fixed_s=f * per_call, backward_fixed_s=b * per_call))
+    return chain("rand", out, batch_size=4)
 
 
 def brute_force(profile, topology, G, limits):
@@ -69,6 +73,8 @@ def test_search_finds_the_exhaustive_optimum(seed):
     exhaustive = brute_force(profile, topo, G, limits)
     if best is None:
         assert exhaustive == math.inf
+    elif best.schedule != limits.schedule:  # the GPipe baseline (it may run 1 micro-batch) beat every 1F1B plan
+        assert best.iteration_s < exhaustive
     else:
         assert best.iteration_s == pytest.approx(exhaustive, rel=1e-12)
 
@@ -143,7 +149,11 @@ def test_a_first_pass_with_a_gap_alone_is_within_the_gap(seed):
     first, done = _sweep(searches, math.inf, 0.2, math.inf, 10**9, SearchStats())
     assert done and min(c.iteration_s for c in first) <= optimum * (1 + 1e-9) / (1 - 0.2)
     best, _, _, stats = search(profile, topo, 16, limits)
-    assert stats.proven_gap == 0.0 and best.iteration_s == pytest.approx(optimum, rel=1e-12)
+    assert stats.proven_gap == 0.0
+    if best.schedule == limits.schedule:
+        assert best.iteration_s == pytest.approx(optimum, rel=1e-12)
+    else:  # the GPipe baseline beat every 1F1B plan
+        assert best.iteration_s < optimum
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -168,7 +178,9 @@ def test_every_lower_bound_is_below_every_completion(seed):
     rng = random.Random(900 + seed)
     profile = random_profile(rng, rng.choice([4, 5]))
     topo = Topology("t", 2, rng.choice([2, 3]), rng.choice([2e9, 8e9]), 10.0, 100e9, rng.choice([1e9, 10e9]),
-                    inter_node_allreduce_bandwidth=3e9)
+                    inter_node_allreduce_bandwidth=3e9,
+                    intra_node_allreduce_latency_s=rng.choice([None, 1e-4]),  # as measured links set them
+                    inter_node_allreduce_latency_s=rng.choice([None, 1e-3]))
     limits = Limits(schedule=rng.choice(["1f1b", "gpipe"]))
     for b in (1, 2, 4):
         x = _Search(profile, topo, 8, limits, b, math.inf)  # no incumbent: it prunes nothing

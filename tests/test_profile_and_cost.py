@@ -9,7 +9,8 @@ from dapple_launch.cluster import Topology
 from dapple_launch.models import build_model
 from dapple_launch.planner import Limits, Plan, fixed_plan
 from dapple_launch.planner.cost import StageSpec, evaluate, simulate_costed
-from dapple_launch.profile import ModelProfile, ProfileFileError, analytic_profile, parse_graph_text, read_profile_file
+from dapple_launch.profile import (LayerProfile, ModelProfile, ProfileFileError, analytic_profile, chain, parse_graph_text,
+                                   read_profile_file)
 
 PROFILES = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles"
 V100X16 = Topology("v100x16", 2, 8, 16 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
@@ -117,6 +118,17 @@ def test_zero_device_cluster_is_refused():
         Topology("empty", 0, 8, 1e9, 1, 1e9, 1e9)
 
 
+def test_a_layer_costs_its_fixed_part_once_and_the_rest_per_sample():
+    from dapple_launch.profile.measure import per_call
+    layers = [LayerProfile("a", 3e-3, 5e-3, 1e6, 1e6, forward_fixed_s=1e-3, backward_fixed_s=1e-3),
+              LayerProfile("b", 2e-3, 4e-3, 1e6, 1e6)]
+    p = chain("m", layers, batch_size=2)
+    assert p.seconds(0, 2, 2) == pytest.approx((5e-3, 9e-3))  # at the profile batch: the profile's times
+    assert p.seconds(0, 2, 8) == pytest.approx((1e-3 + 2e-3 * 4 + 2e-3 * 4, 1e-3 + 4e-3 * 4 + 4e-3 * 4))
+    assert per_call(3.0, 9.0, 2, 8) == pytest.approx(1.0)  # t = 1 + n: the line's intercept
+    assert per_call(3.0, 2.0, 2, 8) == 3.0 and per_call(3.0, 30.0, 2, 8) == 0.0  # noise: kept within [0, t]
+
+
 def test_measured_profile_is_real_and_cached(tmp_path, monkeypatch):
     from dapple_launch.profile import measure_profile
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
@@ -126,6 +138,8 @@ def test_measured_profile_is_real_and_cached(tmp_path, monkeypatch):
     assert all(x.forward_s > 0 and x.backward_s > 0 for x in p.layers[1:])
     assert p.layers[1].parameter_bytes == analytic_profile(model, 4, 1, "x").layers[1].parameter_bytes
     assert p.layers[1].activation_bytes == 4 * 16 * 32 * 4  # batch × seq × hidden fp32
+    # each layer's fixed cost per call (fitted from 4 and 16 samples) is a part of its time
+    assert all(0 <= x.forward_fixed_s <= x.forward_s and 0 <= x.backward_fixed_s <= x.backward_s for x in p.layers)
     (cached,) = (tmp_path / "profiles").glob("*.json")
     assert measure_profile(model, 4) == p  # read back from the cache, not re-measured
     assert ModelProfile.from_json(cached.read_text()) == p

@@ -92,8 +92,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     p, topo = x.profile, x.topology
     D, L, pbs, k, M = topo.num_devices, p.num_layers, p.batch_size, topo.devices_per_node, x.num_micro_batches
     pre = p._prefix
-    fwd = np.asarray(pre["f"])
-    work = fwd + np.asarray(pre["b"])
+    # per profile batch: the part that scales with samples, and the part each call costs regardless
+    fwd_fixed = np.asarray(pre["ff"])
+    call = fwd_fixed + np.asarray(pre["bf"])
+    fwd = np.asarray(pre["f"]) - fwd_fixed
+    work = np.asarray(pre["f"]) + np.asarray(pre["b"]) - call
     params, kept = np.asarray(pre["p"]), np.asarray(pre["m"])
     cut = np.asarray((0.0, *p.cut_bytes))  # cut[i]: bytes crossing into a stage that starts at layer i
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
@@ -119,8 +122,10 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         chunks.append((R, nxt, lat, bw, slope, fixed, n))
     for i in range(L - 1, -1, -1):
         z_all = np.arange(i + 1, L + 1)
-        stage_work_all = (work[z_all] - work[i]) * x.speed / pbs  # nondecreasing in the stop
+        stage_work_all = (work[z_all] - work[i]) * x.speed / pbs  # per sample; nondecreasing in the stop
         stage_fwd_all = (fwd[z_all] - fwd[i]) * x.speed / pbs
+        stage_fixed_all = (call[z_all] - call[i]) * x.speed  # per call; nondecreasing in the stop
+        stage_fwd_fixed_all = (fwd_fixed[z_all] - fwd_fixed[i]) * x.speed
         stage_param_bytes_all = params[z_all] - params[i]
         stage_params_all = stage_param_bytes_all * x.optimizer_factor
         stage_kept_all = (kept[z_all] - kept[i] + cut[i]) / pbs
@@ -131,15 +136,16 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         for R, nxt, lat, bw, slope, fixed, n_all in chunks:  # arrays laid out (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
-            useful = int(np.searchsorted(stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
+            useful = int(np.searchsorted(stage_fixed_all + stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
             if useful == 0:
                 continue
             z, n = z_all[:useful], n_all
             stage_work, stage_fwd = stage_work_all[:useful], stage_fwd_all[:useful]
+            stage_fixed, stage_fwd_fixed = stage_fixed_all[:useful], stage_fwd_fixed_all[:useful]
             stage_param_bytes, stage_params = stage_param_bytes_all[:useful], stage_params_all[:useful]
             stage_kept, sent = stage_kept_all[:useful], sent_all[:useful]
             t = np.where(stage_params[None, :] + stage_kept[None, :] * n[:, None] > x.capacity_bytes, np.inf,
-                         stage_work[None, :] * n[:, None])[:, :, None]
+                         stage_fixed[None, :] + stage_work[None, :] * n[:, None])[:, :, None]
             link = np.where((z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0)
             rest = bound[z][:, nxt].transpose(1, 0, 2)  # the completion from device s + r on
             value = np.maximum(np.maximum(t, link), rest).reshape(-1, D)
@@ -154,7 +160,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             sum_at = np.minimum(sum_at, (per_pass + rest_sum).min(axis=(0, 1)))
             ar = np.where(stage_param_bytes[None, :, None] > 0,
                           stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :], 0.0)
-            forward_in = stage_fwd[None, :, None] * n[:, None, None] + link
+            forward_in = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None] + link
             tail = np.maximum(per_pass + ar + rest_sum, forward_in + pass_tail[z][:, nxt].transpose(1, 0, 2))
             tail_at = np.minimum(tail_at, tail.min(axis=(0, 1)))
             end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
@@ -177,9 +183,8 @@ def _allreduce_factors(t: Topology, r: int) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(D), np.zeros(D)
     s = np.arange(D)
     spans = (s // k) != ((s + r - 1) // k)
-    bw = np.where(spans, t.inter_node_allreduce_bandwidth or t.inter_node_bandwidth,
-                  t.intra_node_allreduce_bandwidth or t.intra_node_bandwidth)
-    lat = np.where(spans, t.inter_node_latency_s, t.intra_node_latency_s)
+    (inter_bw, inter_lat), (intra_bw, intra_lat) = t.allreduce_link(True), t.allreduce_link(False)
+    bw, lat = np.where(spans, inter_bw, intra_bw), np.where(spans, inter_lat, intra_lat)
     return 2 * (r - 1) / r / bw, 2 * (r - 1) * lat
 
 

@@ -115,7 +115,8 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
     costs = []
     for s, st in enumerate(layout):
         n = math.ceil(micro_batch_size / st.replicas)
-        f, b, kept, params = profile.span(st.start, st.stop)
+        _, _, kept, params = profile.span(st.start, st.stop)
+        f, b = profile.seconds(st.start, st.stop, n)
         received = profile.cut_bytes[st.start - 1] if st.start > 0 else 0.0
         send = 0.0
         if s < S - 1:
@@ -124,8 +125,8 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
             bw, lat = topology.p2p(st.devices, nxt.devices)
             send = lat + max(total / st.replicas, total / nxt.replicas) / bw
         costs.append(StageCosts(
-            forward_s=f * n / pbs * speed,
-            backward_s=b * n / pbs * speed,
+            forward_s=f * speed,
+            backward_s=b * speed,
             send_activation_s=send,
             send_gradient_s=0.0,  # filled below: the gradient of a cut moves over the same link
             allreduce_s=topology.allreduce_s(st.devices, params),

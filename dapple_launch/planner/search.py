@@ -88,10 +88,13 @@ class _Search:
         self.open_bound = math.inf  # least lower bound of what the budget left unexplored
         self._root_bound = None
         self.seed = None  # the least-bottleneck placement, costed (see _seed_incumbent)
-        pre = [0.0]
+        pre, fixed = [0.0], [0.0]
         for layer in profile.layers:
-            pre.append(pre[-1] + layer.forward_s + layer.backward_s)
-        self.work = pre  # per profile batch, prefix sums of forward+backward
+            call = layer.forward_fixed_s + layer.backward_fixed_s
+            pre.append(pre[-1] + layer.forward_s + layer.backward_s - call)
+            fixed.append(fixed[-1] + call)
+        self.work = pre  # prefix sums of forward+backward per profile batch, the part that scales with samples
+        self.fixed = fixed  # and of the part each call costs whatever its batch
         self.bound_inputs = BoundInputs(profile, topology, b, self.M, tuple(self.R), self.speed, self.cap,
                                         limits.optimizer_factor, stage_time_cap=incumbent / self.M)
         self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
@@ -101,11 +104,11 @@ class _Search:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
 
     def stage_time(self, a: int, z: int, r: int) -> tuple[float, float, float, float]:
-        f, bk, kept, params = self.p.span(a, z)
+        _, _, kept, params = self.p.span(a, z)
         n = math.ceil(self.b / r)
-        s = n / self.pbs * self.speed
+        f, bk = self.p.seconds(a, z, n)
         received = self.p.cut_bytes[a - 1] if a > 0 else 0.0
-        return f * s, bk * s, (kept + received) * n / self.pbs, params
+        return f * self.speed, bk * self.speed, (kept + received) * n / self.pbs, params
 
     def restart(self, incumbent: float, node_budget: float, gap: float) -> None:
         self.best_t, self.best, self.node_budget, self.gap = incumbent, None, node_budget, gap
@@ -115,7 +118,8 @@ class _Search:
         """Least time for one micro-batch to pass layers [i, L): every sample crosses every layer,
         and a replica of any stage takes at least ceil(b / most replicas a stage can have) samples."""
         widest = min(self.b, left, max(self.R))
-        return self.rest_work_per_sample(i) * math.ceil(self.b / widest)
+        fixed = (self.fixed[self.L] - self.fixed[i]) * self.speed
+        return self.rest_work_per_sample(i) * math.ceil(self.b / widest) + fixed
 
     def root_bound(self) -> float:
         """No plan with this micro-batch size is faster."""

@@ -1,7 +1,8 @@
 """Measured profile: run each layer of the real module forward and backward on this device.
 
-Times are the median of a few repetitions after a warm-up; output and saved-for-backward bytes
-are counted exactly. Results are cached on disk keyed by the model's description, the batch size
+Times are the median of a few repetitions after a warm-up, at the profile batch and at four times
+it, which separates each layer's fixed cost per call from the part that grows with the samples;
+output and saved-for-backward bytes are counted exactly. Results are cached on disk keyed by the model's description, the batch size
 and the device, so a second plan of the same model costs nothing.
 """
 from __future__ import annotations
@@ -30,7 +31,9 @@ def cache_dir() -> Path:
 
 
 def cache_key(model: PipelineModel, batch_size: int, device: str) -> str:
-    ident = json.dumps({"model": model.describe(), "batch": batch_size, "device": device}, sort_keys=True)
+    # "fit": profiles from before the per-call fit (times only) are not read back as if they had it
+    ident = json.dumps({"model": model.describe(), "batch": batch_size, "device": device, "fit": "per-call"},
+                       sort_keys=True)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
@@ -39,15 +42,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.device = "cpu",
-                    repeats: int = 5, use_cache: bool = True, seed: int = 0) -> ModelProfile:
-    dev = torch.device(device)
-    name = device_name(dev)
-    path = cache_dir() / f"{model.name}-b{batch_size}-{name}-{cache_key(model, batch_size, name)}.json"
-    if use_cache and path.is_file():
-        return ModelProfile.from_json(path.read_text())
+def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int) -> list[tuple]:
+    """Per layer: (name, forward s, backward s, output bytes, parameter bytes, saved bytes) on one batch."""
     x, _ = model.batch(batch_size, torch.Generator().manual_seed(seed), device=dev)
-    layers = []
+    out = []
     for i, spec in enumerate(model.layers()):
         layer = build_layer(spec, i, seed).to(dev)
         params = sum(p.numel() * p.element_size() for p in layer.parameters())
@@ -68,9 +66,35 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
             if rep:  # the first run warms up kernels and allocator
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
-        layers.append(LayerProfile(spec.name, statistics.median(fwd), statistics.median(bwd),
-                                   float(y.numel() * y.element_size()), float(params), saved_bytes=float(sum(saved))))
+        out.append((spec.name, statistics.median(fwd), statistics.median(bwd), float(y.numel() * y.element_size()),
+                    float(params), float(sum(saved))))
         x = y.detach()
+    return out
+
+
+def per_call(small_s: float, large_s: float, small_n: int, large_n: int) -> float:
+    """The part of a call's time that does not grow with its samples: the intercept of the line
+    through (small_n, small_s) and (large_n, large_s), kept within [0, small_s]."""
+    slope = max(0.0, (large_s - small_s) / (large_n - small_n))
+    return min(small_s, max(0.0, small_s - slope * small_n))
+
+
+def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.device = "cpu",
+                    repeats: int = 5, use_cache: bool = True, seed: int = 0) -> ModelProfile:
+    """Each layer timed at `batch_size` and at 4 × `batch_size`: the times at `batch_size` are the
+    profile's, and the two together give each layer's fixed cost per call (Python, kernel
+    launches), which small batches are made of and which does not scale with the samples."""
+    dev = torch.device(device)
+    name = device_name(dev)
+    path = cache_dir() / f"{model.name}-b{batch_size}-{name}-{cache_key(model, batch_size, name)}.json"
+    if use_cache and path.is_file():
+        return ModelProfile.from_json(path.read_text())
+    small, large = batch_size, 4 * batch_size
+    at_small = _time_layers(model, small, dev, repeats, seed)
+    at_large = _time_layers(model, large, dev, repeats, seed)
+    layers = [LayerProfile(name_, f, b, out, params, saved_bytes=saved,
+                           forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large))
+              for (name_, f, b, out, params, saved), (_, f4, b4, *_rest) in zip(at_small, at_large)]
     profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name)
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,11 @@ class LayerProfile:
     inputs: tuple[int, ...] = ()  # positions of the layers feeding this one (a chain: the previous)
     description: str = ""
     saved_bytes: float | None = None  # tensors kept for backward, when known; else ≈ activation_bytes
+    # The part of forward_s / backward_s that a call costs whatever its batch (kernel launches,
+    # Python): a layer on n samples takes fixed + (time - fixed) × n / profile batch. Measured
+    # profiles fit it from two batch sizes; profile files and analytic estimates scale linearly (0).
+    forward_fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -75,6 +80,8 @@ class ModelProfile:
             "a": pre(layer.activation_bytes for layer in self.layers),
             "p": pre(layer.parameter_bytes for layer in self.layers),
             "m": pre(layer.memory_bytes for layer in self.layers),
+            "ff": pre(layer.forward_fixed_s for layer in self.layers),
+            "bf": pre(layer.backward_fixed_s for layer in self.layers),
         }
 
     def span(self, start: int, stop: int) -> tuple[float, float, float, float]:
@@ -82,6 +89,14 @@ class ModelProfile:
         p = self._prefix
         return (p["f"][stop] - p["f"][start], p["b"][stop] - p["b"][start],
                 p["m"][stop] - p["m"][start], p["p"][stop] - p["p"][start])
+
+    def seconds(self, start: int, stop: int, samples: float) -> tuple[float, float]:
+        """(forward, backward) seconds of layers [start, stop) on `samples` samples: each layer's
+        fixed part once, the rest in proportion to the samples."""
+        p, n = self._prefix, samples / self.batch_size
+        ff, bf = p["ff"][stop] - p["ff"][start], p["bf"][stop] - p["bf"][start]
+        f, b = p["f"][stop] - p["f"][start], p["b"][stop] - p["b"][start]
+        return ff + (f - ff) * n, bf + (b - bf) * n
 
     @property
     def parameter_bytes(self) -> float:
