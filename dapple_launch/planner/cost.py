@@ -112,31 +112,23 @@ def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int
 def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
                 micro_batch_size: int) -> list[StageCosts]:
     pbs, speed, S = profile.batch_size, speed_ratio(profile, topology), len(layout)
+    cut = profile.cut_bytes
+    # transfer s -> s+1 over the slowest link used; the gradient of a cut moves back over the same
+    # link with the same size, so send_gradient of stage s+1 is send_activation of stage s
+    sends = [0.0] * S
+    for s in range(S - 1):
+        st, nxt = layout[s], layout[s + 1]
+        total = cut[st.stop - 1] * micro_batch_size / pbs
+        bw, lat = topology.p2p(st.devices, nxt.devices)
+        sends[s] = lat + max(total / st.replicas, total / nxt.replicas) / bw
     costs = []
     for s, st in enumerate(layout):
         n = math.ceil(micro_batch_size / st.replicas)
         _, _, kept, params = profile.span(st.start, st.stop)
         f, b = profile.seconds(st.start, st.stop, n)
-        received = profile.cut_bytes[st.start - 1] if st.start > 0 else 0.0
-        send = 0.0
-        if s < S - 1:
-            nxt = layout[s + 1]
-            total = profile.cut_bytes[st.stop - 1] * micro_batch_size / pbs
-            bw, lat = topology.p2p(st.devices, nxt.devices)
-            send = lat + max(total / st.replicas, total / nxt.replicas) / bw
-        costs.append(StageCosts(
-            forward_s=f * speed,
-            backward_s=b * speed,
-            send_activation_s=send,
-            send_gradient_s=0.0,  # filled below: the gradient of a cut moves over the same link
-            allreduce_s=topology.allreduce_s(st.devices, params),
-            activation_bytes=(kept + received) * n / pbs,
-        ))
-    # The gradient sent from stage s+1 to s has the size of the activation sent from s to s+1.
-    for s in range(1, S):
-        c = costs[s]
-        costs[s] = StageCosts(c.forward_s, c.backward_s, c.send_activation_s, costs[s - 1].send_activation_s,
-                              c.allreduce_s, c.activation_bytes)
+        received = cut[st.start - 1] if st.start > 0 else 0.0
+        costs.append(StageCosts(f * speed, b * speed, sends[s], sends[s - 1] if s else 0.0,
+                                topology.allreduce_s(st.devices, params), (kept + received) * n / pbs))
     return costs
 
 
