@@ -25,13 +25,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from dapple_launch.launch.local import usable_cores  # noqa: E402
 COMMON = ["strategy.profile_source=measured", "trainer.profile_pipeline=true", "trainer.progress_bar=false",
           "logger=none", "trainer.val_check_interval=100000"]
 # Each CPU process here is a device only when it has a core: on this machine's cores (2 here) the
 # default model's own plan (strategy=auto) runs one process per core; more processes than cores
 # share them, and their compute comes in bursts of the scheduler's time slices that no per-layer
 # profile describes (the timeline shows it): those rows say how many processes share the cores.
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+CORES = usable_cores()
 PLANS = {
     f"default model (gpt), the planner's plan, {CORES} processes (one per core)":
         ["strategy=auto", f"cluster.devices_per_node={CORES}"],

@@ -118,15 +118,14 @@ def measured_cpu_share(model: PipelineModel, topology: Topology) -> ModelProfile
     processes cores // processes threads, and more processes than cores share them. Measure the
     layers with the threads a rank will have, then stretch the times by how oversubscribed the
     cores are, so the estimate describes the ranks as they will really run."""
-    import os
     from dataclasses import replace
 
     import torch
 
+    from .launch.local import threads_per_rank, usable_cores
     from .profile.measure import measure_profile
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = topology.num_devices
-    threads = max(1, cores // ranks)
+    cores, ranks = usable_cores(), topology.num_devices
+    threads = threads_per_rank(ranks, cores)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -17,16 +17,27 @@ from ..planner.plan import Plan
 from .ports import free_port
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which a container or Slurm may narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_per_rank(ranks: int, cores: int | None = None) -> int:
+    """The torch threads each of `ranks` local processes gets: the cores shared out, at least one.
+    The measuring profiler and the link probe use the same figure, so they see the ranks' view."""
+    return max(1, (cores or usable_cores()) // ranks)
+
+
 def launch_local(plan: Plan, run_dir: Path, ckpt_path: str | None, cores: int | None = None) -> int:
     world = plan.world_size
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cores = cores or os.cpu_count() or 1
+    threads = threads_per_rank(world, cores)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LOCAL_RANK", "RANK", "WORLD_SIZE"))}
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), NODE_RANK="0",
-                DAPPLE_THREADS=str(max(1, cores // world)), DAPPLE_CKPT=ckpt_path or "",
-                OMP_NUM_THREADS=str(max(1, cores // world)), PYTHONUNBUFFERED="1")
+                DAPPLE_THREADS=str(threads), DAPPLE_CKPT=ckpt_path or "",
+                OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     procs, files = [], []
     for rank in range(world):
         env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))

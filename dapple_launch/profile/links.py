@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .measure import cache_dir, write_cached
+
 SMALL, LARGE = 4096, 4 * 2**20  # bytes: latency-bound, bandwidth-bound
 REPEATS = 15
 
@@ -35,12 +37,7 @@ class LinkProfile:
     allreduce_bandwidth: float  # bytes/s, the ring's bus bandwidth
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _cache_path(processes: int, cores: int) -> Path:
-    from .measure import cache_dir
     return cache_dir() / f"links-gloo-{processes}p-{cores}c.json"
 
 
@@ -93,14 +90,15 @@ def _rank(rank: int, world: int, port: int, threads: int, out: str) -> None:
 def measure_links(processes: int, use_cache: bool = True) -> LinkProfile:
     if processes < 2:
         raise ValueError(f"measuring links needs at least 2 processes, got {processes}")
-    cores = _cores()
+    from ..launch.local import threads_per_rank, usable_cores
+    cores = usable_cores()
     path = _cache_path(processes, cores)
     if use_cache and path.is_file():
         return LinkProfile(**json.loads(path.read_text()))
     import torch.multiprocessing as mp
 
     from ..launch.ports import free_port
-    threads = max(1, cores // processes)  # what the local launcher gives each rank
+    threads = threads_per_rank(processes, cores)  # what the local launcher gives each rank
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "links.json")
         mp.start_processes(_rank, args=(processes, free_port(), threads, out), nprocs=processes, join=True,
@@ -112,8 +110,5 @@ def measure_links(processes: int, use_cache: bool = True) -> LinkProfile:
     ar_fixed, ar_bandwidth = _fit(ar_small, ar_large, 2 * (r - 1) / r)
     links = LinkProfile(processes, cores, p2p_latency, p2p_bandwidth, ar_fixed / (2 * (r - 1)), ar_bandwidth)
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp_path = path.with_suffix(".tmp")
-        tmp_path.write_text(json.dumps(asdict(links)))
-        tmp_path.replace(path)
+        write_cached(path, json.dumps(asdict(links)))
     return links

@@ -30,6 +30,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DAPPLE_CACHE", Path.home() / ".cache" / "dapple_launch")) / "profiles"
 
 
+def write_cached(path: Path, text: str) -> None:
+    """Atomic: a concurrent reader of the cache sees the old file or the whole new one, and two
+    writers (each with its own temporary file) never interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def cache_key(model: PipelineModel, batch_size: int, device: str) -> str:
     # "fit": profiles from before the per-call fit (times only) are not read back as if they had it
     ident = json.dumps({"model": model.describe(), "batch": batch_size, "device": device, "fit": "per-call"},
@@ -97,8 +106,5 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
               for (name_, f, b, out, params, saved), (_, f4, b4, *_rest) in zip(at_small, at_large)]
     profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name)
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(profile.to_json())
-        tmp.replace(path)
+        write_cached(path, profile.to_json())
     return profile
