@@ -388,9 +388,10 @@ def _deeper_warmups(found: list[Costed], profile: ModelProfile, topology: Topolo
             continue
         best, previous = c.iteration_s if c.schedule == "1f1b" else math.inf, deeper_warmup(S, M, 1)
         for depth in range(2, limits.max_warmup_depth + 1):
-            if deeper_warmup(S, M, depth) == previous:
+            warmup = deeper_warmup(S, M, depth)
+            if warmup == previous:
                 break  # every stage already runs all its forwards first
-            previous = deeper_warmup(S, M, depth)
+            previous = warmup
             cand = evaluate(profile, topology, c.layout, c.micro_batch_size, M, limits, warmup_depth=depth)
             if not cand.fits or cand.iteration_s >= best * (1 - 1e-9):
                 break  # more depth needs more memory, and has stopped paying
