@@ -120,3 +120,30 @@ def test_an_invalid_warmup_is_refused_with_the_rule(warmup, rule):
     with pytest.raises(ValueError, match=r"1F1B warm-up .* is not valid for 3 stages and 8 micro-batches") as e:
         one_f_one_b(3, 8, warmup)
     assert rule in str(e.value) and "[2, 1, 0]" in str(e.value)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_planners_iteration_time_equals_the_simulator(seed):
+    """simulate.iteration_time (the planner's inner loop: compute orders only, communication implied)
+    gives exactly the simulator's time on the full schedule: GPipe and 1F1B at every warm-up depth,
+    slow links, all-reduces, fewer micro-batches than stages."""
+    import random
+
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    from dapple_launch.schedule.simulate import iteration_time
+    rng = random.Random(seed)
+    for _ in range(60):
+        S, M = rng.randint(1, 7), rng.randint(1, 14)
+        sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
+        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
+                            rng.choice([0.0, rng.uniform(0, 5)])) for s in range(S)]
+        schedules = [gpipe(S, M)] + [one_f_one_b(S, M, deeper_warmup(S, M, d)) for d in (1, 2, 3)]
+        for schedule in schedules:
+            compute = [[a for a in actions if a.kind.is_compute] for actions in schedule.stage_actions]
+            assert iteration_time(compute, costs, M) == pytest.approx(simulate(schedule, costs).iteration_s, rel=1e-12)
+
+
+def test_deeper_warmup_with_fewer_micro_batches_than_stages_is_a_valid_schedule():
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    for depth in (1, 2, 4):
+        validate(one_f_one_b(5, 2, deeper_warmup(5, 2, depth)))  # every stage but the last: all forwards first

@@ -21,7 +21,9 @@ def deeper_warmup(num_stages: int, num_micro_batches: int, depth: int) -> tuple[
     if depth < 1:
         raise ValueError(f"warm-up depth must be >= 1 (1 = DAPPLE's minimum), got {depth}")
     S, M = num_stages, num_micro_batches
-    return tuple(min(M, depth * (S - s)) - 1 if s < S - 1 else 0 for s in range(S))
+    # (with fewer micro-batches than stages, M warm-up forwards and M - 1 run in the same order;
+    # the larger is the form one_f_one_b accepts)
+    return tuple(max(min(M, depth * (S - s)) - 1, warmup_depth(s, S, M)) if s < S - 1 else 0 for s in range(S))
 
 
 def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> Schedule:
@@ -38,6 +40,13 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]
         raise ValueError(f"1F1B warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
                          f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage "
                          f"(else the pipeline does not fill or deadlocks); e.g. {[warmup_depth(s, S, M) for s in range(S)]}")
+    return with_communication("1f1b", compute_orders(S, M, warmup), M)
+
+
+def compute_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]) -> list[list[Action]]:
+    """Each stage's forwards and backwards in 1F1B order (no communication: with_communication
+    adds it; the planner's simulator implies it). `warmup` as one_f_one_b, already validated."""
+    S, M = num_stages, num_micro_batches
     forward = [Action(Kind.FORWARD, m) for m in range(M)]
     backward = [Action(Kind.BACKWARD, m) for m in range(M)]
     compute = []
@@ -52,4 +61,4 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]
             next_b += 1
         order += backward[next_b:]
         compute.append(order)
-    return with_communication("1f1b", compute, M)
+    return compute

@@ -49,6 +49,62 @@ def program(schedule: Schedule) -> list[tuple[int, Action]]:
     return [(s, schedule.stage_actions[s][i]) for s, i in execute_order(schedule)]
 
 
+def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_micro_batches: int) -> float:
+    """simulate(with_communication(compute)).iteration_s without building or ordering the
+    communication actions: the planner costs many layouts and shapes, so this is its inner loop.
+
+    Same semantics (actions.with_communication: a forward's input arrives over the link from the
+    previous stage, a backward's from the next, each send starting when its compute ends and its
+    link is free). Each stage advances through its compute order until it needs an input that has
+    not been sent yet; the stage that sends it is then resumed: every action is visited once."""
+    S, M = len(costs), num_micro_batches
+    forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
+    send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
+    missing = -1.0
+    activation = [[missing] * M for _ in range(S)]  # [stage][micro-batch] -> arrival of its input
+    gradient = [[missing] * M for _ in range(S)]
+    for m in range(M):
+        activation[0][m] = 0.0  # the first stage reads the batch
+    clock, link_up, link_down = [0.0] * S, [0.0] * S, [0.0] * S
+    last_backward_end, done = [0.0] * S, [0] * S
+    last = S - 1
+    pending = list(range(S - 1, -1, -1))
+    while pending:
+        s = pending.pop()
+        order, k, t = compute[s], done[s], clock[s]
+        while k < len(order):
+            a = order[k]
+            m = a.micro_batch
+            if a.kind is Kind.FORWARD:
+                arrival = activation[s][m]
+                if arrival < 0:
+                    break
+                t = (t if t > arrival else arrival) + forward[s]
+                if s < last:
+                    start = t if t > link_up[s] else link_up[s]
+                    activation[s + 1][m] = link_up[s] = start + send_up[s]
+                    pending.append(s + 1)
+            else:
+                if s < last:
+                    arrival = gradient[s][m]
+                    if arrival < 0:
+                        break
+                    if arrival > t:
+                        t = arrival
+                t += backward[s]
+                last_backward_end[s] = t
+                if s > 0:
+                    start = t if t > link_down[s] else link_down[s]
+                    gradient[s - 1][m] = link_down[s] = start + send_down[s]
+                    pending.append(s - 1)
+            k += 1
+        done[s], clock[s] = k, t
+    if any(d < len(order) for d, order in zip(done, compute)):
+        raise ValueError("iteration_time: the compute orders deadlock (validate the schedule first)")
+    return max(clock[s] if costs[s].allreduce_s <= 0 else max(clock[s], last_backward_end[s] + costs[s].allreduce_s)
+               for s in range(S))
+
+
 def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
              steps: list[tuple[int, Action]] | None = None) -> Simulation:
     """`record=False` skips the per-action timeline (the planner needs only the times and memory);
