@@ -82,10 +82,10 @@ class StrategyConfig:
     memory_headroom: float = 0.1
     max_stages: Optional[int] = None
     micro_batch_size: Optional[int] = None
-    search_nodes: int = 20000  # candidates the planner may score (the plan says whether it proved optimality)
+    search_nodes: int = 20000  # candidates the planner may score, all passes (the plan says what it proved)
     optimality_gap: float = 0.01  # first pass prunes what cannot win by more than this; then closed exactly
     warmup_depth: int = 1  # 1F1B in-flight micro-batches as a multiple of DAPPLE's S - s (fixed layouts)
-    max_warmup_depth: int = 4  # auto: the deepest warm-up the planner tries for its best layouts
+    max_warmup_depth: int = 4  # auto: the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
     profile_source: str = "analytic"  # analytic | measured (model profile for estimates and planning)
     plan_file: Optional[str] = None  # strategy=file: a plan.json to run as written
 

@@ -91,7 +91,7 @@ def gpipe_even(profile: ModelProfile, topology: Topology, global_batch: int, lim
 def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
     """PipeDream's planner: contiguous stages, replicated stages allowed, minimising the slowest
     of (stage compute / replicas, activation transfer); its layout then runs synchronously (1F1B)."""
-    from .search import replica_choices
+    from .branch import replica_choices
     L, D = profile.num_layers, topology.num_devices
     pbs = profile.batch_size
     work = [0.0]
@@ -139,7 +139,7 @@ def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limi
 def dapple_two_stage(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
     """The published DAPPLE planner's P:Q family: two stages on P and D - P devices, best cut.
     Beyond 16 devices P takes the search's replica counts (1..devices per node, whole nodes)."""
-    from .search import replica_choices
+    from .branch import replica_choices
     L, D = profile.num_layers, topology.num_devices
     best = None
     for P in (p for p in replica_choices(topology, D) if p < D):

@@ -70,6 +70,9 @@ class SuffixBounds:
     pass_sum: np.ndarray  # the least sum over its stages of (stage time + 2 × outgoing transfer)
     pass_tail: np.ndarray  # the least sum plus all-reduce tail X (cost.py: T = E_0 + X), bounded
     stage_end: np.ndarray  # the least over completions of max over its stages of when that stage's all-reduce can end
+    # Valid for any 1F1B warm-up (warmup.py), where a stage may run ahead and hide the stages after it:
+    reach_end: np.ndarray  # least max over stages p of sum_{j<p}(F_j + c_j) + M t_p + AR_p
+    round_end: np.ndarray  # least max over stages p of sum_{j<p}(t_j + 2 c_j) + M t_p
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
@@ -86,6 +89,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 T >= sum_{j<s}(F_j + c_j) + M t_s + 2 c_s + AR_s + sum_{j>s}(t_j + 2 c_j), for
                 every s (both schedules). It couples a stage's speed to the all-reduce its
                 replicas pay, which the bottleneck table alone cannot see.
+    reach_end, round_end: the same without the later stages' pass, which a deeper warm-up can hide:
+                stage p starts after the first micro-batch's forward reached it, computes M t_p,
+                then all-reduces (reach_end) or sends its last gradient back down (round_end).
     Each table minimises on its own (the least of each is at most what any one completion
     attains), so each is a valid bound.
     """
@@ -102,8 +108,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
     # (always inf), where a stage that would run past the last device points.
     shape = (L + 1, D + 2)
-    bound, pass_sum, pass_tail, stage_end = (np.full(shape, np.inf) for _ in range(4))
-    for table in (bound, pass_sum, pass_tail, stage_end):
+    bound, pass_sum, pass_tail, stage_end, reach_end, round_end = (np.full(shape, np.inf) for _ in range(6))
+    for table in (bound, pass_sum, pass_tail, stage_end, reach_end, round_end):
         table[L, :D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     starts = np.arange(D)
@@ -132,7 +138,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         sent_all = np.where(z_all < L, cut[np.minimum(z_all, L - 1)] * x.micro_batch / pbs, 0.0)
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
-        sum_at, tail_at, end_at = np.full(D, np.inf), np.full(D, np.inf), np.full(D, np.inf)
+        sum_at, tail_at, end_at, reach_at, round_at = (np.full(D, np.inf) for _ in range(5))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         for R, nxt, lat, bw, slope, fixed, n_all in chunks:  # arrays laid out (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
@@ -165,6 +171,10 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             tail_at = np.minimum(tail_at, tail.min(axis=(0, 1)))
             end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
             end_at = np.minimum(end_at, end.min(axis=(0, 1)))
+            reach = np.maximum(M * t + ar, forward_in + reach_end[z][:, nxt].transpose(1, 0, 2))
+            reach_at = np.minimum(reach_at, reach.min(axis=(0, 1)))
+            round_trip = np.maximum(M * t, per_pass + round_end[z][:, nxt].transpose(1, 0, 2))
+            round_at = np.minimum(round_at, round_trip.min(axis=(0, 1)))
         fresh = fresh_node_start(starts, k, D)
         s = np.where(best_at[fresh] < best_at, fresh, starts)  # ties: continue on the same node
         bound[i, :D] = best_at[s]
@@ -172,7 +182,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         pass_sum[i, :D] = np.minimum(sum_at, sum_at[fresh])
         pass_tail[i, :D] = np.minimum(tail_at, tail_at[fresh])
         stage_end[i, :D] = np.minimum(end_at, end_at[fresh])
-    return SuffixBounds(bound, choice, pass_sum, pass_tail, stage_end)
+        reach_end[i, :D] = np.minimum(reach_at, reach_at[fresh])
+        round_end[i, :D] = np.minimum(round_at, round_at[fresh])
+    return SuffixBounds(bound, choice, pass_sum, pass_tail, stage_end, reach_end, round_end)
 
 
 def _allreduce_factors(t: Topology, r: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,8 +27,8 @@ from functools import lru_cache
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts, build_schedule, simulate
-from ..schedule.one_f_one_b import deeper_warmup
-from ..schedule.simulate import program
+from ..schedule.one_f_one_b import compute_orders, deeper_warmup
+from ..schedule.simulate import iteration_time
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ class Limits:
     max_stages: int | None = None
     micro_batch_size: int | None = None  # fix the micro-batch size instead of searching it
     schedule: str = "1f1b"
-    search_nodes: int = 20_000  # candidates the search may score; ending within it proves optimality
+    search_nodes: int = 20_000  # candidates the search may score, all passes; ending within it proves optimality
     optimality_gap: float = 0.01  # first pass: prune what cannot win by more than this (then closed exactly)
-    max_warmup_depth: int = 4  # 1F1B warm-up depths tried for the best layouts (1 = DAPPLE's minimum only)
+    max_warmup_depth: int = 4  # deepest 1F1B warm-up searched (1 = DAPPLE's minimum only)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
@@ -163,10 +163,13 @@ def formula_iteration_s(costs: list[StageCosts], num_micro_batches: int, schedul
 
 
 def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
-             num_micro_batches: int, limits: Limits, warmup_depth: int = 1) -> Costed:
+             num_micro_batches: int, limits: Limits, warmup_depth: int = 1,
+             costs: list[StageCosts] | None = None) -> Costed:
     """A candidate costed in full. DAPPLE's minimal warm-up (depth 1) by the closed form; a deeper
-    1F1B warm-up by the simulator, the ground truth, as the closed form's windows do not model it."""
-    costs = stage_costs(profile, topology, layout, micro_batch_size)
+    1F1B warm-up by the simulator, the ground truth, as the closed form's windows do not model it.
+    `costs`: the layout's stage_costs when the caller already has them."""
+    if costs is None:
+        costs = stage_costs(profile, topology, layout, micro_batch_size)
     S = len(layout)
     warmup = ()
     if warmup_depth > 1:
@@ -179,8 +182,7 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
         memory.append(params * limits.optimizer_factor
                       + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes)
     if warmup:
-        schedule, steps = _warmup_schedule(S, num_micro_batches, warmup)
-        iteration_s = simulate(schedule, costs, record=False, steps=steps).iteration_s
+        iteration_s = iteration_time(_warmup_orders(S, num_micro_batches, warmup), costs, num_micro_batches)
     else:
         iteration_s = formula_iteration_s(costs, num_micro_batches, limits.schedule)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
@@ -189,10 +191,10 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
 
 
 @lru_cache(maxsize=64)
-def _warmup_schedule(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]):
-    """A deeper-warm-up schedule and its simulator program, shared by every layout of that shape."""
-    schedule = build_schedule("1f1b", num_stages, num_micro_batches, warmup)
-    return schedule, program(schedule)
+def _warmup_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]):
+    """A deeper warm-up's compute orders, shared by every layout of that shape (deeper_warmup's
+    warm-ups are valid by construction; iteration_time refuses orders that deadlock)."""
+    return compute_orders(num_stages, num_micro_batches, warmup)
 
 
 def simulate_costed(c: Costed):

@@ -1,7 +1,7 @@
 """Local search over plans: a strong incumbent for the branch and bound, and the answer's polish
 when the search's budget ends before it proves optimality.
 
-A plan here is the search's own kind (search.py): contiguous stages, each on a contiguous range of
+A plan here is the search's own kind (branch.py): contiguous stages, each on a contiguous range of
 devices that either continues at the next free device or starts on a fresh node, an allowed
 replica count, a micro-batch size dividing the global batch. Steepest descent over the moves a
 person would try by hand — shift a cut by one or two layers, hand a device to the neighbouring

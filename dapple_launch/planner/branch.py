@@ -1,0 +1,287 @@
+"""Branch and bound over layouts for one micro-batch size: the cuts, replica counts and placement.
+
+Stages are placed in pipeline order as contiguous device ranges: each stage either continues on
+the next free device (DAPPLE's append-first) or starts on a fresh node, leaving the rest of the
+current node idle (fresh-first). DAPPLE's scatter-first (a stage's replicas spread over nodes)
+is left out because it is never better under this cost model: its all-reduce and its transfers
+both cross the network, while a contiguous range of the same size is at worst as slow on each.
+
+Every complete candidate is scored in full (`cost.evaluate`), and a branch is cut only when a
+valid lower bound on every completion is no better than the best plan found (ties keep the first
+found: deterministic). Children are explored least bound first. When the node budget ends, the
+least bound of everything left unexplored is kept (`open_bound`): the caller states that gap.
+
+Lower bound of a partial plan (stages placed so far, layers [i, L) left from device d on), with
+DAPPLE's minimal warm-up, T = (M - 1) beta + sum_s (t_s + 2 c_s) + X (cost.py): beta is at least
+the placed stages', links' and windows' times, the remaining work spread over the remaining
+devices, and the least bottleneck of any completion; the sum and the all-reduce tail X of the
+completion, and each of its stages' end, are bounded by the tables of bounds.py; each part on
+its own. Deeper warm-ups have their own bound (warmup.py), which reuses this search's tree.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from .bounds import BoundInputs, least_bottleneck_stages, stage_starts, suffix_bound
+from .build import MIN_MICRO_BATCHES
+from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+@dataclass
+class SearchStats:
+    nodes: int = 0
+    leaves: int = 0
+    seconds: float = 0.0
+    proven_optimal: bool = True  # False when the node budget ended the search first
+    proven_gap: float = 0.0  # the result is at most this fraction above the optimum (a proven bound)
+
+
+def replica_choices(topology: Topology, limit: int) -> list[int]:
+    """Replica counts a stage may take. Up to 16 devices: every count. Beyond: 1..devices_per_node
+    and whole nodes (a documented restriction that keeps 64- and 512-device searches tractable)."""
+    D, k = topology.num_devices, topology.devices_per_node
+    if D <= 16:
+        return list(range(1, min(D, limit) + 1))
+    return sorted({*range(1, min(k, limit) + 1), *range(k, min(D, limit) + 1, k)})
+
+
+class BranchAndBound:
+    def __init__(self, profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
+                 b: int, incumbent: float, node_budget: float = math.inf, gap: float = 0.0):
+        self.p, self.t, self.G, self.limits, self.b = profile, topology, global_batch, limits, b
+        self.M = global_batch // b
+        self.L, self.D = profile.num_layers, topology.num_devices
+        self.max_stages = min(self.L, self.D, limits.max_stages or self.L)
+        self.pbs, self.speed = profile.batch_size, speed_ratio(profile, topology)
+        self.best_t, self.best = incumbent, None
+        self.gap = gap  # prune branches that cannot beat the incumbent by more than this fraction
+        self.cap = topology.device_memory_bytes * (1 - limits.memory_headroom)
+        self.R = replica_choices(topology, b)
+        self.fast_bw = max(topology.intra_node_bandwidth, topology.inter_node_bandwidth)
+        self.fast_lat = min(topology.intra_node_latency_s, topology.inter_node_latency_s)
+        self.stats = SearchStats()
+        # 1F1B with DAPPLE's minimal warm-up puts each window of adjacent stages on the steady
+        # cycle (cost.py); GPipe and deeper warm-ups (warmup.py) do not, so their bounds leave them out
+        self.windows = limits.schedule == "1f1b"
+        self.node_budget = node_budget
+        self.scored = 0
+        self.open_bound = math.inf  # least lower bound of what the budget left unexplored
+        self._root_bound = None
+        self.seed = None  # the least-bottleneck placement, costed (see _seed_incumbent)
+        pre, fixed = [0.0], [0.0]
+        for layer in profile.layers:
+            call = layer.forward_fixed_s + layer.backward_fixed_s
+            pre.append(pre[-1] + layer.forward_s + layer.backward_s - call)
+            fixed.append(fixed[-1] + call)
+        self.work = pre  # prefix sums of forward+backward per profile batch, the part that scales with samples
+        self.fixed = fixed  # and of the part each call costs whatever its batch
+        self.bound_inputs = BoundInputs(profile, topology, b, self.M, tuple(self.R), self.speed, self.cap,
+                                        limits.optimizer_factor, stage_time_cap=incumbent / self.M)
+        self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
+        self.suffix = self.bounds.bottleneck
+
+    def rest_work_per_sample(self, i: int) -> float:
+        return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
+
+    def stage_time(self, a: int, z: int, r: int) -> tuple[float, float, float, float]:
+        _, _, kept, params = self.p.span(a, z)
+        n = math.ceil(self.b / r)
+        f, bk = self.p.seconds(a, z, n)
+        received = self.p.cut_bytes[a - 1] if a > 0 else 0.0
+        return f * self.speed, bk * self.speed, (kept + received) * n / self.pbs, params
+
+    def restart(self, incumbent: float, node_budget: float, gap: float) -> None:
+        self.best_t, self.best, self.node_budget, self.gap = incumbent, None, node_budget, gap
+        self.scored, self.stats, self.open_bound = 0, SearchStats(), math.inf
+
+    def one_pass(self, i: int, left: int) -> float:
+        """Least time for one micro-batch to pass layers [i, L): every sample crosses every layer,
+        and a replica of any stage takes at least ceil(b / most replicas a stage can have) samples."""
+        widest = min(self.b, left, max(self.R))
+        fixed = (self.fixed[self.L] - self.fixed[i]) * self.speed
+        return self.rest_work_per_sample(i) * math.ceil(self.b / widest) + fixed
+
+    def root_bound(self) -> float:
+        """No plan with this micro-batch size is faster."""
+        if self._root_bound is None:
+            self._root_bound = self._lower_bound(0, 0, None)
+        return self._root_bound
+
+    @property
+    def cutoff(self) -> float:
+        """A branch whose lower bound reaches this is cut: exact with gap 0, else every cut branch is
+        provably at best (1 - gap) × the incumbent, so the result is within `gap` of the optimum."""
+        return self.best_t * (1 - max(self.gap, 1e-12))
+
+    def run(self) -> Costed | None:
+        self._seed_incumbent()
+        self._extend(0, 0, None)
+        return self.best
+
+    def _seed_incumbent(self) -> None:
+        """Cost the least-bottleneck cut (bounds.py) in full first: a strong incumbent prunes early."""
+        stages = least_bottleneck_stages(self.bounds)
+        if not stages or len(stages) > self.max_stages:
+            return
+        layout = [StageSpec(a, z, tuple(range(s, s + r))) for a, z, s, r in stages]
+        if self.M < MIN_MICRO_BATCHES[self.limits.schedule](len(layout)):
+            return
+        cand = evaluate(self.p, self.t, tuple(layout), self.b, self.M, self.limits)
+        if cand.fits:
+            self.seed = cand  # a start for local search even when it does not beat the incumbent
+            if cand.iteration_s < self.best_t * (1 - 1e-12):
+                self.best_t, self.best = cand.iteration_s, cand
+
+    def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
+        """No completion of `placed` (stages so far; layers [i, L) left from device d on) is faster.
+        T = (M - 1) beta + sum_s (t_s + 2 c_s) + X (cost.py): each part is bounded on its own."""
+        left = self.D - d
+        rest, pass_sum, pass_tail, stage_end, out_link = 0.0, 0.0, 0.0, 0.0, 0.0
+        if i < self.L:
+            if left == 0 or not math.isfinite(self.suffix[i, d]):
+                return math.inf  # no device left, or no cut of the remaining layers fits in memory
+            rest = self.rest_work_per_sample(i) * self.b / left
+            pass_sum = max(float(self.bounds.pass_sum[i, d]), self.one_pass(i, left))
+            pass_tail = float(self.bounds.pass_tail[i, d])
+            stage_end = float(self.bounds.stage_end[i, d])
+            if placed is not None:  # the transfer out of the last placed stage: its share over the fastest link
+                total = self.p.cut_bytes[i - 1] * self.b / self.pbs
+                out_link = self.fast_lat + total / len(placed.stages[-1][2]) / self.fast_bw
+        if placed is None:
+            placed = _EMPTY
+        steady = (self.M - 1) * max(placed.beta, rest, out_link, float(self.suffix[i, d]) if left else 0.0)
+        e0 = steady + placed.total + 2 * out_link + pass_sum
+        # every stage still to come ends (its all-reduce included) after the forward path through the
+        # placed ones (bounds.py: stage_end)
+        ends = placed.forward + out_link + stage_end
+        if self.limits.schedule != "1f1b":  # GPipe's stages end paced differently: only the first stage's tail holds
+            return max(e0 + placed.ar0, ends)
+        # X >= AR_s - (backward and gradient transfers before s), for placed s and, through
+        # pass_tail, for the stages still to come (behind them: every placed stage and its link).
+        return max(e0 + max(placed.tail, 0.0), ends, steady + placed.total + out_link + pass_tail - placed.back)
+
+    def _extend(self, i: int, d: int, placed: Prefix | None) -> None:
+        self.stats.nodes += 1
+        if i == self.L:
+            self._leaf(placed)
+            return
+        if placed is not None and (len(placed.stages) == self.max_stages or d >= self.D):
+            return
+        # Children are explored most promising first (least lower bound): good plans are found
+        # early, so later siblings are cut against a better incumbent.
+        children = sorted(self._children(i, d, placed), key=lambda c: c[0])
+        for n, (lb, z, next_d, chain) in enumerate(children):
+            if lb >= self.cutoff:
+                break  # the rest are no better
+            try:
+                self._extend(z, next_d, chain)
+            except _OutOfTime:
+                # What is left unexplored here is bounded by the next sibling's bound (they are sorted);
+                # deeper levels have recorded what is left inside this child.
+                if n + 1 < len(children):
+                    self.open_bound = min(self.open_bound, children[n + 1][0])
+                raise
+
+    def _children(self, i: int, d: int, placed: Prefix | None):
+        """(lower bound, next layer, next free device, placed stages) of every stage that may come next."""
+        k = self.t.devices_per_node
+        starts = stage_starts(d, k, self.D)
+        count = len(placed.stages) if placed is not None else 0
+        for start in starts:
+            left = self.D - start
+            for r in self.R:
+                if r > left:
+                    break
+                devices = tuple(range(start, start + r))
+                link_in = 0.0
+                if placed is not None:
+                    prev = placed.stages[-1][2]
+                    total = self.p.cut_bytes[i - 1] * self.b / self.pbs
+                    bw, lat = self.t.p2p(prev, devices)
+                    link_in = lat + max(total / len(prev), total / r) / bw
+                    if (self.M - 1) * link_in >= self.cutoff:
+                        continue
+                beta_placed = max(placed.beta, link_in) if placed is not None else 0.0
+                for z in range(i + 1, self.L + 1):
+                    if z < self.L and (count + 1 == self.max_stages or start + r >= self.D):
+                        continue  # no stage or device left for the rest
+                    f, bk, act, params = self.stage_time(i, z, r)
+                    if params * self.limits.optimizer_factor + act > self.cap:
+                        break  # more layers only need more memory
+                    if (self.M - 1) * max(beta_placed, f + bk) + f + bk >= self.cutoff:
+                        break  # a longer stage is only slower
+                    chain = (placed or _EMPTY).then(i, z, devices, f, bk, link_in,
+                                                    self.t.allreduce_s(devices, params), self.windows, self.M)
+                    self.scored += 1  # the budget counts scored candidates: the unit of work
+                    if self.scored > self.node_budget:
+                        self.open_bound = min(self.open_bound, self._lower_bound(i, d, placed))
+                        raise _OutOfTime
+                    lb = self._lower_bound(z, start + r, chain)
+                    if lb < self.cutoff:
+                        yield lb, z, start + r, chain
+
+    def _leaf(self, placed: Prefix) -> None:
+        self.stats.leaves += 1
+        S = len(placed.stages)
+        if self.M < MIN_MICRO_BATCHES[self.limits.schedule](S):
+            return
+        layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
+        cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits)
+        if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
+            self.best_t, self.best = cand.iteration_s, cand
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """The stages placed so far and what the bounds need of them, kept as running totals so a
+    child's bound costs O(stages) (its windows), not O(stages²). Links are those between placed
+    stages; the one out of the last stage is not known until the next stage is."""
+    stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # (first layer, stop, devices)
+    times: tuple[float, ...]  # t = F + B per stage
+    links: tuple[float, ...]  # transfer time between stage j and j + 1
+    beta: float  # max of stage times, links and (1F1B) window means: the bottleneck so far
+    total: float  # sum of t + 2 × link
+    forward: float  # sum of F + link: when the first micro-batch reaches the next stage
+    back: float  # sum of B + link: the backward path back down to stage 0
+    tail: float  # max over stages of AR_s - (B + link before s): the all-reduce tail X so far
+    ar0: float  # the first stage's all-reduce
+    # For any warm-up (warmup.py): stage s starts no earlier than a_s = sum_{j<s}(F_j + link_j),
+    # computes M t_s, and after its last backward the gradient still goes down to stage 0 and each
+    # stage j <= s all-reduces: down_s = max(AR_s, link + B_{s-1} + down_{s-1}).
+    last_backward: float  # B of the last placed stage
+    down: float  # down_s of the last placed stage
+    finish: float  # max over placed stages (and links) of the least end time that implies
+    starts: tuple[tuple[float, float, float, float], ...]  # per stage (a_s, F_s, B_s, down_s)
+
+    def then(self, a: int, z: int, devices: tuple[int, ...], f: float, bk: float, link_in: float, ar: float,
+             windows: bool, M: int) -> Prefix:
+        t = f + bk
+        if not self.stages:
+            return Prefix(((a, z, devices),), (t,), (), t, t, f, bk, ar, ar, bk, ar, M * t + ar, ((0.0, f, bk, ar),))
+        beta = max(self.beta, t, link_in)
+        if windows:  # 1F1B: the windows ending at the new stage (cost.py)
+            window, n = t, 1
+            for j in range(len(self.times) - 1, -1, -1):
+                window += self.times[j] + 2 * (link_in if j == len(self.times) - 1 else self.links[j])
+                n += 1
+                beta = max(beta, window / n)
+        behind = self.back + link_in
+        down = max(ar, link_in + self.last_backward + self.down)
+        # the new stage; and the link before it, which carries M activations one way and M gradients
+        # the other, after the first micro-batch reached it and before the last one's round trip
+        finish = max(self.finish, self.forward + link_in + M * t + down,
+                     self.forward + (M + 1) * link_in + t + self.last_backward + self.down)
+        return Prefix(self.stages + ((a, z, devices),), self.times + (t,), self.links + (link_in,), beta,
+                      self.total + 2 * link_in + t, self.forward + link_in + f, behind + bk,
+                      max(self.tail, ar - behind), self.ar0, bk, down, finish,
+                      self.starts + ((self.forward + link_in, f, bk, down),))
+
+
+_EMPTY = Prefix((), (), (), 0.0, 0.0, 0.0, 0.0, -math.inf, 0.0, 0.0, 0.0, 0.0, ())

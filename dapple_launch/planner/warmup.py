@@ -1,0 +1,221 @@
+"""The 1F1B warm-up depth: deeper warm-ups searched exactly, with a bound valid for any warm-up.
+
+DAPPLE's minimal warm-up keeps S - s micro-batches in flight on stage s; depth k keeps k times
+that (schedule.deeper_warmup), for k times the activation memory. Where a slow link sits on the
+steady state's dependency cycle (cost.py: the windows), running further ahead hides it, as GPipe
+does. The closed form does not describe deeper warm-ups, so they are costed by the simulator,
+the ground truth, and searched by a second branch and bound over the same tree (branch.py) whose
+bounds leave out everything a deeper warm-up can hide:
+
+Stage s starts no earlier than a_s = sum_{j<s}(F_j + A_j), the first micro-batch's forward path.
+It computes M (F_s + B_s). Its first backward waits for a round trip R_s through the later
+stages and back (R_s = sum_{j>s}(F_j + B_j) + the links in between); only its w_s warm-up
+forwards, or (for the last micro-batch) the w_s backwards it still owes, can fill that wait. After
+its last backward the gradient still goes down to stage 0 and every stage j <= s all-reduces:
+down_s = max(AR_s, G_{s-1} + B_{s-1} + down_{s-1}). So, for every stage and link,
+
+    T >= a_s + M t_s + max(0, R_s - w_s F_s, R_s - w_s B_s) + down_s
+    T >= a_s + F_s + M A_s + (F + R + B)_{s+1} + G_s + B_s + down_s         (and M G_s alike)
+
+and, with k_s = w_s + 1 micro-batches in flight, the steady state's cycle through the last stage
+(DAPPLE's windows, k_s times wider): B_s(m) -> F_s(m + k_s) -> round trip -> B_s(m + k_s), so
+    T >= a_s + ceil(M / k_s) (F_s + R_s + B_s) + (backwards left after the last cycle) B_s + down_s
+
+With w_s unknown (a partial plan) the wait term is left out; the suffix tables of bounds.py
+(reach_end, round_end) bound the stages not placed yet. Checked against the simulator for every
+depth by the tests.
+"""
+from __future__ import annotations
+
+import math
+
+from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime
+from .build import MIN_MICRO_BATCHES
+from .cost import Costed, Limits, StageSpec, evaluate, in_flight, stage_costs
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import StageCosts
+from ..schedule.one_f_one_b import deeper_warmup
+
+# The simulator walks about 6 S M actions per candidate: bounded work per candidate (S M at most
+# WARMUP_MAX_ACTIONS), and a simulated candidate counts as S M / CELLS_PER_NODE scored candidates
+# of the node budget, about what its time is worth in branching (measured: ~0.7 µs per cell
+# simulated, ~12 µs per candidate scored).
+WARMUP_LAYOUTS, WARMUP_MAX_ACTIONS, CELLS_PER_NODE = 3, 8192, 16
+
+
+def warmup_bound(costs: list[StageCosts], num_micro_batches: int, warmup: tuple[int, ...]) -> float:
+    """No run of these stage costs under the 1F1B schedule with this warm-up is faster (module doc)."""
+    S, M = len(costs), num_micro_batches
+    F = [c.forward_s for c in costs]
+    B = [c.backward_s for c in costs]
+    A = [costs[s].send_activation_s for s in range(S - 1)]
+    G = [costs[s + 1].send_gradient_s for s in range(S - 1)]
+    R = [0.0] * S
+    for s in range(S - 2, -1, -1):
+        R[s] = R[s + 1] + A[s] + G[s] + F[s + 1] + B[s + 1]
+    bound, reach, down = 0.0, 0.0, 0.0
+    for s in range(S):
+        down = costs[s].allreduce_s if s == 0 else max(costs[s].allreduce_s, G[s - 1] + B[s - 1] + down)
+        in_flight = min(M, warmup[s] + 1)
+        ahead = in_flight - 1  # forwards (and, at the end, backwards) that can fill the wait
+        wait = max(0.0, R[s] - ahead * F[s], R[s] - ahead * B[s])
+        # the steady cycle through the last stage: B_s(m) -> F_s(m + in_flight) -> the round trip ->
+        # B_s(m + in_flight), one cycle per `in_flight` micro-batches, then the backwards left
+        cycles = (M - 1) // in_flight + 1
+        steady = cycles * (F[s] + R[s] + B[s]) + (M - 1 - (cycles - 1) * in_flight) * B[s]
+        bound = max(bound, reach + max(M * (F[s] + B[s]) + wait, steady) + down)
+        if s < S - 1:
+            after = F[s + 1] + R[s + 1] + B[s + 1] + B[s] + down
+            bound = max(bound, reach + F[s] + M * A[s] + G[s] + after, reach + F[s] + A[s] + M * G[s] + after)
+            reach += F[s] + A[s]
+    return bound
+
+
+def deeper_depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
+    """(depth, warm-up per stage) for depths 2 .. max_warmup_depth that differ from the one before."""
+    out, previous = [], deeper_warmup(num_stages, num_micro_batches, 1)
+    for depth in range(2, limits.max_warmup_depth + 1):
+        warmup = deeper_warmup(num_stages, num_micro_batches, depth)
+        if warmup == previous:
+            break  # every stage already runs all its forwards first
+        out.append((depth, warmup))
+        previous = warmup
+    return out
+
+
+def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: Topology,
+                        limits: Limits) -> list[Costed]:
+    """The best few layouts again with deeper warm-ups, while they fit and pay: a strong incumbent
+    for the exact pass (deep_sweep), found in a few simulations."""
+    if limits.schedule != "1f1b" or limits.max_warmup_depth < 2:
+        return []
+    out, seen = [], set()
+    for c in sorted(found, key=lambda c: (c.iteration_s, c.summary())):
+        key = (c.layout, c.micro_batch_size)
+        if key in seen or len(c.layout) < 2:
+            continue
+        seen.add(key)
+        if len(seen) > WARMUP_LAYOUTS:
+            break
+        S, M = len(c.layout), c.num_micro_batches
+        if S * M > WARMUP_MAX_ACTIONS or M < MIN_MICRO_BATCHES["1f1b"](S):
+            continue
+        best = c.iteration_s if c.schedule == "1f1b" else math.inf
+        for depth, _ in deeper_depths(S, M, limits):
+            cand = evaluate(profile, topology, c.layout, c.micro_batch_size, M, limits, warmup_depth=depth)
+            if not cand.fits or cand.iteration_s >= best * (1 - 1e-9):
+                break  # more depth needs more memory, and has stopped paying
+            best = cand.iteration_s
+            out.append(cand)
+    return out
+
+
+class DeepWarmupSearch(BranchAndBound):
+    """The branch and bound of one micro-batch size over layouts with warm-ups deeper than DAPPLE's,
+    sharing the minimal pass's bound tables (built for plans that beat an incumbent at least as
+    slow as this pass's)."""
+
+    @classmethod
+    def over(cls, base: BranchAndBound) -> DeepWarmupSearch:
+        x = cls.__new__(cls)
+        x.__dict__.update(base.__dict__)
+        x.windows, x._root_bound, x.seed = False, None, None
+        return x
+
+    def run(self) -> Costed | None:
+        self._extend(0, 0, None)
+        return self.best
+
+    def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
+        placed = placed or _EMPTY
+        if i == self.L:
+            return max(placed.finish, self._cycles(placed, 0.0, len(placed.stages)))
+        left = self.D - d
+        if left == 0 or not math.isfinite(self.suffix[i, d]):
+            return math.inf  # no device left, or no cut of the remaining layers fits in memory
+        M, tables = self.M, self.bounds
+        out_link, behind = 0.0, 0.0
+        if placed.stages:  # the transfer out of the last placed stage: its share over the fastest link
+            total = self.p.cut_bytes[i - 1] * self.b / self.pbs
+            out_link = self.fast_lat + total / len(placed.stages[-1][2]) / self.fast_bw
+            behind = out_link + placed.last_backward + placed.down  # a later stage's gradient path home
+        reach = placed.forward + out_link  # when the first micro-batch reaches the next stage
+        rest = self.rest_work_per_sample(i) * self.b / left  # some later stage computes at least this
+        most_stages = len(placed.stages) + min(left, self.max_stages - len(placed.stages), self.L - i)
+        return max(placed.finish,
+                   reach + M * max(rest, float(self.suffix[i, d])),
+                   reach + float(tables.reach_end[i, d]),
+                   reach + float(tables.round_end[i, d]) + behind,
+                   placed.forward + M * out_link + behind if placed.stages else 0.0,
+                   self._cycles(placed, 2 * out_link + float(tables.pass_sum[i, d]), most_stages))
+
+    def _cycles(self, placed: Prefix, beyond: float, most_stages: int) -> float:
+        """The steady-cycle bound (module doc) of each placed stage: its round trip R_s is at least
+        the placed stages after it, their links, and `beyond` (the least pass through the rest), and
+        it keeps at most min(M, max_warmup_depth × (S - s)) micro-batches in flight (S <= most_stages)."""
+        M, depth, bound = self.M, self.limits.max_warmup_depth, 0.0
+        trip = beyond
+        for s in range(len(placed.stages) - 1, -1, -1):
+            reach, f, bk, down = placed.starts[s]
+            k = min(M, depth * (most_stages - s))
+            cycles = (M - 1) // k + 1
+            bound = max(bound, reach + cycles * (f + trip + bk) + (M - 1 - (cycles - 1) * k) * bk + down)
+            if s:
+                trip += f + bk + 2 * placed.links[s - 1]
+        return bound
+
+    def _leaf(self, placed: Prefix) -> None:
+        self.stats.leaves += 1
+        S, M = len(placed.stages), self.M
+        if S < 2 or M < MIN_MICRO_BATCHES["1f1b"](S):
+            return  # one stage: no warm-up to deepen; or too few micro-batches for the pipeline
+        layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
+        costs = stage_costs(self.p, self.t, layout, self.b)
+        params = [self.p.span(st.start, st.stop)[3] * self.limits.optimizer_factor for st in layout]
+        for depth, warmup in deeper_depths(S, M, self.limits):
+            if any(params[s] + in_flight("1f1b", s, S, M, warmup) * costs[s].activation_bytes > self.cap
+                   for s in range(S)):
+                return  # a deeper warm-up keeps more micro-batches: it does not fit either
+            bound = warmup_bound(costs, M, warmup)
+            if bound >= self.cutoff:
+                continue  # a deeper one may still win: its bound is lower
+            if S * M > WARMUP_MAX_ACTIONS:
+                self.open_bound = min(self.open_bound, bound)  # too large to simulate: left open, said so
+                continue
+            self.scored += math.ceil(S * M / CELLS_PER_NODE)
+            if self.scored > self.node_budget:
+                self.open_bound = min(self.open_bound, bound)
+                raise _OutOfTime
+            cand = evaluate(self.p, self.t, layout, self.b, M, self.limits, warmup_depth=depth, costs=costs)
+            if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
+                self.best_t, self.best = cand.iteration_s, cand
+
+
+def deep_sweep(searches: list[BranchAndBound], incumbent: float, limits: Limits,
+               budget: int) -> tuple[list[Costed], dict[int, float], int]:
+    """The exact pass over deeper warm-ups, every micro-batch size, least root bound first:
+    (best found per size, a lower bound per size on every deeper-warm-up plan, candidates scored)."""
+    if limits.schedule != "1f1b" or limits.max_warmup_depth < 2:
+        return [], {}, 0
+    found, bounds, used = [], {}, 0
+    deep = sorted((DeepWarmupSearch.over(s) for s in searches), key=lambda x: (x.root_bound(), -x.b))
+    for x in deep:
+        left = budget - used
+        if left <= 0:
+            bounds[x.b] = x.root_bound()
+            continue
+        x.restart(incumbent * (1 + 1e-9), left, 0.0)
+        if x.root_bound() >= x.cutoff:
+            bounds[x.b] = x.root_bound()
+            continue
+        try:
+            best = x.run()
+        except _OutOfTime:
+            best = x.best
+        bounds[x.b] = min(x.open_bound, x.cutoff)
+        used += x.scored
+        if best is not None:
+            found.append(best)
+            incumbent = min(incumbent, best.iteration_s)
+    return found, bounds, used
