@@ -23,6 +23,17 @@ def main(run_dir: str) -> None:
     plan = Plan.load(run / "plan.json")
     ckpt = os.environ.get("DAPPLE_CKPT") or None
     fit(cfg, plan, run, ckpt)
+    _leave_together()
+
+
+def _leave_together() -> None:
+    """Tear the process group down on purpose once every rank is done. Left to interpreter exit,
+    gloo's threads are destroyed in whatever order the runtime picks, and now and then a rank
+    aborts ("terminate called without an active exception", exit -6) after a run that succeeded."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
