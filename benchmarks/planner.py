@@ -23,6 +23,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from dapple_launch.models import build_model  # noqa: E402
 from dapple_launch.plan_config import topology_from_config  # noqa: E402
 from dapple_launch.planner.cost import Limits, simulate_costed  # noqa: E402
+from dapple_launch.planner.explain import human_gap  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
 from dapple_launch.profile import analytic_profile, read_profile_file  # noqa: E402
 
@@ -70,7 +71,7 @@ def row(name, profile, topo, G, limits):
 def proven(r: dict) -> str:
     """'optimal', or the gap to the optimum the search proved before its budget ended."""
     gap = r.get("proven_gap")
-    return "optimal" if gap == 0 else f"within {gap:.1%}"
+    return "optimal" if gap == 0 else f"within {human_gap(gap)}"
 
 
 def main() -> None:

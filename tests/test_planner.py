@@ -284,3 +284,8 @@ def test_the_planner_deepens_the_warmup_when_links_sit_on_the_steady_cycle():
     assert chosen.warmup == best.warmup and "warm-up" in chosen.planner
     assert type(chosen).from_json(chosen.to_json()) == chosen  # plan.json keeps the warm-up
     assert f"warm-up forwards per stage {list(best.warmup)}" in chosen.explain()
+
+
+def test_a_tiny_proven_gap_never_reads_as_zero():
+    from dapple_launch.planner.explain import human_gap
+    assert human_gap(0.00034) == "0.034%" and human_gap(0.0025) == "0.2%" and human_gap(0.357) == "35.7%"

@@ -10,6 +10,11 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def human_gap(fraction: float) -> str:
+    """A proven gap as a percentage, with enough digits never to read as 0% when it is not."""
+    return f"{fraction:.1%}" if fraction >= 0.001 else f"{fraction * 100:.2g}%"
+
+
 def human_seconds(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.3f} s"
 

@@ -23,7 +23,7 @@ from .baselines import all_baselines, balanced_uniform, divisors
 from .branch import BranchAndBound, SearchStats, _OutOfTime, replica_choices
 from .build import to_plan
 from .cost import Costed, Limits, StageSpec, evaluate
-from .explain import human_bytes
+from .explain import human_bytes, human_gap
 from .plan import Plan
 from .polish import descend, shape_of
 from .warmup import deepen_best_layouts, deep_sweep
@@ -199,7 +199,7 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
     if stats.proven_optimal:
         how = f"auto: optimal under the cost model{space} ({stats.nodes} candidates scored)"
     else:
-        how = (f"auto: within {stats.proven_gap:.1%} of the optimum under the cost model{space}, proven; the "
+        how = (f"auto: within {human_gap(stats.proven_gap)} of the optimum under the cost model{space}, proven; the "
                f"budget of {limits.search_nodes} scored candidates ended the search first "
                f"(strategy.search_nodes raises it)")
     if best.warmup_depth > 1:
