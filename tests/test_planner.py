@@ -209,24 +209,25 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
         if deep:
             x = DeepWarmupSearch.over(x)
         nodes, leaves = [], []
-        extend, leaf = x._extend, x._leaf
 
-        def visit(i, d, placed, extend=extend):
+        def walk(i, d, placed, x=x):
+            """Every node of the tree (no incumbent: nothing is cut) and every complete plan."""
             nodes.append((i, d, placed))
-            extend(i, d, placed)
+            if i == x.L:
+                layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
+                if M >= MIN_MICRO_BATCHES[limits.schedule](len(layout)):
+                    depths = [1] + [d for d, _ in deeper_depths(len(layout), M, limits)] if deep else [1]
+                    for depth in depths:
+                        c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=depth)
+                        if c.fits:
+                            leaves.append((placed.stages, c.iteration_s))
+                return
+            if placed is not None and (len(placed.stages) == x.max_stages or d >= x.D):
+                return
+            for _, z, next_d, chain in x._children(i, d, placed):
+                walk(z, next_d, chain)
 
-        def record(placed, x=x, leaf=leaf):
-            leaf(placed)
-            layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
-            if M >= MIN_MICRO_BATCHES[limits.schedule](len(layout)):
-                depths = [1] + [d for d, _ in deeper_depths(len(layout), M, limits)] if deep else [1]
-                for depth in depths:
-                    c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=depth)
-                    if c.fits:
-                        leaves.append((placed.stages, c.iteration_s))
-
-        x._extend, x._leaf = visit, record
-        x._extend(0, 0, None)
+        walk(0, 0, None)
         assert leaves or b == 1
         for i, d, placed in nodes:
             done = placed.stages if placed is not None else ()

@@ -8,8 +8,10 @@ both cross the network, while a contiguous range of the same size is at worst as
 
 Every complete candidate is scored in full (`cost.evaluate`), and a branch is cut only when a
 valid lower bound on every completion is no better than the best plan found (ties keep the first
-found: deterministic). Children are explored least bound first. When the node budget ends, the
-least bound of everything left unexplored is kept (`open_bound`): the caller states that gap.
+found: deterministic). Each step dives from an open node to a leaf along the least-bound child;
+the next open node is the deepest dive's best sibling, alternating, when the gap is to be closed,
+with the open node of least bound (`_explore`). When the node budget ends, the least bound of
+everything left unexplored is kept (`open_bound`): the caller states that gap.
 
 Lower bound of a partial plan (stages placed so far, layers [i, L) left from device d on), with
 DAPPLE's minimal warm-up, T = (M - 1) beta + sum_s (t_s + 2 c_s) + X (cost.py): beta is at least
@@ -20,6 +22,7 @@ its own. Deeper warm-ups have their own bound (warmup.py), which reuses this sea
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -122,7 +125,7 @@ class BranchAndBound:
 
     def run(self) -> Costed | None:
         self._seed_incumbent()
-        self._extend(0, 0, None)
+        self._explore()
         return self.best
 
     def _seed_incumbent(self) -> None:
@@ -167,27 +170,58 @@ class BranchAndBound:
         # pass_tail, for the stages still to come (behind them: every placed stage and its link).
         return max(e0 + max(placed.tail, 0.0), ends, steady + placed.total + out_link + pass_tail - placed.back)
 
-    def _extend(self, i: int, d: int, placed: Prefix | None) -> None:
-        self.stats.nodes += 1
-        if i == self.L:
-            self._leaf(placed)
-            return
-        if placed is not None and (len(placed.stages) == self.max_stages or d >= self.D):
-            return
-        # Children are explored most promising first (least lower bound): good plans are found
-        # early, so later siblings are cut against a better incumbent.
-        children = sorted(self._children(i, d, placed), key=lambda c: c[0])
-        for n, (lb, z, next_d, chain) in enumerate(children):
-            if lb >= self.cutoff:
-                break  # the rest are no better
-            try:
-                self._extend(z, next_d, chain)
-            except _OutOfTime:
-                # What is left unexplored here is bounded by the next sibling's bound (they are sorted);
-                # deeper levels have recorded what is left inside this child.
-                if n + 1 < len(children):
-                    self.open_bound = min(self.open_bound, children[n + 1][0])
-                raise
+    def _explore(self) -> None:
+        """Dives: from an open node, follow the best child down to a leaf, leaving the other
+        children open. Which open node next: the best sibling of the deepest dive (depth first),
+        which finds good plans soonest, so later branches are cut against a better incumbent; and,
+        with a gap to close (`gap` 0), every other time the open node of least bound (best first),
+        which raises the bound on everything left unexplored as fast as the budget allows, so a
+        budget-cut search proves the smallest gap it can. Ties go to the node opened first:
+        deterministic."""
+        best_first = self.gap == 0
+        root = (self.root_bound(), 0, 0, 0, None)
+        deepest, least = [root], [root]  # the same open nodes, as a stack and as a heap
+        taken: set[int] = set()
+        opened, pops = 1, 0
+        try:
+            while True:
+                if best_first and pops % 2:
+                    while least and least[0][1] in taken:
+                        heapq.heappop(least)
+                    node = heapq.heappop(least) if least else None
+                else:
+                    while deepest and deepest[-1][1] in taken:
+                        deepest.pop()
+                    node = deepest.pop() if deepest else None
+                if node is None:
+                    return
+                pops += 1
+                taken.add(node[1])
+                lb, _, i, d, placed = node
+                while lb < self.cutoff:  # one dive
+                    self.stats.nodes += 1
+                    if i == self.L:
+                        self._leaf(placed)
+                        break
+                    if placed is not None and (len(placed.stages) == self.max_stages or d >= self.D):
+                        break
+                    children = sorted(self._children(i, d, placed), key=lambda c: c[0])
+                    if not children:
+                        break
+                    for child_lb, z, next_d, chain in reversed(children[1:]):
+                        if child_lb < self.cutoff:
+                            entry = (child_lb, opened, z, next_d, chain)
+                            deepest.append(entry)
+                            if best_first:
+                                heapq.heappush(least, entry)
+                            opened += 1
+                    lb, i, d, placed = children[0]
+        except _OutOfTime:
+            # the node being expanded recorded its own bound; the open ones are bounded by the least
+            left = [n[0] for n in deepest if n[1] not in taken]
+            if left:
+                self.open_bound = min(self.open_bound, min(left))
+            raise
 
     def _children(self, i: int, d: int, placed: Prefix | None):
         """(lower bound, next layer, next free device, placed stages) of every stage that may come next."""

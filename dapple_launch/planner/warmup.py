@@ -124,7 +124,7 @@ class DeepWarmupSearch(BranchAndBound):
         return x
 
     def run(self) -> Costed | None:
-        self._extend(0, 0, None)
+        self._explore()
         return self.best
 
     def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
