@@ -224,8 +224,8 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
                 return
             if placed is not None and (len(placed.stages) == x.max_stages or d >= x.D):
                 return
-            for _, z, next_d, chain in x._children(i, d, placed):
-                walk(z, next_d, chain)
+            for _, z, next_d, child in x._children(i, d, placed):
+                walk(z, next_d, child)
 
         walk(0, 0, None)
         assert leaves or b == 1

@@ -110,25 +110,34 @@ def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int
 
 
 def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
-                micro_batch_size: int) -> list[StageCosts]:
+                micro_batch_size: int, memo: dict | None = None) -> list[StageCosts]:
+    """`memo`: a dict shared by calls costing many layouts of one profile and cluster that differ in
+    a few stages (local search): each stage's and link's costs are computed once."""
     pbs, speed, S = profile.batch_size, speed_ratio(profile, topology), len(layout)
     cut = profile.cut_bytes
+    memo = {} if memo is None else memo
     # transfer s -> s+1 over the slowest link used; the gradient of a cut moves back over the same
     # link with the same size, so send_gradient of stage s+1 is send_activation of stage s
     sends = [0.0] * S
     for s in range(S - 1):
         st, nxt = layout[s], layout[s + 1]
-        total = cut[st.stop - 1] * micro_batch_size / pbs
-        bw, lat = topology.p2p(st.devices, nxt.devices)
-        sends[s] = lat + max(total / st.replicas, total / nxt.replicas) / bw
+        key = ("link", st.stop, st.devices, nxt.devices, micro_batch_size)
+        if key not in memo:
+            total = cut[st.stop - 1] * micro_batch_size / pbs
+            bw, lat = topology.p2p(st.devices, nxt.devices)
+            memo[key] = lat + max(total / st.replicas, total / nxt.replicas) / bw
+        sends[s] = memo[key]
     costs = []
     for s, st in enumerate(layout):
-        n = math.ceil(micro_batch_size / st.replicas)
-        _, _, kept, params = profile.span(st.start, st.stop)
-        f, b = profile.seconds(st.start, st.stop, n)
-        received = cut[st.start - 1] if st.start > 0 else 0.0
-        costs.append(StageCosts(f * speed, b * speed, sends[s], sends[s - 1] if s else 0.0,
-                                topology.allreduce_s(st.devices, params), (kept + received) * n / pbs))
+        key = (st.start, st.stop, st.devices, micro_batch_size)
+        if key not in memo:
+            n = math.ceil(micro_batch_size / st.replicas)
+            _, _, kept, params = profile.span(st.start, st.stop)
+            f, b = profile.seconds(st.start, st.stop, n)
+            received = cut[st.start - 1] if st.start > 0 else 0.0
+            memo[key] = (f * speed, b * speed, topology.allreduce_s(st.devices, params), (kept + received) * n / pbs)
+        f, b, allreduce, activation = memo[key]
+        costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation))
     return costs
 
 
@@ -150,12 +159,15 @@ def formula_iteration_s(costs: list[StageCosts], num_micro_batches: int, schedul
         # adjacent stages with the largest average of compute plus the transfers inside it:
         # (t + 2c(S-1)/S for S uniform stages, exactly; a dominant stage alone hides transfers).
         t = [f + b for f, b in zip(F, B)]
+        hop = [a + g for a, g in zip(A, G)]  # there and back over the link after stage e - 1
         beta = max(t + [max(a, g) for a, g in zip(A, G)])
-        for s in range(S):
-            window = t[s]
+        for s in range(S):  # (the planner's inner loop: comparisons, not max() calls)
+            window, n = t[s], 1
             for e in range(s + 1, S):
-                window += t[e] + A[e - 1] + G[e - 1]
-                beta = max(beta, window / (e - s + 1))
+                window += t[e] + hop[e - 1]
+                n += 1
+                if window > beta * n:
+                    beta = window / n
         end0 = sum(F) + sum(B) + sum(A) + sum(G) + (M - 1) * beta
         ends = [end0 - sum(B[:s]) - sum(G[:s]) for s in range(S)]
     # Each stage's all-reduce starts at its last backward and overlaps the others' remaining work.

@@ -22,7 +22,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .bounds import fresh_node_start
 from .build import MIN_MICRO_BATCHES
-from .cost import Costed, Limits, StageSpec, evaluate
+from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
     sizes = sorted(sizes)
     best, shape = start, shape_of(start, topology)
     costed, seen = 0, {shape}
+    memo: dict = {}  # neighbours share most stages and links: each is costed once
     for _ in range(max_steps):
         step = None
         for n in _neighbours(shape, allowed, sizes):
@@ -120,7 +121,8 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
             if layout is None or M < MIN_MICRO_BATCHES[limits.schedule](len(layout)) \
                     or n.micro_batch < max(n.replicas):
                 continue
-            cand = evaluate(profile, topology, layout, n.micro_batch, M, limits)
+            costs = stage_costs(profile, topology, layout, n.micro_batch, memo)
+            cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, costs=costs)
             costed += 1
             if cand.fits and cand.iteration_s < (step or best).iteration_s * (1 - 1e-12):
                 step, step_shape = cand, n
