@@ -290,3 +290,51 @@ def test_the_planner_deepens_the_warmup_when_links_sit_on_the_steady_cycle():
 def test_a_tiny_proven_gap_never_reads_as_zero():
     from dapple_launch.planner.explain import human_gap
     assert human_gap(0.00034) == "0.034%" and human_gap(0.0025) == "0.2%" and human_gap(0.357) == "35.7%"
+
+
+def _shipped_cluster(name: str) -> Topology:
+    from omegaconf import OmegaConf
+
+    from dapple_launch.config import ClusterConfig
+    from dapple_launch.plan_config import topology_from_config
+    cfg = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "cluster" / f"{name}.yaml")
+    cfg.pop("defaults", None)
+    return topology_from_config(OmegaConf.merge(OmegaConf.structured(ClusterConfig), cfg))
+
+
+def test_a_layout_slowest_under_the_minimal_warmup_is_deepened_too():
+    """BERT-48 on sixteen single-V100 nodes over 10 Gbps: DAPPLE's straight 16-stage pipeline waits
+    on every link under the minimal warm-up (more than twice the best plan's time) and is the
+    optimum with a deeper one. The default budget finds it: the plan a 15× budget proves optimal."""
+    p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2, device_tflops=125)
+    topo = _shipped_cluster("v100-16x1-10g")
+    best, _, baselines, _ = search(p, topo, 128, Limits())
+    optimum, _, _, stats = search(p, topo, 128, Limits(search_nodes=300_000))
+    assert stats.proven_optimal
+    assert best.iteration_s == pytest.approx(optimum.iteration_s, rel=1e-12)
+    straight = baselines["DAPPLE straight"]
+    assert straight.iteration_s > 2 * best.iteration_s
+    assert best.warmup_depth > 1 and [s.stop for s in best.layout] == [s.stop for s in straight.layout]
+
+
+def test_local_search_under_a_deeper_warmup_ends_at_a_local_optimum_within_its_budget():
+    """From a 4-stage plan with a ×2 warm-up, the descent moves cuts, devices, micro-batch size and
+    depth, each move simulated: it ends no slower, at a plan the simulator agrees with, where no
+    move helps (descending again costs moves but finds nothing); a budget stops it after the move
+    that spends it."""
+    from dapple_launch.planner.cost import simulate_costed
+    from dapple_launch.planner.polish import descend
+    from dapple_launch.planner.warmup import CELLS_PER_NODE
+    profile = chain("links", [LayerProfile(f"l{i}", 1e-3, 2e-3, 2.5e6, 2e8) for i in range(8)], batch_size=4)
+    topo = Topology("t", 4, 1, 8e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=1e9)
+    G, limits = 64, Limits()
+    layout = tuple(StageSpec(a, z, (s,)) for s, (a, z) in enumerate([(0, 1), (1, 2), (2, 3), (3, 8)]))
+    start = evaluate(profile, topo, layout, 4, 16, limits, warmup_depth=2)
+    args = (profile, topo, G, limits, replica_choices(topo, G), divisors(G))
+    best, cost = descend(start, *args)
+    assert best.iteration_s < start.iteration_s * 0.7 and best.warmup_depth >= 2
+    assert simulate_costed(best).iteration_s == pytest.approx(best.iteration_s, rel=1e-12)
+    again, cost_again = descend(best, *args)
+    assert again is best and cost_again > 0
+    cut_short, spent = descend(start, *args, cost_budget=10)
+    assert 10 <= spent < 10 + math.ceil(4 * G / CELLS_PER_NODE) and cut_short.iteration_s < start.iteration_s

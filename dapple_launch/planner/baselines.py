@@ -1,6 +1,8 @@
 """Baselines planned under the same cost model, for comparison and for `speedup_over_data_parallel`."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..cluster import Topology
@@ -8,8 +10,15 @@ from ..profile.model_profile import ModelProfile
 from .cost import Costed, Limits, StageSpec, evaluate
 
 
+@lru_cache(maxsize=64)
+def _divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return tuple(sorted({*small, *(n // d for d in small)}))
+
+
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Ascending; asked for once per layout a baseline tries, hence cached."""
+    return list(_divisors(n))
 
 
 def best_over_micro_batches(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],

@@ -12,7 +12,9 @@ neighbours are tried in a fixed order and only a strictly better one is taken.
 Why it matters: the least-bottleneck seed ignores the transfers that the steady state's windows
 of adjacent stages pay (GNMT on 16 devices) and every stage's all-reduce tail (AmoebaNet 8:8);
 a few descent steps recover most of that before any branching, so the search prunes from a
-near-optimal incumbent and a budget-limited search still answers well.
+near-optimal incumbent and a budget-limited search still answers well. Under a deeper warm-up the
+same moves (and a step deeper or shallower) are simulated: a plan that hides its links behind a
+deeper warm-up wants different cuts than DAPPLE's minimal warm-up rewards (GNMT on 10 Gbps: 18%).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from ..profile.model_profile import ModelProfile
 from .bounds import fresh_node_start
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
+from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS
 
 
 @dataclass(frozen=True)
@@ -103,30 +106,42 @@ def _neighbours(x: Shape, allowed_replicas: frozenset[int], sizes: list[int]):
 
 
 def descend(start: Costed, profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-            allowed_replicas: list[int], sizes: list[int], max_steps: int = 200) -> tuple[Costed, int]:
-    """Steepest descent from `start`; (the local optimum, how many neighbours were costed)."""
+            allowed_replicas: list[int], sizes: list[int], max_steps: int = 200,
+            cost_budget: float = float("inf")) -> tuple[Costed, int]:
+    """Steepest descent from `start`; (the local optimum, the cost of the neighbours costed).
+
+    A start with a deeper 1F1B warm-up descends at that depth, one step deeper or shallower being
+    two more moves; its neighbours are simulated, each costing S M / CELLS_PER_NODE (warmup.py) of
+    `cost_budget`, which ends the descent when spent. Under DAPPLE's minimal warm-up each costs 1."""
     allowed = frozenset(allowed_replicas)
     sizes = sorted(sizes)
-    best, shape = start, shape_of(start, topology)
-    costed, seen = 0, {shape}
+    best, shape, depth = start, shape_of(start, topology), start.warmup_depth
+    costed, seen = 0, {(shape, depth)}
     memo: dict = {}  # neighbours share most stages and links: each is costed once
     for _ in range(max_steps):
         step = None
-        for n in _neighbours(shape, allowed, sizes):
-            if n in seen:
+        moves = [(n, depth) for n in _neighbours(shape, allowed, sizes)]
+        if depth > 1:
+            moves += [(shape, d) for d in (depth - 1, depth + 1) if 1 <= d <= limits.max_warmup_depth]
+        for n, d in moves:
+            if (n, d) in seen:
                 continue
-            seen.add(n)
+            seen.add((n, d))
             layout = n.layout(topology)
             M = global_batch // n.micro_batch
             if layout is None or M < MIN_MICRO_BATCHES[limits.schedule](len(layout)) \
-                    or n.micro_batch < max(n.replicas):
+                    or n.micro_batch < max(n.replicas) or (d > 1 and len(layout) * M > WARMUP_MAX_ACTIONS):
                 continue
             costs = stage_costs(profile, topology, layout, n.micro_batch, memo)
-            cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, costs=costs)
-            costed += 1
+            cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs)
+            costed += -(-len(layout) * M // CELLS_PER_NODE) if d > 1 else 1
             if cand.fits and cand.iteration_s < (step or best).iteration_s * (1 - 1e-12):
-                step, step_shape = cand, n
+                step, step_shape, step_depth = cand, n, d
+            if costed >= cost_budget:
+                break
         if step is None:
             break
-        best, shape = step, step_shape
+        best, shape, depth = step, step_shape, step_depth
+        if costed >= cost_budget:
+            break
     return best, costed

@@ -7,8 +7,8 @@ Order of work, each step giving the next a stronger incumbent: the baselines and
 each micro-batch size's least-bottleneck placement (bounds.py); local search (polish.py) from the
 best starts; branch and bound per micro-batch size over DAPPLE's minimal warm-up (a first pass
 cuts branches that cannot win by more than `optimality_gap`, a second, exact pass closes the gap);
-the best layouts with deeper warm-ups; then the exact pass over every layout with deeper warm-ups
-(warmup.py), cut by a bound valid for any warm-up. When a node budget ends first, the least lower
+the best layouts with deeper warm-ups, and local search at the best one's depth; then the exact
+pass over every layout with deeper warm-ups (warmup.py), cut by a bound valid for any warm-up. When a node budget ends first, the least lower
 bound of everything left unexplored says how far from the optimum the answer can be: the plan
 states that proven gap. A node budget, not a clock: the same inputs give the same plan anywhere.
 """
@@ -29,6 +29,10 @@ from .polish import descend, shape_of
 from .warmup import deepen_best_layouts, deep_sweep
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
+
+
+# of the node budget, what the local search under a deeper warm-up may spend (its moves are simulated)
+DEEP_DESCENT_SHARE = 1 / 8
 
 
 class NoFeasiblePlan(ValueError):
@@ -88,8 +92,18 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     # under any warm-up could still win (warmup.py). Optimal means optimal over both spaces.
     per_b += deepen_best_layouts(found + per_b, profile, topology, limits)
     best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
+    descent_cost = 0
+    if best is not None and best.warmup_depth > 1:  # local search at that depth (simulated moves)
+        allowed = replica_choices(topology, global_batch)
+        better, cost = descend(best, profile, topology, global_batch, limits, allowed, sizes,
+                               cost_budget=limits.search_nodes * DEEP_DESCENT_SHARE)
+        stats.nodes += cost
+        descent_cost = cost
+        if better is not best:
+            per_b.append(better)
+            best = better
     if best is not None:
-        budget = max(limits.search_nodes // 4, limits.search_nodes - stats.nodes)
+        budget = max(limits.search_nodes // 4 - descent_cost, limits.search_nodes - stats.nodes)
         deeper, deep_bounds, scored = deep_sweep(searches, best.iteration_s, limits, budget)
         per_b += deeper
         stats.nodes += scored

@@ -86,28 +86,53 @@ def deeper_depths(num_stages: int, num_micro_batches: int, limits: Limits) -> li
 
 def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: Topology,
                         limits: Limits) -> list[Costed]:
-    """The best few layouts again with deeper warm-ups, while they fit and pay: a strong incumbent
-    for the exact pass (deep_sweep), found in a few simulations."""
+    """Layouts found so far again with deeper warm-ups: a strong incumbent for the exact pass
+    (deep_sweep), found in a few simulations. Two kinds are worth it: the few fastest under the
+    minimal warm-up, and the few whose bound under the deepest warm-up that fits is least: a layout
+    that waits on slow links (a straight pipeline on 10 Gbps) can be the slowest under DAPPLE's
+    warm-up and the fastest once a deeper one hides its transfers."""
     if limits.schedule != "1f1b" or limits.max_warmup_depth < 2:
         return []
-    out, seen = [], set()
+    fastest, potential, seen = [], [], set()
     for c in sorted(found, key=lambda c: (c.iteration_s, c.summary())):
         key = (c.layout, c.micro_batch_size)
-        if key in seen or len(c.layout) < 2:
+        S, M = len(c.layout), c.num_micro_batches
+        if key in seen or S < 2 or S * M > WARMUP_MAX_ACTIONS or M < MIN_MICRO_BATCHES["1f1b"](S):
             continue
         seen.add(key)
-        if len(seen) > WARMUP_LAYOUTS:
-            break
-        S, M = len(c.layout), c.num_micro_batches
-        if S * M > WARMUP_MAX_ACTIONS or M < MIN_MICRO_BATCHES["1f1b"](S):
-            continue
+        depths = _fitting_depths(c, profile, limits)
+        if depths:
+            if len(fastest) < WARMUP_LAYOUTS:
+                fastest.append((c, depths))
+            potential.append((min(warmup_bound(c.costs, M, w) for _, w in depths), c.summary(), c, depths))
+    potential.sort(key=lambda x: x[:2])
+    chosen = fastest + [(c, d) for _, _, c, d in potential[:WARMUP_LAYOUTS] if all(c is not f for f, _ in fastest)]
+    out, incumbent = [], min((c.iteration_s for c in found), default=math.inf)
+    for c, depths in chosen:
         best = c.iteration_s if c.schedule == "1f1b" else math.inf
-        for depth, _ in deeper_depths(S, M, limits):
-            cand = evaluate(profile, topology, c.layout, c.micro_batch_size, M, limits, warmup_depth=depth)
-            if not cand.fits or cand.iteration_s >= best * (1 - 1e-9):
-                break  # more depth needs more memory, and has stopped paying
-            best = cand.iteration_s
-            out.append(cand)
+        for depth, warmup in depths:
+            if warmup_bound(c.costs, c.num_micro_batches, warmup) >= min(best, incumbent):
+                continue  # cannot beat what is known: not worth a simulation
+            cand = evaluate(profile, topology, c.layout, c.micro_batch_size, c.num_micro_batches, limits,
+                            warmup_depth=depth, costs=c.costs)
+            if cand.iteration_s < best * (1 - 1e-9):
+                best = cand.iteration_s
+                incumbent = min(incumbent, best)
+                out.append(cand)
+            elif best < math.inf and cand.iteration_s > best * (1 + 1e-9):
+                break  # deeper has stopped paying
+    return out
+
+
+def _fitting_depths(c: Costed, profile: ModelProfile, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
+    """The deeper warm-ups (depth, per-stage warm-up) under which this layout still fits memory."""
+    S, M, out = len(c.layout), c.num_micro_batches, []
+    params = [profile.span(st.start, st.stop)[3] * limits.optimizer_factor for st in c.layout]
+    for depth, warmup in deeper_depths(S, M, limits):
+        if any(params[s] + in_flight("1f1b", s, S, M, warmup) * c.costs[s].activation_bytes > c.capacity_bytes
+               for s in range(S)):
+            break  # more depth keeps more micro-batches in flight: none deeper fits either
+        out.append((depth, warmup))
     return out
 
 
