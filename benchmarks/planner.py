@@ -10,6 +10,7 @@ case: a 96-layer BERT (analytic profile) on 512 devices (64 nodes × 8).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -54,6 +55,7 @@ def load_profile(file: str, pbs: int, scale: float):
 
 
 def row(name, profile, topo, G, limits):
+    gc.collect()  # each row from a collected heap, as a fresh `python -m dapple_launch` plans
     t0 = time.perf_counter()
     best, _, baselines, stats = search(profile, topo, G, limits)
     wall = time.perf_counter() - t0

@@ -338,3 +338,44 @@ def test_local_search_under_a_deeper_warmup_ends_at_a_local_optimum_within_its_b
     assert again is best and cost_again > 0
     cut_short, spent = descend(start, *args, cost_budget=10)
     assert 10 <= spent < 10 + math.ceil(4 * G / CELLS_PER_NODE) and cut_short.iteration_s < start.iteration_s
+
+
+def test_the_deeper_warmup_tables_hold_the_round_trip_no_warmup_hides():
+    """suffix_bound's warm-up-proof tables, where the last two layers are left for the last node's two
+    devices (free links): the table equals its definition over the three ways to finish — per stage p,
+    max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p) after the first forward reached it, plus its
+    all-reduce (reach_end) or the gradient's way home (round_end), the least over the ways of the worst
+    stage. With few micro-batches the round trip R_p binds: without it the bound was M t_p only."""
+    from dapple_launch.planner.branch import BranchAndBound
+    from dapple_launch.planner.cost import stage_costs
+    stronger = 0
+    for seed in range(6):
+        rng = random.Random(40 + seed)
+        profile = random_profile(rng, 5)
+        L = profile.num_layers
+        topo = Topology("free-links", 2, 2, 1e15, 10.0, 1e30, 1e30, 0.0, 0.0,
+                        inter_node_allreduce_bandwidth=rng.choice([1e9, 3e9]))
+        G, b = 8, 2
+        M = G // b
+        x = BranchAndBound(profile, topo, G, Limits(), b, math.inf)
+        ways = [(StageSpec(L - 2, L, (2,)),), (StageSpec(L - 2, L, (2, 3)),),
+                (StageSpec(L - 2, L - 1, (2,)), StageSpec(L - 1, L, (3,)))]
+        reach, round_, old = [], [], []
+        for layout in ways:
+            costs = stage_costs(profile, topo, layout, b)
+            F, B = [c.forward_s for c in costs], [c.backward_s for c in costs]
+            worst_reach = worst_round = worst_old = 0.0
+            for p in range(len(costs)):
+                trip = sum(F[j] + B[j] for j in range(p + 1, len(costs)))
+                busy = max(M * (F[p] + B[p]), F[p] + B[p] + (M - 1) * max(F[p], B[p]) + trip)
+                worst_reach = max(worst_reach, sum(F[:p]) + busy + costs[p].allreduce_s)
+                worst_round = max(worst_round, sum(F[:p]) + sum(B[:p]) + busy)
+                worst_old = max(worst_old, sum(F[:p]) + M * (F[p] + B[p]) + costs[p].allreduce_s)
+            reach.append(worst_reach)
+            round_.append(worst_round)
+            old.append(worst_old)
+        assert float(x.bounds.reach_end[L - 2, 2]) == pytest.approx(min(reach), rel=1e-9)
+        assert float(x.bounds.round_end[L - 2, 2]) == pytest.approx(min(round_), rel=1e-9)
+        assert min(reach) >= min(old) * (1 - 1e-12)
+        stronger += min(reach) > min(old) * (1 + 1e-9)
+    assert stronger  # the round trip binds on some of these instances

@@ -71,8 +71,8 @@ class SuffixBounds:
     pass_tail: np.ndarray  # the least sum plus all-reduce tail X (cost.py: T = E_0 + X), bounded
     stage_end: np.ndarray  # the least over completions of max over its stages of when that stage's all-reduce can end
     # Valid for any 1F1B warm-up (warmup.py), where a stage may run ahead and hide the stages after it:
-    reach_end: np.ndarray  # least max over stages p of sum_{j<p}(F_j + c_j) + M t_p + AR_p
-    round_end: np.ndarray  # least max over stages p of sum_{j<p}(t_j + 2 c_j) + M t_p
+    reach_end: np.ndarray  # least max over p of sum_{j<p}(F_j + c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p) + AR_p
+    round_end: np.ndarray  # least max over p of sum_{j<p}(t_j + 2 c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p)
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
@@ -92,6 +92,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     reach_end, round_end: the same without the later stages' pass, which a deeper warm-up can hide:
                 stage p starts after the first micro-batch's forward reached it, computes M t_p,
                 then all-reduces (reach_end) or sends its last gradient back down (round_end).
+                What no warm-up hides is in both: stage p's first backward waits for the
+                first micro-batch's round trip R_p = 2 c_p + sum_{j>p}(t_j + 2 c_j), its last
+                backward for the last one's, so it needs F_p + R_p + M B_p and M F_p + R_p + B_p
+                before its all-reduce (warmup.py's bound with every micro-batch in flight): it
+                binds where few micro-batches fill a deep pipeline, or all-reduces are long.
     Each table minimises on its own (the least of each is at most what any one completion
     attains), so each is a valid bound.
     """
@@ -166,14 +171,18 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             sum_at = np.minimum(sum_at, (per_pass + rest_sum).min(axis=(0, 1)))
             ar = np.where(stage_param_bytes[None, :, None] > 0,
                           stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :], 0.0)
-            forward_in = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None] + link
+            forward = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None]
+            forward_in = forward + link
             tail = np.maximum(per_pass + ar + rest_sum, forward_in + pass_tail[z][:, nxt].transpose(1, 0, 2))
             tail_at = np.minimum(tail_at, tail.min(axis=(0, 1)))
             end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
             end_at = np.minimum(end_at, end.min(axis=(0, 1)))
-            reach = np.maximum(M * t + ar, forward_in + reach_end[z][:, nxt].transpose(1, 0, 2))
+            slow_side = (M - 1) * np.maximum(forward, t - forward) if M > 1 else 0.0  # (0 × inf is nan)
+            reach = np.maximum(np.maximum(M * t, t + slow_side + 2 * link + rest_sum) + ar,
+                               forward_in + reach_end[z][:, nxt].transpose(1, 0, 2))
             reach_at = np.minimum(reach_at, reach.min(axis=(0, 1)))
-            round_trip = np.maximum(M * t, per_pass + round_end[z][:, nxt].transpose(1, 0, 2))
+            round_trip = np.maximum(np.maximum(M * t, t + slow_side + 2 * link + rest_sum),
+                                    per_pass + round_end[z][:, nxt].transpose(1, 0, 2))
             round_at = np.minimum(round_at, round_trip.min(axis=(0, 1)))
         fresh = fresh_node_start(starts, k, D)
         s = np.where(best_at[fresh] < best_at, fresh, starts)  # ties: continue on the same node

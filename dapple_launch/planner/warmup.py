@@ -21,9 +21,11 @@ and, with k_s = w_s + 1 micro-batches in flight, the steady state's cycle throug
 (DAPPLE's windows, k_s times wider): B_s(m) -> F_s(m + k_s) -> round trip -> B_s(m + k_s), so
     T >= a_s + ceil(M / k_s) (F_s + R_s + B_s) + (backwards left after the last cycle) B_s + down_s
 
-With w_s unknown (a partial plan) the wait term is left out; the suffix tables of bounds.py
-(reach_end, round_end) bound the stages not placed yet. Checked against the simulator for every
-depth by the tests.
+With w_s unknown (a partial plan) the wait term is left out, except with every micro-batch in
+flight (M F_s + R_s + B_s and F_s + R_s + M B_s: no warm-up hides those); the suffix tables of
+bounds.py (reach_end, round_end) bound the stages not placed yet, that term included. With M <= 2
+micro-batches 1F1B already keeps all of them in flight: there is no deeper warm-up to search.
+Checked against the simulator for every depth by the tests.
 """
 from __future__ import annotations
 
@@ -226,6 +228,9 @@ def deep_sweep(searches: list[BranchAndBound], incumbent: float, limits: Limits,
     found, bounds, used = [], {}, 0
     deep = sorted((DeepWarmupSearch.over(s) for s in searches), key=lambda x: (x.root_bound(), -x.b))
     for x in deep:
+        if x.M <= 2:  # 1F1B runs S <= M stages, each already keeping all M in flight: nothing deeper
+            bounds[x.b] = math.inf
+            continue
         left = budget - used
         if left <= 0:
             bounds[x.b] = x.root_bound()
