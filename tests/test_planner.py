@@ -379,3 +379,30 @@ def test_the_deeper_warmup_tables_hold_the_round_trip_no_warmup_hides():
         assert min(reach) >= min(old) * (1 - 1e-12)
         stronger += min(reach) > min(old) * (1 + 1e-9)
     assert stronger  # the round trip binds on some of these instances
+
+
+def test_a_deeper_warmup_is_screened_before_it_is_simulated():
+    """worth_simulating (the local search's check before a simulation) agrees with the simulated
+    candidate: it fits memory exactly when evaluate() says so, and it passes only when the bound is
+    below the time to beat — the bound being below the simulated time, nothing better is screened out."""
+    from dapple_launch.planner.cost import stage_costs
+    from dapple_launch.planner.warmup import warmup_bound, worth_simulating
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    rng = random.Random(77)
+    topo = Topology("t", 2, 2, 2e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=3e9)
+    limits, capacity = Limits(), 2e9 * (1 - Limits().memory_headroom)
+    fits = 0
+    for _ in range(40):
+        profile = random_profile(rng, 6)
+        cuts = sorted(rng.sample(range(1, 6), rng.choice([1, 2, 3])))
+        layout = tuple(StageSpec(a, z, (s,)) for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, 6])))
+        b, M, depth = rng.choice([1, 2, 4]), rng.choice([4, 6, 8]), rng.choice([2, 3, 4])
+        costs = stage_costs(profile, topo, layout, b)
+        c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=depth, costs=costs)
+        assert worth_simulating(profile, layout, costs, M, depth, limits, capacity, math.inf) == c.fits
+        bound = warmup_bound(costs, M, deeper_warmup(len(layout), M, depth))
+        assert bound <= c.iteration_s * (1 + 1e-12)
+        assert not worth_simulating(profile, layout, costs, M, depth, limits, capacity, bound)
+        fits += c.fits
+        assert worth_simulating(profile, layout, costs, M, depth, limits, capacity, c.iteration_s * 1.01) == c.fits
+    assert 0 < fits < 40  # both sides of the memory check are exercised

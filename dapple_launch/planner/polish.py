@@ -25,7 +25,7 @@ from ..profile.model_profile import ModelProfile
 from .bounds import fresh_node_start
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
-from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS
+from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS, worth_simulating
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
     sizes = sorted(sizes)
     best, shape, depth = start, shape_of(start, topology), start.warmup_depth
     costed, seen = 0, {(shape, depth)}
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     memo: dict = {}  # neighbours share most stages and links: each is costed once
     for _ in range(max_steps):
         step = None
@@ -133,6 +134,10 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
                     or n.micro_batch < max(n.replicas) or (d > 1 and len(layout) * M > WARMUP_MAX_ACTIONS):
                 continue
             costs = stage_costs(profile, topology, layout, n.micro_batch, memo)
+            if d > 1 and not worth_simulating(profile, layout, costs, M, d, limits, capacity,
+                                              (step or best).iteration_s * (1 - 1e-12)):
+                costed += 1  # screened out by memory or by its bound: no simulation
+                continue
             cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs)
             costed += -(-len(layout) * M // CELLS_PER_NODE) if d > 1 else 1
             if cand.fits and cand.iteration_s < (step or best).iteration_s * (1 - 1e-12):

@@ -138,6 +138,20 @@ def _fitting_depths(c: Costed, profile: ModelProfile, limits: Limits) -> list[tu
     return out
 
 
+def worth_simulating(profile: ModelProfile, layout: tuple[StageSpec, ...], costs: list[StageCosts],
+                     num_micro_batches: int, depth: int, limits: Limits, capacity_bytes: float,
+                     beat: float) -> bool:
+    """Whether a layout under a deeper warm-up fits memory and its bound could still beat `beat`:
+    a check of O(S) before a simulation of O(S M)."""
+    S, M = len(layout), num_micro_batches
+    warmup = deeper_warmup(S, M, depth)
+    for s, st in enumerate(layout):
+        params = profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+        if params + in_flight("1f1b", s, S, M, warmup) * costs[s].activation_bytes > capacity_bytes:
+            return False
+    return warmup_bound(costs, M, warmup) < beat
+
+
 class DeepWarmupSearch(BranchAndBound):
     """The branch and bound of one micro-batch size over layouts with warm-ups deeper than DAPPLE's,
     sharing the minimal pass's bound tables (built for plans that beat an incumbent at least as
