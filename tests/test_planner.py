@@ -406,3 +406,17 @@ def test_a_deeper_warmup_is_screened_before_it_is_simulated():
         fits += c.fits
         assert worth_simulating(profile, layout, costs, M, depth, limits, capacity, c.iteration_s * 1.01) == c.fits
     assert 0 < fits < 40  # both sides of the memory check are exercised
+
+
+def test_one_f_one_b_branches_stop_at_as_many_stages_as_micro_batches():
+    """1F1B needs M >= S: with M = 2 micro-batches the tree stops at two stages (GPipe's does not),
+    and the search still equals the exhaustive optimum over every layout."""
+    from dapple_launch.planner.branch import BranchAndBound
+    rng = random.Random(3)
+    profile = random_profile(rng, 6)
+    topo = Topology("t", 2, 4, 8e9, 10, 20e9, 2e9, inter_node_allreduce_bandwidth=3e9)
+    assert BranchAndBound(profile, topo, 8, Limits(), 4, math.inf).max_stages == 2
+    assert BranchAndBound(profile, topo, 8, Limits(schedule="gpipe"), 4, math.inf).max_stages == 6
+    limits = Limits(max_warmup_depth=2)
+    best, *_ = search(profile, topo, 8, limits)
+    assert best.iteration_s == pytest.approx(brute_force(profile, topo, 8, limits), rel=1e-12)

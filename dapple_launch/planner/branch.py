@@ -62,7 +62,11 @@ class BranchAndBound:
         self.p, self.t, self.G, self.limits, self.b = profile, topology, global_batch, limits, b
         self.M = global_batch // b
         self.L, self.D = profile.num_layers, topology.num_devices
-        self.max_stages = min(self.L, self.D, limits.max_stages or self.L)
+        # a schedule needs enough micro-batches for its stages (1F1B: M >= S): no branch past the
+        # most stages M micro-batches can run has a leaf
+        most = min(self.L, self.D, limits.max_stages or self.L)
+        self.max_stages = max(s for s in range(1, most + 1) if MIN_MICRO_BATCHES[limits.schedule](s) <= self.M
+                              or s == 1)
         self.pbs, self.speed = profile.batch_size, speed_ratio(profile, topology)
         self.best_t, self.best = incumbent, None
         self.gap = gap  # prune branches that cannot beat the incumbent by more than this fraction
