@@ -280,8 +280,8 @@ class BranchAndBound:
 class Prefix(NamedTuple):
     """The stages placed so far and what the bounds need of them, kept as running totals so a
     child's bound costs O(stages) (its windows), not O(stages²). A named tuple: the search builds
-    one per child, and a tuple is built several times faster than a frozen dataclass. Links are those between placed
-    stages; the one out of the last stage is not known until the next stage is."""
+    one per child, and a tuple is built several times faster than a frozen dataclass. Links are
+    those between placed stages; the one out of the last stage is not known until the next stage is."""
     stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # (first layer, stop, devices)
     times: tuple[float, ...]  # t = F + B per stage
     links: tuple[float, ...]  # transfer time between stage j and j + 1

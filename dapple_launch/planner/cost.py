@@ -109,6 +109,16 @@ def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int
     return min(num_stages - stage, num_micro_batches)
 
 
+def memory_per_device(profile: ModelProfile, layout: tuple[StageSpec, ...], costs: list[StageCosts],
+                      num_micro_batches: int, limits: Limits, warmup: tuple[int, ...] = ()) -> list[float]:
+    """Per stage, the bytes one of its devices keeps: parameters × optimizer factor plus the
+    activations of the micro-batches the schedule (and warm-up) keeps in flight."""
+    S = len(layout)
+    return [profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+            + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes
+            for s, (st, c) in enumerate(zip(layout, costs))]
+
+
 def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
                 micro_batch_size: int, memo: dict | None = None) -> list[StageCosts]:
     """`memo`: a dict shared by calls costing many layouts of one profile and cluster that differ in
@@ -188,11 +198,7 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
         if limits.schedule != "1f1b":
             raise ValueError(f"warm-up depth {warmup_depth} needs the 1f1b schedule, not {limits.schedule}")
         warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
-    memory = []
-    for s, (st, c) in enumerate(zip(layout, costs)):
-        params = profile.span(st.start, st.stop)[3]
-        memory.append(params * limits.optimizer_factor
-                      + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes)
+    memory = memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
     if warmup:
         iteration_s = iteration_time(_warmup_orders(S, num_micro_batches, warmup), costs, num_micro_batches)
     else:

@@ -10,7 +10,8 @@ cuts branches that cannot win by more than `optimality_gap`, a second, exact pas
 the best layouts with deeper warm-ups, and local search from the best two at their depths; then
 the exact pass over every layout with deeper warm-ups (warmup.py), cut by a bound valid for any
 warm-up. When a node budget ends first, the least lower bound of everything left unexplored says
-how far from the optimum the answer can be: the plan states that proven gap. A node budget, not a clock: the same inputs give the same plan anywhere.
+how far from the optimum the answer can be: the plan states that proven gap. A node budget, not a
+clock: the same inputs give the same plan anywhere.
 """
 from __future__ import annotations
 
@@ -95,7 +96,6 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     # Deeper warm-ups: the best layouts first (a few simulations), then every layout whose bound
     # under any warm-up could still win (warmup.py). Optimal means optimal over both spaces.
     per_b += deepen_best_layouts(found + per_b, profile, topology, limits)
-    best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
     descent_cost = 0
     deep_starts = []
     for c in sorted(per_b, key=lambda c: (c.iteration_s, c.summary())):

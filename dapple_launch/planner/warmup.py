@@ -33,7 +33,7 @@ import math
 
 from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime
 from .build import MIN_MICRO_BATCHES
-from .cost import Costed, Limits, StageSpec, evaluate, in_flight, stage_costs
+from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts
@@ -128,11 +128,9 @@ def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: To
 
 def _fitting_depths(c: Costed, profile: ModelProfile, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
     """The deeper warm-ups (depth, per-stage warm-up) under which this layout still fits memory."""
-    S, M, out = len(c.layout), c.num_micro_batches, []
-    params = [profile.span(st.start, st.stop)[3] * limits.optimizer_factor for st in c.layout]
-    for depth, warmup in deeper_depths(S, M, limits):
-        if any(params[s] + in_flight("1f1b", s, S, M, warmup) * c.costs[s].activation_bytes > c.capacity_bytes
-               for s in range(S)):
+    M, out = c.num_micro_batches, []
+    for depth, warmup in deeper_depths(len(c.layout), M, limits):
+        if max(memory_per_device(profile, c.layout, c.costs, M, limits, warmup)) > c.capacity_bytes:
             break  # more depth keeps more micro-batches in flight: none deeper fits either
         out.append((depth, warmup))
     return out
@@ -143,13 +141,10 @@ def worth_simulating(profile: ModelProfile, layout: tuple[StageSpec, ...], costs
                      beat: float) -> bool:
     """Whether a layout under a deeper warm-up fits memory and its bound could still beat `beat`:
     a check of O(S) before a simulation of O(S M)."""
-    S, M = len(layout), num_micro_batches
-    warmup = deeper_warmup(S, M, depth)
-    for s, st in enumerate(layout):
-        params = profile.span(st.start, st.stop)[3] * limits.optimizer_factor
-        if params + in_flight("1f1b", s, S, M, warmup) * costs[s].activation_bytes > capacity_bytes:
-            return False
-    return warmup_bound(costs, M, warmup) < beat
+    warmup = deeper_warmup(len(layout), num_micro_batches, depth)
+    if max(memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)) > capacity_bytes:
+        return False
+    return warmup_bound(costs, num_micro_batches, warmup) < beat
 
 
 class DeepWarmupSearch(BranchAndBound):
@@ -213,10 +208,8 @@ class DeepWarmupSearch(BranchAndBound):
             return  # one stage: no warm-up to deepen; or too few micro-batches for the pipeline
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         costs = stage_costs(self.p, self.t, layout, self.b)
-        params = [self.p.span(st.start, st.stop)[3] * self.limits.optimizer_factor for st in layout]
         for depth, warmup in deeper_depths(S, M, self.limits):
-            if any(params[s] + in_flight("1f1b", s, S, M, warmup) * costs[s].activation_bytes > self.cap
-                   for s in range(S)):
+            if max(memory_per_device(self.p, layout, costs, M, self.limits, warmup)) > self.cap:
                 return  # a deeper warm-up keeps more micro-batches: it does not fit either
             bound = warmup_bound(costs, M, warmup)
             if bound >= self.cutoff:
@@ -242,9 +235,9 @@ def deep_sweep(searches: list[BranchAndBound], incumbent: float, limits: Limits,
     found, bounds, used = [], {}, 0
     deep = sorted((DeepWarmupSearch.over(s) for s in searches), key=lambda x: (x.root_bound(), -x.b))
     for x in deep:
-        if x.M <= 2:  # 1F1B runs S <= M stages, each already keeping all M in flight: nothing deeper
-            bounds[x.b] = math.inf
-            continue
+        if not any(deeper_depths(S, x.M, limits) for S in range(2, x.max_stages + 1)):
+            bounds[x.b] = math.inf  # (M <= 2: 1F1B already keeps every micro-batch in flight)
+            continue  # no layout of this size has a deeper warm-up: nothing to search
         left = budget - used
         if left <= 0:
             bounds[x.b] = x.root_bound()
