@@ -19,10 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from omegaconf import OmegaConf  # noqa: E402
 
 from dapple_launch.models import build_model  # noqa: E402
-from dapple_launch.plan_config import topology_from_config  # noqa: E402
+from dapple_launch.plan_config import shipped_topology  # noqa: E402
 from dapple_launch.planner.cost import Limits, simulate_costed  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
@@ -37,14 +36,7 @@ SHORT = {"data parallel": "DP", "GPipe even split": "GPipe", "PipeDream planner"
 
 
 def topology(name: str):
-    cfg = OmegaConf.load(ROOT / "conf" / "cluster" / f"{name}.yaml")
-    cfg.pop("defaults", None)
-    return topology_from_config(OmegaConf.merge(OmegaConf.structured(_schema()), cfg))
-
-
-def _schema():
-    from dapple_launch.config import ClusterConfig
-    return ClusterConfig
+    return shipped_topology(name)  # at the precision trainer.precision=auto picks there
 
 
 def load_profile(file: str, pbs: int, scale: float):

@@ -1,26 +1,82 @@
-"""Typed config schemas (Hydra structured configs) and the plan resolver.
+"""Typed config schemas (Hydra structured configs), one per kind, and the plan resolver.
 
-`plan: ${dapple_plan:}` in conf/config.yaml calls the planner (strategy=auto) or validates the
-stated layout (strategy=fixed) and writes the Plan into the config, so `--cfg job --resolve`
-shows it. A misspelled or mistyped key fails with its full path.
+Every choice is an enum (a wrong choice fails at composition with the valid ones); each model
+family, strategy kind and data kind has its own schema, so a key that belongs to another kind
+fails with its full path. Each section checks its values in `__post_init__`, run by
+`check_values` before any process starts. `plan: ${dapple_plan:}` in conf/config.yaml calls the
+planner so `--cfg job --resolve` shows the plan.
 """
 from __future__ import annotations
 
+import enum
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 GIB = 2**30
 GBPS = 1e9  # the configs state bandwidths in GB/s
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package (a wheel carries it)
+
+
+class Choice(str, enum.Enum):
+    """A config choice: compares, hashes and formats as its name (`Precision["bf16-mixed"] ==
+    "bf16-mixed"`), so code reading a typed config and a worker reading config.yaml agree."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    __format__ = str.__format__
+
+    @classmethod
+    def _missing_(cls, value):  # `trainer.precision=32` arrives as the integer 32
+        return cls.__members__.get(str(value))
+
+
+def choice(name: str, *values: str) -> type[Choice]:
+    return Choice(name, {v: v for v in values})
+
+
+ModelName = choice("ModelName", "gpt", "bert", "vgg19", "from_profile", "custom")
+GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
+BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
+VGGPreset = choice("VGGPreset", "imagenet", "tiny")
+StrategyName = choice("StrategyName", "auto", "fixed", "file")
+ScheduleName = choice("ScheduleName", "1f1b", "gpipe")
+ProfileSource = choice("ProfileSource", "analytic", "measured")
+DeviceKind = choice("DeviceKind", "cpu", "gpu")
+ClusterLauncher = choice("ClusterLauncher", "local", "slurm")
+LauncherName = choice("LauncherName", "auto", "local", "slurm")
+DataKind = choice("DataKind", "synthetic", "text_file", "tokens")
+TokenDtype = choice("TokenDtype", "uint16", "uint32")
+LoggerName = choice("LoggerName", "csv", "wandb", "none")
+WandbMode = choice("WandbMode", "offline", "online", "disabled")
+Precision = choice("Precision", "auto", "32", "bf16-mixed", "16-mixed")
+
+
+def _need(ok: bool, key: str, value, rule: str) -> None:
+    """One refusal: the key, its value, the rule (which says the fix)."""
+    if not ok:
+        raise ValueError(f"{key}={value}: {rule}")
+
+
+def _positive(section: str, **values) -> None:
+    for key, value in values.items():
+        if value is not None:
+            _need(value >= 1, f"{section}.{key}", value, "must be >= 1")
+
+
+# ---- model: one schema per family ---------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    name: ModelName = MISSING
 
 
 @dataclass
-class ModelConfig:
-    name: str = "gpt"  # gpt | bert | vgg19 | from_profile
-    preset: str = "tiny"
+class TransformerModelConfig(ModelConfig):
     # shape fields: None keeps the preset's value
     num_layers: Optional[int] = None
     hidden: Optional[int] = None
@@ -29,35 +85,88 @@ class ModelConfig:
     vocab_size: Optional[int] = None
     ffn_mult: Optional[int] = None
     dropout: Optional[float] = None
+    tie_embeddings: bool = True  # the token embedding and the output projection are one weight (GPT-2)
+
+    def __post_init__(self) -> None:
+        _positive("model", num_layers=self.num_layers, hidden=self.hidden, heads=self.heads, seq_len=self.seq_len,
+                  vocab_size=self.vocab_size, ffn_mult=self.ffn_mult)
+        if self.dropout is not None:
+            _need(0 <= self.dropout < 1, "model.dropout", self.dropout, "must be in [0, 1)")
+
+
+@dataclass
+class GPTModelConfig(TransformerModelConfig):
+    name: ModelName = ModelName["gpt"]
+    preset: GPTPreset = GPTPreset["tiny"]
+
+
+@dataclass
+class BERTModelConfig(TransformerModelConfig):
+    name: ModelName = ModelName["bert"]
+    preset: BERTPreset = BERTPreset["large"]
+
+
+@dataclass
+class VGGModelConfig(ModelConfig):
+    name: ModelName = ModelName["vgg19"]
+    preset: VGGPreset = VGGPreset["imagenet"]
     image_size: Optional[int] = None
     num_classes: Optional[int] = None
     width_divisor: Optional[int] = None
     fc_width: Optional[int] = None
-    # from_profile: a PipeDream/DAPPLE graph text profile, planned only (no layers to train)
-    profile: Optional[str] = None
-    profile_batch_size: int = 1
-    parameter_scale: float = 1.0  # corrects a profile's parameter unit (vgg-19-pbs-32.txt: 1.048576)
+
+    def __post_init__(self) -> None:
+        _positive("model", image_size=self.image_size, num_classes=self.num_classes,
+                  width_divisor=self.width_divisor, fc_width=self.fc_width)
+
+
+@dataclass
+class FromProfileModelConfig(ModelConfig):
+    """A PipeDream/DAPPLE graph text profile, planned only (no layers to train)."""
+    name: ModelName = ModelName["from_profile"]
+    profile: Optional[str] = None  # a path, or a bundled profile's name (bert-48-pbs-2)
+    profile_batch_size: Optional[int] = None  # None: a bundled profile's own, or the file name's "-pbs-N"
+    parameter_scale: Optional[float] = None  # corrects a profile's parameter unit; None: a bundled profile's own
     profile_device_tflops: Optional[float] = None  # the device the profile was measured on
 
+    def __post_init__(self) -> None:
+        _positive("model", profile_batch_size=self.profile_batch_size)
+        for key in ("parameter_scale", "profile_device_tflops"):
+            value = getattr(self, key)
+            if value is not None:
+                _need(value > 0, f"model.{key}", value, "must be > 0")
 
+
+@dataclass
+class CustomModelConfig(ModelConfig):
+    """Your own PipelineModel: `target` names a factory PACKAGE.MODULE:CALLABLE, called with `args`."""
+    name: ModelName = ModelName["custom"]
+    target: str = MISSING
+    args: Any = None  # a mapping of keyword arguments (model.args={hidden:128} or +model.args.hidden=128)
+
+
+MODEL_SCHEMAS = {"gpt": GPTModelConfig, "bert": BERTModelConfig, "vgg19": VGGModelConfig,
+                 "from_profile": FromProfileModelConfig, "custom": CustomModelConfig}
+
+
+# ---- cluster -----------------------------------------------------------------------------------
 @dataclass
 class ClusterConfig:
     name: str = "local"
     nodes: int = 1
     devices_per_node: int = 4
-    device_kind: str = "cpu"  # cpu (gloo) | gpu (nccl)
+    device_kind: DeviceKind = DeviceKind["cpu"]  # cpu: gloo between processes; gpu: NCCL
     device_memory_gib: float = 4.0
-    device_tflops: float = 0.05
+    device_tflops: float = 0.05  # the device's half-precision (bf16/fp16) tensor peak
+    device_tflops_fp32: Optional[float] = None  # its fp32 peak; None: the same as device_tflops
+    bf16: bool = False  # the device computes in bf16 (A100, H100); trainer.precision=auto picks it
     intra_node_bandwidth_gbps: float = 1.0  # GB/s point to point
     inter_node_bandwidth_gbps: float = 1.0
     intra_node_latency_us: float = 50.0
     inter_node_latency_us: float = 50.0
     intra_node_allreduce_gbps: Optional[float] = None
     inter_node_allreduce_gbps: Optional[float] = None
-    launcher: str = "local"  # the launcher this cluster is reached by: local | slurm
-    # what `strategy: default` becomes on this cluster: auto (the planner) on real clusters; the
-    # CPU clusters of this machine keep the fixed 2-stage demonstration layout
-    default_strategy: str = "auto"
+    launcher: ClusterLauncher = ClusterLauncher["local"]  # the launcher this cluster is reached by
     # Slurm (launcher=slurm): every field may be overridden on the command line
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -69,35 +178,138 @@ class ClusterConfig:
     setup: List[str] = field(default_factory=list)  # shell lines before the job (modules, containers)
     max_num_timeout: int = 3  # times a job that hit its time limit is requeued
 
+    def __post_init__(self) -> None:
+        _positive("cluster", nodes=self.nodes, devices_per_node=self.devices_per_node, time_min=self.time_min,
+                  cpus_per_task=self.cpus_per_task, mem_gb=self.mem_gb)
+        for key in ("device_memory_gib", "device_tflops", "device_tflops_fp32", "intra_node_bandwidth_gbps",
+                    "inter_node_bandwidth_gbps", "intra_node_allreduce_gbps", "inter_node_allreduce_gbps"):
+            value = getattr(self, key)
+            if value is not None:
+                _need(value > 0 and math.isfinite(value), f"cluster.{key}", value, "must be a number > 0")
+        for key in ("intra_node_latency_us", "inter_node_latency_us"):
+            _need(getattr(self, key) >= 0, f"cluster.{key}", getattr(self, key), "must be >= 0")
+        _need(self.max_num_timeout >= 0, "cluster.max_num_timeout", self.max_num_timeout, "must be >= 0")
 
+
+# ---- strategy: one schema per kind ---------------------------------------------------------------
 @dataclass
 class StrategyConfig:
-    name: str = "auto"  # auto (the planner) | fixed | file
+    name: StrategyName = MISSING
+
+
+@dataclass
+class PlannedStrategyConfig(StrategyConfig):
+    """What a fixed layout and the planner share: the schedule, the memory model, the profile."""
+    schedule: ScheduleName = ScheduleName["1f1b"]
+    optimizer_factor: float = 4.0  # bytes kept per parameter byte: weight, gradient, Adam m and v
+    memory_headroom: float = 0.1  # fraction of device memory kept free (allocator, workspace)
+    profile_source: ProfileSource = ProfileSource["analytic"]  # the model profile for estimates and planning
+
+    def __post_init__(self) -> None:
+        _need(self.optimizer_factor > 0, "strategy.optimizer_factor", self.optimizer_factor, "must be > 0")
+        _need(0 <= self.memory_headroom < 1, "strategy.memory_headroom", self.memory_headroom,
+              "must be in [0, 1): the fraction of device memory kept free")
+
+
+@dataclass
+class FixedStrategyConfig(PlannedStrategyConfig):
+    """A stated layout, validated by the same code the planner uses."""
+    name: StrategyName = StrategyName["fixed"]
     stages: int = 2
     replicas: List[int] = field(default_factory=list)  # one per stage, one for all, or [] = fill the cluster evenly
-    boundaries: List[int] = field(default_factory=list)  # layer positions where stages start (not 0)
+    boundaries: List[int] = field(default_factory=list)  # layer positions where stages 1.. start
     num_micro_batches: int = 4
-    schedule: str = "1f1b"  # 1f1b | gpipe
-    optimizer_factor: float = 4.0
-    memory_headroom: float = 0.1
+    warmup_depth: int = 1  # 1F1B in-flight micro-batches as a multiple of DAPPLE's S - s
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("strategy", stages=self.stages, num_micro_batches=self.num_micro_batches,
+                  warmup_depth=self.warmup_depth)
+        for r in self.replicas:
+            _need(r >= 1, "strategy.replicas", list(self.replicas), "every replica count must be >= 1")
+
+
+@dataclass
+class AutoStrategyConfig(PlannedStrategyConfig):
+    """The planner chooses stages, replicas, placement, micro-batches and warm-up (DAPPLE)."""
+    name: StrategyName = StrategyName["auto"]
     max_stages: Optional[int] = None
     micro_batch_size: Optional[int] = None
     search_nodes: int = 20000  # candidates the planner may score, all passes (the plan says what it proved)
     optimality_gap: float = 0.01  # first pass prunes what cannot win by more than this; then closed exactly
-    warmup_depth: int = 1  # 1F1B in-flight micro-batches as a multiple of DAPPLE's S - s (fixed layouts)
-    max_warmup_depth: int = 4  # auto: the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
-    profile_source: str = "analytic"  # analytic | measured (model profile for estimates and planning)
-    plan_file: Optional[str] = None  # strategy=file: a plan.json to run as written
+    max_warmup_depth: int = 4  # the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("strategy", max_stages=self.max_stages, micro_batch_size=self.micro_batch_size,
+                  search_nodes=self.search_nodes, max_warmup_depth=self.max_warmup_depth)
+        _need(0 <= self.optimality_gap < 0.5, "strategy.optimality_gap", self.optimality_gap,
+              "must be in [0, 0.5): the fraction a first pass may leave on the table (0 = exact from the start)")
 
 
 @dataclass
+class FileStrategyConfig(StrategyConfig):
+    """Run a plan made elsewhere (a dry run's plan.json, edited or not) as written."""
+    name: StrategyName = StrategyName["file"]
+    plan_file: Optional[str] = None
+
+
+STRATEGY_SCHEMAS = {"fixed": FixedStrategyConfig, "auto": AutoStrategyConfig, "file": FileStrategyConfig}
+
+
+# ---- data: one schema per kind -------------------------------------------------------------------
+@dataclass
 class DataConfig:
-    kind: str = "auto"  # auto (by model) | text | masked_text | model_samples
-    num_train: int = 4096
-    num_val: int = 256
+    kind: DataKind = MISSING
     num_workers: int = 0
 
+    def __post_init__(self) -> None:
+        _need(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
 
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    """Generated by model: gpt a grammar corpus, bert masked copies of it, vgg19 and custom models
+    samples from their own batch()."""
+    kind: DataKind = DataKind["synthetic"]
+    num_train: int = 4096
+    num_val: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("data", num_train=self.num_train, num_val=self.num_val)
+
+
+@dataclass
+class FileDataConfig(DataConfig):
+    path: str = MISSING
+    seq_len: Optional[int] = None  # None: the model's sequence length
+    val_fraction: float = 0.05  # the held-out share (the end of the token stream) used for validation
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("data", seq_len=self.seq_len)
+        _need(0 < self.val_fraction < 1, "data.val_fraction", self.val_fraction,
+              "must be in (0, 1): the share of the windows held out for validation")
+
+
+@dataclass
+class TextFileDataConfig(FileDataConfig):
+    """A UTF-8 text file, or a directory of them, read as bytes: token ids 0-255."""
+    kind: DataKind = DataKind["text_file"]
+
+
+@dataclass
+class TokensDataConfig(FileDataConfig):
+    """A flat binary file of token ids (nanoGPT's and Megatron's preprocessors write these)."""
+    kind: DataKind = DataKind["tokens"]
+    dtype: TokenDtype = TokenDtype["uint16"]
+
+
+DATA_SCHEMAS = {"synthetic": SyntheticDataConfig, "text_file": TextFileDataConfig, "tokens": TokensDataConfig}
+
+
+# ---- trainer, logger, launcher --------------------------------------------------------------------
 @dataclass
 class TrainerConfig:
     max_steps: int = 200
@@ -106,6 +318,7 @@ class TrainerConfig:
     warmup_steps: int = 10
     lr_decay_steps: Optional[int] = None  # cosine decay horizon; None = max_steps (set it when you will resume longer)
     gradient_clip_val: Optional[float] = 1.0
+    precision: Precision = Precision["auto"]  # auto: bf16-mixed where the cluster has bf16, 16-mixed on other GPUs, 32 on CPU
     val_check_interval: int = 100
     limit_val_batches: int = 4
     log_every_n_steps: int = 10
@@ -117,27 +330,41 @@ class TrainerConfig:
     profile_pipeline: bool = False  # record every rank's actions; write timeline.svg/json next to plan.json
     profile_steps: int = 3  # how many iterations to record (from step 2, after the first has warmed up)
 
+    def __post_init__(self) -> None:
+        _positive("trainer", max_steps=self.max_steps, val_check_interval=self.val_check_interval,
+                  limit_val_batches=self.limit_val_batches, log_every_n_steps=self.log_every_n_steps,
+                  checkpoint_every_n_steps=self.checkpoint_every_n_steps, keep_checkpoints=self.keep_checkpoints,
+                  profile_steps=self.profile_steps, lr_decay_steps=self.lr_decay_steps)
+        _need(self.lr > 0 and math.isfinite(self.lr), "trainer.lr", self.lr, "must be a number > 0")
+        _need(self.weight_decay >= 0, "trainer.weight_decay", self.weight_decay, "must be >= 0")
+        _need(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "must be >= 0")
+        _need(self.timeout_s > 0, "trainer.timeout_s", self.timeout_s,
+              "must be > 0 (seconds a stalled peer may hold the run)")
+        if self.gradient_clip_val is not None:
+            _need(self.gradient_clip_val > 0, "trainer.gradient_clip_val", self.gradient_clip_val,
+                  "must be > 0, or null for no clipping")
+
 
 @dataclass
 class LoggerConfig:
-    name: str = "csv"  # csv | wandb | none
+    name: LoggerName = LoggerName["csv"]
     project: str = "dapple_launch"
-    mode: str = "offline"  # wandb: offline | disabled
+    mode: WandbMode = WandbMode["offline"]  # wandb: offline (`wandb sync` later) | online | disabled
 
 
 @dataclass
 class LauncherConfig:
-    name: str = "auto"  # auto (the cluster's own launcher) | local | slurm
+    name: LauncherName = LauncherName["auto"]  # auto: the cluster's own launcher
     wait: bool = False  # slurm: wait for the job to end and report its outcome
     script_only: bool = False  # slurm: write and print the sbatch script, submit nothing
 
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: Any = MISSING  # one of MODEL_SCHEMAS
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    strategy: Any = MISSING  # one of STRATEGY_SCHEMAS
+    data: Any = MISSING  # one of DATA_SCHEMAS
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
@@ -148,37 +375,93 @@ class Config:
     plan: Any = None  # filled by ${dapple_plan:}
 
 
+SECTION_SCHEMAS = {"model": MODEL_SCHEMAS, "strategy": STRATEGY_SCHEMAS, "data": DATA_SCHEMAS}
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="dapple_schema", node=Config)
-    for group, node in (("model", ModelConfig), ("cluster", ClusterConfig), ("strategy", StrategyConfig),
-                        ("data", DataConfig), ("trainer", TrainerConfig), ("logger", LoggerConfig),
+    for group, node in (("cluster", ClusterConfig), ("trainer", TrainerConfig), ("logger", LoggerConfig),
                         ("launcher", LauncherConfig)):
         cs.store(group=group, name=f"{group}_schema", node=node)
+    for group, schemas in SECTION_SCHEMAS.items():
+        for kind, node in schemas.items():
+            cs.store(group=group, name=f"{kind}_schema", node=node)
+
+
+def schema_of(section: str, node: DictConfig) -> type:
+    """The dataclass a composed section follows (its kind's schema for model, strategy, data)."""
+    typed = OmegaConf.get_type(node)
+    if typed is not None and typed is not dict:
+        return typed
+    if section in SECTION_SCHEMAS:  # a config read back from config.yaml: the kind names the schema
+        key = "kind" if section == "data" else "name"
+        return SECTION_SCHEMAS[section][str(node[key])]
+    return {"cluster": ClusterConfig, "trainer": TrainerConfig, "logger": LoggerConfig,
+            "launcher": LauncherConfig}[section]
 
 
 def check_schema(cfg: DictConfig) -> None:
     """Refuse keys the schema does not have, including ones added with Hydra's `+key=`, which
     would otherwise be carried along silently and read by nothing."""
+    from dataclasses import fields
+
+    top = {f.name for f in fields(Config)}
+    for key in cfg.keys():
+        if key == "hydra":
+            continue
+        if key not in top:
+            raise ValueError(unknown_key_message(str(key), sorted(top)))
+        child = cfg._get_node(key)  # not cfg[key]: that would resolve ${dapple_plan:} again
+        if not isinstance(child, DictConfig) or key == "plan":
+            continue
+        schema = schema_of(str(key), child)
+        known = sorted(f.name for f in fields(schema))
+        for sub in child.keys():
+            if sub not in known:
+                raise ValueError(unknown_key_message(f"{key}.{sub}", known, *kind_hint(str(key), str(sub), schema)))
+
+
+def unknown_key_message(key: str, known: list[str], where: str = "", owner: str = "dapple_launch") -> str:
+    """`where`: the kinds the key does belong to; `owner`: the kind it was given to (model=gpt)."""
     import difflib
-    from dataclasses import fields, is_dataclass
+    section, _, leaf = key.rpartition(".")
+    near = difflib.get_close_matches(leaf, known, n=1)
+    hint = f"{where}; " if where else (f"did you mean {section + '.' if section else ''}{near[0]}? " if near else "")
+    return f"{key} is not a setting of {owner}; {hint}valid keys under {section or 'the top level'}: {', '.join(known)}"
 
-    def walk(node: DictConfig, schema, path: str) -> None:
-        known = {f.name: f for f in fields(schema)}
-        for key in node.keys():
-            if key == "hydra" and not path:
-                continue
-            if key not in known:
-                near = difflib.get_close_matches(str(key), list(known), n=1)
-                hint = f"did you mean {path}{near[0]}? " if near else ""
-                raise ValueError(f"{path}{key} is not a setting of dapple_launch; {hint}valid keys under "
-                                 f"{path.rstrip('.') or 'the top level'}: {sorted(known)}")
-            child = node._get_node(key)  # not node[key]: that would resolve ${dapple_plan:} again
-            factory = known[key].default_factory
-            if isinstance(child, DictConfig) and callable(factory) and is_dataclass(sub := factory()):
-                walk(child, type(sub), f"{path}{key}.")
 
-    walk(cfg, Config, "")
+def kind_hint(section: str, leaf: str, schema: type) -> tuple[str, str]:
+    """(the other kinds of `section` that have `leaf`, as "it is a setting of strategy=auto"; the
+    kind `schema` stands for, as "strategy=fixed")."""
+    from dataclasses import fields
+    kinds = SECTION_SCHEMAS.get(section, {})
+    mine = next((k for k, s in kinds.items() if s is schema), None)
+    elsewhere = [k for k, s in kinds.items() if s is not schema and leaf in {f.name for f in fields(s)}]
+    where = f"it is a setting of {' and '.join(f'{section}={k}' for k in elsewhere)}" if elsewhere else ""
+    return where, f"{section}={mine}" if mine else "dapple_launch"
+
+
+REQUIRED_HINT = {"model.target": "PACKAGE.MODULE:CALLABLE, a factory that returns a PipelineModel",
+                 "data.path": "the text or token file to train on"}
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Each section's `__post_init__` checks its values: instantiate every section once."""
+    for key in ("model", "cluster", "strategy", "data", "trainer", "logger", "launcher"):
+        node = cfg[key]
+        for full in sorted(OmegaConf.missing_keys(node)):
+            hint = f" ({REQUIRED_HINT[full]})" if full in REQUIRED_HINT else ""
+            raise ValueError(f"{full} is required: set {full}=...{hint}")
+        if key in SECTION_SCHEMAS:  # the kind is chosen by the group option, not by its key
+            field_name = "kind" if key == "data" else "name"
+            kinds = {schema: kind for kind, schema in SECTION_SCHEMAS[key].items()}
+            expected = kinds.get(OmegaConf.get_type(node))
+            if expected is not None and str(node[field_name]) != expected:
+                raise ValueError(f"{key}.{field_name}={node[field_name]}: the {key} kind is chosen with "
+                                 f"{key}={node[field_name]}, not with {key}.{field_name}")
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema_of(key, node)), node))
+    _need(cfg.global_batch_size >= 1, "global_batch_size", cfg.global_batch_size, "must be >= 1")
 
 
 def _plan_resolver(*, _root_: DictConfig):
@@ -193,8 +476,6 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("dapple_plan"):
         OmegaConf.register_new_resolver("dapple_plan", _plan_resolver)
 
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 register_configs()
 register_resolvers()

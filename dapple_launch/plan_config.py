@@ -8,71 +8,148 @@ from omegaconf import DictConfig, OmegaConf
 
 from .cluster import Topology
 from .config import GBPS, GIB
-from .models import PipelineModel, build_model
+from .models import PipelineModel, build_custom, build_model
 from .planner import Limits, Plan, fixed_plan
 from .profile import ModelProfile, analytic_profile, read_profile_file
 from .schedule import validate
 
-_SHAPE_KEYS = ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout", "image_size",
-               "num_classes", "width_divisor", "fc_width")
+_SHAPE_KEYS = {"gpt": ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout",
+                       "tie_embeddings"),
+               "vgg19": ("image_size", "num_classes", "width_divisor", "fc_width")}
+_SHAPE_KEYS["bert"] = _SHAPE_KEYS["gpt"]
 PROFILE_BATCH = 2
 
 
 def model_from_config(m: DictConfig) -> PipelineModel:
     if m.name == "from_profile":
         raise ValueError("model=from_profile describes a profile only, for planning (dry_run=true); it has no "
-                         "layers to train: pick model=gpt, bert or vgg19 to train")
-    return build_model(m.name, m.preset, **{k: m[k] for k in _SHAPE_KEYS})
+                         "layers to train: pick model=gpt, bert, vgg19 or custom to train")
+    if m.name == "custom":
+        args = OmegaConf.to_container(m.args, resolve=True) if isinstance(m.args, DictConfig) else m.args
+        if args is not None and not isinstance(args, dict):
+            raise ValueError(f"model.args={args!r} must be a mapping of keyword arguments, e.g. "
+                             f"model.args={{hidden:128,layers:6}}")
+        return build_custom(m.target, args)
+    return build_model(str(m.name), str(m.preset), **{k: m[k] for k in _SHAPE_KEYS[str(m.name)]})
 
 
-def topology_from_config(c: DictConfig) -> Topology:
+def run_precision(cfg: DictConfig) -> str:
+    """trainer.precision, with auto made concrete: bf16-mixed on GPUs that have bf16, 16-mixed on
+    other GPUs, 32 on CPU clusters."""
+    p = str(cfg.trainer.precision)
+    if p != "auto":
+        return p
+    if cfg.cluster.device_kind != "gpu":
+        return "32"
+    return "bf16-mixed" if cfg.cluster.bf16 else "16-mixed"
+
+
+def shipped_topology(name: str, precision: str = "auto") -> Topology:
+    """A cluster shipped in conf/cluster/NAME.yaml, as the planner sees it at `precision` (auto: the
+    one trainer.precision=auto picks there). For benchmarks and tests that plan without composing."""
+    from .config import CONF_DIR, ClusterConfig
+    c = OmegaConf.load(CONF_DIR / "cluster" / f"{name}.yaml")
+    c.pop("defaults", None)
+    c = OmegaConf.merge(OmegaConf.structured(ClusterConfig), c)
+    if precision == "auto":
+        precision = run_precision(OmegaConf.create({"trainer": {"precision": "auto"}, "cluster": c}))
+    return topology_from_config(c, precision)
+
+
+def topology_from_config(c: DictConfig, precision: str = "32") -> Topology:
+    """The cluster as the planner sees it; the device's speed is the one at the run's precision."""
+    tflops = c.device_tflops if precision != "32" else (c.device_tflops_fp32 or c.device_tflops)
     return Topology(
         name=c.name, nodes=c.nodes, devices_per_node=c.devices_per_node,
-        device_memory_bytes=c.device_memory_gib * GIB, device_tflops=c.device_tflops,
+        device_memory_bytes=c.device_memory_gib * GIB, device_tflops=tflops,
         intra_node_bandwidth=c.intra_node_bandwidth_gbps * GBPS, inter_node_bandwidth=c.inter_node_bandwidth_gbps * GBPS,
         intra_node_latency_s=c.intra_node_latency_us * 1e-6, inter_node_latency_s=c.inter_node_latency_us * 1e-6,
         intra_node_allreduce_bandwidth=(c.intra_node_allreduce_gbps or 0) * GBPS or None,
         inter_node_allreduce_bandwidth=(c.inter_node_allreduce_gbps or 0) * GBPS or None,
-        device_kind=c.device_kind)
+        device_kind=str(c.device_kind))
 
 
 def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
     m = cfg.model
     if m.name == "from_profile":
         if not m.profile:
-            raise ValueError("model=from_profile needs model.profile=PATH (a PipeDream/DAPPLE graph text file)")
-        p = read_profile_file(m.profile, m.profile_batch_size, device_tflops=m.profile_device_tflops)
-        if m.parameter_scale != 1.0:
+            raise ValueError("model=from_profile needs model.profile=NAME or PATH (a shipped profile such as "
+                             "bert-48-pbs-2, or a PipeDream/DAPPLE graph text file)")
+        from .profile.bundled import locate
+        path, batch, scale = locate(str(m.profile), m.profile_batch_size, m.parameter_scale)
+        p = read_profile_file(path, batch, device_tflops=m.profile_device_tflops)
+        if scale != 1.0:
             from dataclasses import replace
-            p = replace(p, layers=tuple(replace(layer, parameter_bytes=layer.parameter_bytes * m.parameter_scale)
+            p = replace(p, layers=tuple(replace(layer, parameter_bytes=layer.parameter_bytes * scale)
                                         for layer in p.layers))
         return p
     model = model_from_config(m)
-    source = cfg.strategy.profile_source
+    precision = run_precision(cfg)
+    source = cfg.strategy.get("profile_source", "analytic")
     if source == "measured":
         # Times hold for this machine's device: plan with a cluster config that describes it.
-        from .profile.measure import measure_profile
         if topology.device_kind != "cpu":
-            return measure_profile(model, PROFILE_BATCH)
-        return measured_cpu_share(model, topology)
-    if source != "analytic":
-        raise ValueError(f"strategy.profile_source={source!r}; valid: analytic (from the model's shapes and "
-                         f"cluster.device_tflops), measured (run each layer on this machine, cached)")
-    return analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name)
+            import torch
+
+            from .profile.measure import measure_profile
+            return with_ties(measure_profile(model, PROFILE_BATCH, device="cuda" if torch.cuda.is_available() else "cpu",
+                                             precision=precision), model)
+        return with_ties(measured_cpu_share(model, topology, precision), model)
+    return with_ties(analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name,
+                                      precision=precision), model)
+
+
+def with_ties(profile: ModelProfile, model: PipelineModel) -> ModelProfile:
+    """The profile with the model's tied weights (layers holding a copy, the weight's bytes)."""
+    from dataclasses import replace
+
+    from .models.contract import parameter_layer, tied_owners
+    owners = tied_owners(model)
+    if not owners:
+        return profile
+    groups: dict[str, list[int]] = {}
+    for name, owner in owners.items():
+        groups.setdefault(owner, []).append(parameter_layer(name))
+    sizes = tied_sizes(model, owners)
+    return replace(profile, tied=tuple((tuple(sorted(set(layers))), sizes[owner]) for owner, layers in groups.items()))
+
+
+def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]:
+    """Bytes of each tied weight (its owner's parameter), from the owner's layer built on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .models.contract import parameter_layer
+    specs, out = model.layers(), {}
+    with FakeTensorMode():
+        for owner in set(owners.values()):
+            layer = specs[parameter_layer(owner)].build()
+            local = owner.split(".", 2)[2]
+            params = dict(layer.named_parameters())
+            if local not in params:
+                raise ValueError(f"model {model.name}: tied parameter {owner} does not exist (layer "
+                                 f"{parameter_layer(owner)} has {sorted(params)})")
+            t = params[local]
+            out[owner] = float(t.numel() * t.element_size())
+    return out
 
 
 def limits_from_config(s: DictConfig) -> Limits:
-    return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom, max_stages=s.max_stages,
-                  micro_batch_size=s.micro_batch_size, schedule=s.schedule, search_nodes=s.search_nodes,
-                  optimality_gap=s.optimality_gap, max_warmup_depth=s.max_warmup_depth)
+    auto = s.name == "auto"
+    return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom,
+                  max_stages=s.max_stages if auto else None, micro_batch_size=s.micro_batch_size if auto else None,
+                  schedule=str(s.schedule), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
+                                                "max_warmup_depth": s.max_warmup_depth} if auto else {}))
 
 
 def plan_from_config(cfg: DictConfig) -> Plan:
-    topology = topology_from_config(cfg.cluster)
-    if cfg.strategy.profile_source == "measured" and topology.device_kind == "cpu":
+    precision = run_precision(cfg)
+    topology = topology_from_config(cfg.cluster, precision)
+    s = cfg.strategy
+    if s.name == "file":
+        return plan_from_file(s.plan_file, topology, num_layers(cfg), cfg.global_batch_size)
+    if s.profile_source == "measured" and topology.device_kind == "cpu":
         topology = measured_cpu_links(topology)
     profile = profile_from_config(cfg, topology)
-    s = cfg.strategy
     if s.name == "fixed":
         replicas = list(s.replicas)
         if not replicas:  # fill the cluster: the same count on every stage
@@ -82,12 +159,17 @@ def plan_from_config(cfg: DictConfig) -> Plan:
             replicas = [topology.num_devices // s.stages]
         return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, replicas, s.num_micro_batches,
                           limits_from_config(s), boundaries=list(s.boundaries) or None, warmup_depth=s.warmup_depth)
-    if s.name == "auto":
-        from .planner.search import plan
-        return plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
-    if s.name == "file":
-        return plan_from_file(s.plan_file, topology, profile.num_layers, cfg.global_batch_size)
-    raise ValueError(f"unknown strategy {s.name!r}; valid strategies: auto, fixed, file")
+    from .planner.search import plan
+    return plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
+
+
+def num_layers(cfg: DictConfig) -> int:
+    """The model's layer count, without profiling it."""
+    if cfg.model.name == "from_profile":
+        from .profile.bundled import locate
+        path, batch, _ = locate(str(cfg.model.profile), cfg.model.profile_batch_size, cfg.model.parameter_scale)
+        return read_profile_file(path, batch).num_layers
+    return len(model_from_config(cfg.model).layers())
 
 
 def plan_from_file(path: str | None, topology, num_layers: int, global_batch: int) -> Plan:
@@ -113,7 +195,7 @@ def plan_from_file(path: str | None, topology, num_layers: int, global_batch: in
     return plan
 
 
-def measured_cpu_share(model: PipelineModel, topology: Topology) -> ModelProfile:
+def measured_cpu_share(model: PipelineModel, topology: Topology, precision: str = "32") -> ModelProfile:
     """A CPU cluster's device is a share of this machine: the local launcher gives each of its
     processes cores // processes threads, and more processes than cores share them. Measure the
     layers with the threads a rank will have, then stretch the times by how oversubscribed the
@@ -129,7 +211,7 @@ def measured_cpu_share(model: PipelineModel, topology: Topology) -> ModelProfile
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        profile = measure_profile(model, PROFILE_BATCH)
+        profile = measure_profile(model, PROFILE_BATCH, precision=precision)
     finally:
         torch.set_num_threads(before)
     share = max(1.0, ranks * threads / cores)
@@ -165,9 +247,10 @@ _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")
 
 def cached_plan(cfg: DictConfig) -> Plan:
     """The resolver runs on every access to `plan`; the planner runs once per distinct input."""
-    key = OmegaConf.to_yaml(OmegaConf.create({k: OmegaConf.to_container(cfg[k]) if k != "global_batch_size"
-                                              else cfg[k] for k in _PLAN_INPUTS}))
-    return _plan_for(key)
+    inputs = {k: OmegaConf.to_container(cfg[k], enum_to_str=True) if k != "global_batch_size" else cfg[k]
+              for k in _PLAN_INPUTS}
+    inputs["trainer"] = {"precision": str(cfg.trainer.precision)}
+    return _plan_for(OmegaConf.to_yaml(OmegaConf.create(inputs)))
 
 
 @lru_cache(maxsize=16)

@@ -11,17 +11,11 @@ import torch
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig
 
-from .data.datasets import PipelineData
+from .data.datasets import PipelineData, build_datasets
 from .planner.plan import Plan
-from .plan_config import model_from_config
+from .plan_config import model_from_config, run_precision
 from .runtime import DappleStrategy, PipelineModule
 from .runtime.placement import PlannedEnvironment
-
-DATA_KIND = {"gpt": "text", "bert": "masked_text", "vgg19": "model_samples"}
-
-
-def data_kind(cfg: DictConfig) -> str:
-    return DATA_KIND[cfg.model.name] if cfg.data.kind == "auto" else cfg.data.kind
 
 
 def build_logger(cfg: DictConfig, run_dir: Path):
@@ -88,19 +82,21 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     )
 
 
-def build_module_and_data(cfg: DictConfig) -> tuple[PipelineModule, PipelineData]:
+def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, PipelineData]:
     model = model_from_config(cfg.model)
     t = cfg.trainer
     module = PipelineModule(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                            total_steps=t.lr_decay_steps or t.max_steps, gradient_clip_val=t.gradient_clip_val, seed=t.seed)
-    data = PipelineData(model, data_kind(cfg), cfg.global_batch_size, cfg.data.num_train, cfg.data.num_val,
-                        seed=t.seed, num_workers=cfg.data.num_workers)
+                            total_steps=t.lr_decay_steps or t.max_steps, gradient_clip_val=t.gradient_clip_val,
+                            seed=t.seed, precision=run_precision(cfg))
+    train, val = build_datasets(cfg.data, model, str(cfg.model.name), t.seed)
+    data = PipelineData(train, val, cfg.global_batch_size, seed=t.seed, num_workers=cfg.data.num_workers,
+                        min_val_batch=max(s.replicas for s in plan.stages))
     return module, data
 
 
 def fit(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> None:
     quiet_known_warnings()
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
-    module, data = build_module_and_data(cfg)
+    module, data = build_module_and_data(cfg, plan)
     trainer = build_trainer(cfg, plan, run_dir)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)

@@ -13,8 +13,11 @@ from dapple_launch.runtime.executor import GradientSync, StageExecutor
 from dapple_launch.runtime.grid import ProcessGrid
 from dapple_launch.runtime.module import PipelineModule
 from dapple_launch.runtime.p2p import PointToPoint
+from dapple_launch.runtime.precision import MixedPrecision
+from dapple_launch.runtime.tied import TiedSync, local_tied_parameters, tied_groups
 from dapple_launch.schedule import StageCosts, build_schedule, simulate
 
+from .custom_models.skipnet import build as build_skipnet
 from .multiproc import run_ranks
 
 pytestmark = pytest.mark.multiprocess
@@ -23,6 +26,11 @@ pytestmark = pytest.mark.multiprocess
 def tiny_model(name="gpt"):
     if name == "vgg19":
         return build_model("vgg19", "tiny", width_divisor=16, fc_width=32, image_size=32)
+    if name == "skipnet":  # a user's model from outside the package: tuple carries, a tied weight
+        return build_skipnet(vocab=24, hidden=16, layers=4, seq_len=6)
+    if name == "gpt-untied":
+        return build_model("gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40,
+                           tie_embeddings=False)
     return build_model(name, "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40)
 
 
@@ -33,35 +41,45 @@ def make_plan(model, replicas, schedule, num_micro_batches, global_batch, device
                       Limits(schedule=schedule), devices=devices, warmup_depth=warmup_depth)
 
 
-def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json):
+def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32"):
+    """This rank's stage run through the runtime's parts (executor, p2p, gradient and tied-weight
+    sync) against every layer in one process on the whole batch (the same precision)."""
     from dapple_launch.planner import Plan
     plan = Plan.from_json(plan_json)
     model = tiny_model(model_name)
     grid = ProcessGrid.from_plan(plan)
     stage, replica = grid.position(rank)
     batch = model.batch(batch_n, torch.Generator().manual_seed(1))
-    # Reference: every layer in one process, the whole batch at once.
-    ref = PipelineModule(model).materialize()
+    # Reference: every layer in one process, the whole batch at once (a tied weight is one Parameter).
+    ref = PipelineModule(model, precision=precision).materialize()
     ref_loss = ref.reference_loss(batch)
     ref_loss.backward()
-    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    ref_grads = {n: p.grad for n, p in ref.named_parameters(remove_duplicate=False)}
     # Pipelined: only this stage's layers, the schedule's micro-batches, this replica's slices.
     a, b = plan.stages[stage].layers
-    local = PipelineModule(model).materialize(list(range(a, b)))
+    local = PipelineModule(model, precision=precision).materialize(list(range(a, b)))
     params = list(local.parameters())
     groups = [dist.new_group(grid.stage_ranks(s)) for s in range(grid.num_stages)]
+    ties = tied_groups(model, [s.layers for s in plan.stages])
+    for g in ties:  # every rank creates every group, in order, as DappleStrategy does
+        g.group = dist.new_group(sorted(r for s in g.stages for r in grid.stage_ranks(s)))
     sync = GradientSync(params, groups[stage], grid.replicas[stage])
+    tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
     ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       on_last_backward=sync.start)
+                       on_last_backward=sync.start, precision=MixedPrecision(precision))
     result = ex.run(plan.build_schedule(), batch)
     sync.finish()
+    tied.sync()
     loss = result.loss_sum.clone()
     dist.all_reduce(loss)
     worst = 0.0
-    for n, p in local.named_parameters():
-        worst = max(worst, (p.grad - ref_grads[n]).abs().max().item() / (ref_grads[n].abs().max().item() + 1e-12))
+    for n, p in local.named_parameters(remove_duplicate=False):
+        r = ref_grads[n].float()
+        worst = max(worst, (p.grad.float() - r).abs().max().item() / (r.abs().max().item() + 1e-12))
     return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst,
-            "names": sorted(n for n, _ in local.named_parameters()), "saved_peak": ex.saved_peak, "stage": stage}
+            "names": sorted(n for n, _ in local.named_parameters(remove_duplicate=False)),
+            "saved_peak": ex.saved_peak, "stage": stage,
+            "wire": sorted({str(wire) for layout in ex.p2p.sent_layouts.values() for _, wire, _ in layout})}
 
 
 CASES = [
@@ -91,7 +109,7 @@ def test_pipelined_equals_reference(tmp_path, replicas, schedule, num_micro_batc
         assert r["worst_grad_rel"] < 1e-4
         assert r["saved_peak"] == predicted[r["stage"]]
         all_names |= set(r["names"])
-    assert all_names == {n for n, _ in PipelineModule(model).materialize().named_parameters()}
+    assert all_names == {n for n, _ in PipelineModule(model).materialize().named_parameters(remove_duplicate=False)}
 
 
 @pytest.mark.parametrize("replicas,warmup_depth", [((1, 1, 1, 1), 2), ((2, 1, 1), 3)])
@@ -122,7 +140,7 @@ def test_ranks_follow_the_planned_devices(tmp_path):
         assert r["worst_grad_rel"] < 1e-4
 
 
-@pytest.mark.parametrize("model_name", ["bert", "vgg19"])
+@pytest.mark.parametrize("model_name", ["bert", "vgg19", "gpt-untied"])
 def test_other_models_pipelined(tmp_path, model_name):
     model = tiny_model(model_name)
     plan = make_plan(model, (1, 1), "1f1b", 2, 4)
@@ -130,6 +148,44 @@ def test_other_models_pipelined(tmp_path, model_name):
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
         assert r["worst_grad_rel"] < 1e-4
 
+
+CUSTOM_CASES = [
+    # (replicas per stage, schedule, micro-batches, batch size): 1, 2 and 4 stages, uneven replication
+    ((1,), "1f1b", 2, 5), ((2,), "gpipe", 2, 6),
+    ((1, 1), "1f1b", 3, 7), ((1, 1), "gpipe", 2, 4), ((3, 1), "1f1b", 2, 7), ((1, 2), "gpipe", 3, 9),
+    ((1, 1, 1, 1), "1f1b", 4, 9), ((1, 1, 1, 1), "gpipe", 5, 10), ((1, 2, 1), "1f1b", 3, 8),
+]
+
+
+@pytest.mark.parametrize("replicas,schedule,num_micro_batches,batch_n", CUSTOM_CASES)
+def test_custom_model_with_tuples_and_tied_weights_equals_reference(tmp_path, replicas, schedule,
+                                                                   num_micro_batches, batch_n):
+    """A user's model (tests/custom_models/skipnet.py): each layer passes (hidden [n,t,d], a float
+    skip [n,d], int ids [n,t]) on, and the output projection is the token embedding. Pipelined
+    loss and every gradient, the tied copies included, equal one process's."""
+    model = tiny_model("skipnet")
+    plan = make_plan(model, replicas, schedule, num_micro_batches, num_micro_batches * max(replicas))
+    results = run_ranks(sum(replicas), _compare,
+                        ("skipnet", replicas, schedule, num_micro_batches, batch_n, plan.to_json()), tmp_path)
+    names = set()
+    for r in results:
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["worst_grad_rel"] < 1e-4
+        names |= set(r["names"])
+    assert {"layers.0.token.weight", "layers.5.out.weight"} <= names
+
+
+@pytest.mark.parametrize("model_name,replicas", [("gpt", (1, 1)), ("gpt", (2, 1, 1)), ("skipnet", (1, 2))])
+def test_bf16_mixed_pipelined_equals_a_bf16_reference(tmp_path, model_name, replicas):
+    """bf16 autocast in every stage, activations and gradients on the wire in bf16: loss and every
+    gradient equal one process under the same autocast, within bf16's precision."""
+    model = tiny_model(model_name)
+    plan = make_plan(model, replicas, "1f1b", 4, 4 * max(replicas))
+    for r in run_ranks(sum(replicas), _compare, (model_name, replicas, "1f1b", 4, 4 * max(replicas) + 1,
+                                                 plan.to_json(), "bf16-mixed"), tmp_path):
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=2e-2)
+        assert r["worst_grad_rel"] < 5e-2
+        assert set(r["wire"]) <= {"torch.bfloat16", "torch.int64"}  # floating members cross in bf16
 
 def _stalled_peer(rank, world, plan_json):
     from dapple_launch.planner import Plan

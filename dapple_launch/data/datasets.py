@@ -1,4 +1,4 @@
-"""Datasets the configs name, and the data module the trainer reads.
+"""The synthetic data sets, the datasets of every data kind, and the data module the trainer reads.
 
 Every rank loads the whole global batch and takes its own slice of each micro-batch: stages
 with different replica counts then agree on which samples they see without any extra
@@ -63,10 +63,13 @@ class _EpochForwarder:
 
 
 class GlobalBatchSampler(Sampler[list[int]]):
-    """Yields global batches of indices, reshuffled per epoch from the seed; can start mid-epoch."""
+    """Yields global batches of indices, reshuffled per epoch from the seed; can start mid-epoch.
+    Without drop_last, a last partial batch is kept if it has at least `min_last` samples (a
+    stage splits each micro-batch among its replicas, so fewer could not be split)."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool, drop_last: bool = True):
+    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool, drop_last: bool = True, min_last: int = 1):
         self.n, self.batch_size, self.seed, self.shuffle, self.drop_last = n, batch_size, seed, shuffle, drop_last
+        self.min_last = min_last
         self.epoch = 0
         self.resume: tuple[int, int] | None = None  # (epoch, batches already consumed)
         self.sampler = _EpochForwarder(self)
@@ -75,7 +78,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+        full, rest = divmod(self.n, self.batch_size)
+        return full + (1 if not self.drop_last and rest >= self.min_last else 0)
 
     def __iter__(self) -> Iterator[list[int]]:
         order = (torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
@@ -88,31 +92,45 @@ class GlobalBatchSampler(Sampler[list[int]]):
             yield order[b * self.batch_size:(b + 1) * self.batch_size]
 
 
+SYNTHETIC = {"gpt": "text", "bert": "masked_text"}  # the others (vgg19, custom) draw from their own batch()
+
+
+def synthetic(model: PipelineModel, model_name: str, n: int, seed: int) -> Dataset:
+    kind = SYNTHETIC.get(model_name)
+    if kind is not None:
+        return TextWindows(n, model.seq_len, seed, masked=kind == "masked_text")
+    return ModelSamples(model, n, seed)
+
+
+def build_datasets(data_cfg, model: PipelineModel, model_name: str, seed: int) -> tuple[Dataset, Dataset]:
+    """(train, validation) for any data kind of the config."""
+    if data_cfg.kind == "synthetic":
+        return (synthetic(model, model_name, data_cfg.num_train, seed),
+                synthetic(model, model_name, data_cfg.num_val, seed + 7919))
+    from .files import datasets
+    return datasets(data_cfg, model, seed)
+
+
 class PipelineData(L.LightningDataModule):
-    def __init__(self, model: PipelineModel, kind: str, global_batch_size: int, num_train: int,
-                 num_val: int, seed: int, num_workers: int = 0):
+    """Global batches: every rank reads the same ones (see the module docstring). `min_val_batch`:
+    the fewest samples a validation batch may have (the most replicas a stage has)."""
+
+    def __init__(self, train: Dataset, val: Dataset, global_batch_size: int, seed: int, num_workers: int = 0,
+                 min_val_batch: int = 1):
         super().__init__()
-        self.model, self.kind, self.global_batch_size = model, kind, global_batch_size
-        self.num_train, self.num_val, self.seed, self.num_workers = num_train, num_val, seed, num_workers
+        self.train_set, self.val_set, self.global_batch_size = train, val, global_batch_size
+        self.seed, self.num_workers, self.min_val_batch = seed, num_workers, min_val_batch
         self._resume: tuple[int, int] | None = None
 
-    def _dataset(self, n: int, seed: int) -> Dataset:
-        if self.kind in ("text", "masked_text"):
-            return TextWindows(n, self.model.shape.seq_len, seed, masked=self.kind == "masked_text")
-        if self.kind == "model_samples":
-            return ModelSamples(self.model, n, seed)
-        raise ValueError(f"unknown data kind {self.kind!r}; valid: text, masked_text, model_samples")
-
     def train_dataloader(self) -> DataLoader:
-        sampler = GlobalBatchSampler(self.num_train, self.global_batch_size, self.seed, shuffle=True)
+        sampler = GlobalBatchSampler(len(self.train_set), self.global_batch_size, self.seed, shuffle=True)
         sampler.resume, self._resume = self._resume, None
-        return DataLoader(self._dataset(self.num_train, self.seed), batch_sampler=sampler,
-                          num_workers=self.num_workers)
+        return DataLoader(self.train_set, batch_sampler=sampler, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        sampler = GlobalBatchSampler(self.num_val, self.global_batch_size, self.seed, shuffle=False, drop_last=False)
-        return DataLoader(self._dataset(self.num_val, self.seed + 7919), batch_sampler=sampler,
-                          num_workers=self.num_workers)
+        sampler = GlobalBatchSampler(len(self.val_set), self.global_batch_size, self.seed, shuffle=False,
+                                     drop_last=False, min_last=self.min_val_batch)
+        return DataLoader(self.val_set, batch_sampler=sampler, num_workers=self.num_workers)
 
     # Lightning saves these with every checkpoint and restores them before building the loaders.
     def state_dict(self) -> dict:

@@ -1,22 +1,41 @@
-"""The user's model contract: an ordered list of layers plus a loss.
+"""The user's model contract: an ordered list of layers plus a per-sample loss.
 
-- `layers()` returns LayerSpecs in execution order. Each layer maps one tensor to one tensor
-  (the first layer gets the batch's inputs, the last one's output goes to the loss). A layer is
-  built by its `build()` only on the ranks whose stage holds it, under a seed derived from its
-  position, so its initial weights are the same whatever the layout.
-- `loss(output, target)` returns one loss per sample (shape [n]). The runtime sums and divides
-  by the global batch, so any split into micro-batches and replicas gives the same loss and
+- `layers()` returns LayerSpecs in execution order. A layer's `forward` takes the previous layer's
+  output: a tensor, or a tuple of tensors passed as separate positional arguments; it returns a
+  tensor or a tuple of tensors. The first layer gets the batch's inputs (a tensor, or a tuple of
+  them), the last layer's output (as returned) goes to `loss(output, target)`. Between stages a
+  tuple travels member by member: every floating-point member carries its gradient back, integer
+  and bool members travel without one; shapes may differ per member, but a member's shape must
+  not change from batch to batch (except the leading batch dimension). A layer is built by its
+  `build()` only on the ranks whose stage holds it, under a seed derived from its position, so its
+  initial weights are the same whatever the layout.
+- `loss(output, target)` returns one loss per sample (shape [n]). The runtime sums and divides by
+  the global batch, so any split into micro-batches and replicas gives the same loss and
   gradients as one process.
-- `batch(n, generator)` makes an example (inputs, targets) pair: for profiling and tests.
+- `batch(n, generator, device)` makes an example (inputs, targets) pair: for profiling, tests and
+  the synthetic data set (`data=default`).
+- Optional:
+  - `tied_parameters()`: groups of global parameter names (`layers.<position>.<name>`) that are one
+    weight, e.g. the token embedding of layer 0 and the output projection of the last layer. Every
+    stage holding a member keeps a copy, initialised from the first member's; their gradients are
+    summed across those stages before the optimizer step; the checkpoint stores the weight once,
+    under the first member's name.
+  - `seq_len`, `vocab_size`: a token model's sequence length and vocabulary; file data
+    (`data=text_file`, `data=tokens`) defaults its windows to `seq_len` and refuses token ids
+    >= `vocab_size`.
+  - `example_from_tokens(window, generator)`: one (inputs, targets) example from seq_len + 1 token
+    ids; next-token prediction unless overridden (BERT masks).
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence, Union
 
 import torch
 from torch import nn
+
+Carry = Union[torch.Tensor, tuple]  # what a layer passes to the next: a tensor or a tuple of tensors
 
 
 @dataclass(frozen=True)
@@ -27,16 +46,25 @@ class LayerSpec:
 
 class PipelineModel(abc.ABC):
     name: str = "model"
+    seq_len: int | None = None
+    vocab_size: int | None = None
 
     @abc.abstractmethod
     def layers(self) -> list[LayerSpec]: ...
 
     @abc.abstractmethod
-    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+    def loss(self, output: Carry, target: Carry) -> torch.Tensor: ...
 
     @abc.abstractmethod
     def batch(self, n: int, generator: torch.Generator | None = None,
-              device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]: ...
+              device: str | torch.device = "cpu") -> tuple[Carry, Carry]: ...
+
+    def tied_parameters(self) -> Sequence[Sequence[str]]:
+        return ()
+
+    def example_from_tokens(self, window: torch.Tensor, generator: torch.Generator | None = None) -> tuple:
+        """Next-token prediction: inputs are the first seq_len ids, targets the last seq_len."""
+        return window[:-1], window[1:]
 
     def describe(self) -> dict:
         """Plain data identifying the architecture (checkpoint compatibility checks use it)."""
@@ -49,3 +77,53 @@ def build_layer(spec: LayerSpec, index: int, seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed * 100_003 + index)
         return spec.build()
+
+
+# ---- carries: a tensor or a tuple of tensors -----------------------------------------------------
+def as_tuple(x: Carry) -> tuple:
+    """A carry as a tuple of its members (a data loader hands tuples over as lists)."""
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def call_layer(layer: nn.Module, x: Carry) -> Carry:
+    return layer(*x) if isinstance(x, (tuple, list)) else layer(x)
+
+
+def run_layers(layers: Sequence[nn.Module], x: Carry) -> Carry:
+    for layer in layers:
+        x = call_layer(layer, x)
+    return x
+
+
+def carry_map(fn: Callable[[torch.Tensor], torch.Tensor], x: Carry) -> Carry:
+    """Apply fn to every member, keeping the carry's form (a tensor stays a tensor)."""
+    return tuple(fn(t) for t in x) if isinstance(x, (tuple, list)) else fn(x)
+
+
+def batch_size(x: Carry) -> int:
+    return as_tuple(x)[0].shape[0]
+
+
+# ---- tied parameters -----------------------------------------------------------------------------
+def parameter_layer(name: str) -> int:
+    """The layer position of a global parameter name `layers.<position>.<...>`."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[0] != "layers" or not parts[1].isdigit():
+        raise ValueError(f"parameter {name!r} is not under layers.<position>: the model contract keeps every "
+                         f"weight inside a layer")
+    return int(parts[1])
+
+
+def tied_owners(model: PipelineModel) -> dict[str, str]:
+    """Each tied member's name -> the name it is stored under (its group's first member by layer
+    position). Members of no group are absent."""
+    owners: dict[str, str] = {}
+    for group in model.tied_parameters():
+        members = sorted(dict.fromkeys(group), key=lambda n: (parameter_layer(n), n))
+        if len(members) < 2:
+            continue
+        for name in members:
+            if name in owners:
+                raise ValueError(f"model {model.name}: parameter {name} is in two tied groups; merge them into one")
+            owners[name] = members[0]
+    return owners

@@ -21,6 +21,7 @@ class TransformerShape:
     vocab_size: int
     ffn_mult: int = 4
     dropout: float = 0.0
+    tie_embeddings: bool = True  # the token embedding and the output projection are one weight
 
 
 GPT_PRESETS = {
@@ -98,11 +99,25 @@ class _Transformer(PipelineModel):
             raise ValueError(f"model {name}: hidden {shape.hidden} is not divisible by heads {shape.heads}")
         self.shape, self.name = shape, name
 
+    @property
+    def seq_len(self) -> int:
+        return self.shape.seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.shape.vocab_size
+
     def layers(self) -> list[LayerSpec]:
         s = self.shape
         return ([LayerSpec("embed", lambda: Embedding(s))]
                 + [LayerSpec(f"block{i}", lambda: Block(s, self.causal)) for i in range(s.num_layers)]
                 + [LayerSpec("head", lambda: Head(s))])
+
+    def tied_parameters(self) -> list[list[str]]:
+        # GPT-2 and BERT: the output projection is the token embedding (both vocab × hidden)
+        if not self.shape.tie_embeddings:
+            return []
+        return [["layers.0.token.weight", f"layers.{self.shape.num_layers + 1}.out.weight"]]
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return _per_sample_ce(output, target)
@@ -129,3 +144,10 @@ class BERT(_Transformer):
         ids = torch.randint(1, s.vocab_size, (n, s.seq_len), generator=generator)
         inputs, targets = mask_tokens(ids, mask_id=0, generator=generator)
         return inputs.to(device), targets.to(device)
+
+    def example_from_tokens(self, window, generator=None):
+        """Masked language modelling on seq_len ids of the window; id 0 is [MASK] (a tokenizer for
+        BERT keeps it free: the byte tokenizer's 0 is NUL, which text does not hold)."""
+        from ..data.corpus import mask_tokens
+        inputs, targets = mask_tokens(window[None, :-1], mask_id=0, generator=generator)
+        return inputs[0], targets[0]

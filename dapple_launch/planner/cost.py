@@ -21,7 +21,7 @@ schedule is the ground truth this formula is checked against (see tests and benc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..cluster import Topology
@@ -148,6 +148,14 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
             memo[key] = (f * speed, b * speed, topology.allreduce_s(st.devices, params), (kept + received) * n / pbs)
         f, b, allreduce, activation = memo[key]
         costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation))
+    for layers, nbytes in profile.tied:
+        # A weight several stages hold (a tied embedding): after their own all-reduces, the stages
+        # holding a copy sum its gradient among all their devices (runtime/tied.py).
+        holders = [s for s, st in enumerate(layout) if any(st.start <= i < st.stop for i in layers)]
+        if len(holders) > 1:
+            extra = topology.allreduce_s(tuple(d for s in holders for d in layout[s].devices), nbytes)
+            for s in holders:
+                costs[s] = replace(costs[s], allreduce_s=costs[s].allreduce_s + extra)
     return costs
 
 

@@ -1,52 +1,93 @@
 """Analytic profile: FLOPs, bytes and saved activations per layer, from the model's shapes.
 
-Each layer is built on the meta device (no memory, no compute) and run forward and backward
-under torch's FLOP counter; saved-for-backward tensors are counted exactly with autograd's
-saved-tensor hooks. Times = FLOPs / (device TFLOPS × efficiency), so `model=bert
-cluster=v100x16` plans on a laptop.
+Each layer is built and run forward and backward on fake tensors (shapes and dtypes, no memory,
+no compute) under torch's FLOP counter, and under autocast when the run is mixed precision, so
+dtypes are the ones the run will have; saved-for-backward tensors are counted exactly with
+autograd's saved-tensor hooks (parameters themselves excluded: they are counted once, as weights;
+their half-precision copies are activations of the micro-batch that made them). Times = FLOPs /
+(device TFLOPS × efficiency), so `model=bert cluster=v100x16` plans on a laptop.
 """
 from __future__ import annotations
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..models.contract import PipelineModel
+from ..models.contract import PipelineModel, as_tuple, call_layer
 from .model_profile import LayerProfile, ModelProfile, chain
 
+MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
-def _nbytes(t: torch.Tensor) -> int:
+
+def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def trace_layers(model: PipelineModel, batch_size: int):
-    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes) per layer on meta."""
-    x, _ = model.batch(batch_size, torch.Generator().manual_seed(0))
-    x = x.to("meta")
-    for spec in model.layers():
-        with torch.device("meta"):
+def wire_bytes(carry, compute_dtype: torch.dtype | None) -> int:
+    """Bytes one carry moves between stages: floating members in the compute dtype (mixed
+    precision sends them so), others as they are."""
+    total = 0
+    for t in as_tuple(carry):
+        if compute_dtype is not None and t.is_floating_point() and t.element_size() > compute_dtype.itemsize:
+            total += t.numel() * compute_dtype.itemsize
+        else:
+            total += nbytes(t)
+    return total
+
+
+def backward_roots(carry) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The members a backward starts from (floating, attached to the graph) and unit gradients."""
+    roots = [t for t in as_tuple(carry) if t.is_floating_point() and t.requires_grad]
+    return roots, [torch.ones_like(t) for t in roots]
+
+
+def autocast(device_type: str, precision: str):
+    import contextlib
+    if precision in MIXED:
+        return torch.autocast(device_type, dtype=MIXED[precision])
+    return contextlib.nullcontext()
+
+
+def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
+    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes) per layer, on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    compute = MIXED.get(precision)
+    real, _ = model.batch(batch_size, torch.Generator().manual_seed(0))  # real: a batch may read its own values
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        x = tuple(mode.from_tensor(t) for t in as_tuple(real))
+        for spec in model.layers():
             layer = spec.build()
-        params = sum(_nbytes(p) for p in layer.parameters())
-        x_in = x.detach().requires_grad_(x.is_floating_point())
-        saved = []
-        counter = FlopCounterMode(display=False)
-        with counter, torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(_nbytes(t)) or t, lambda t: t):
-            y = layer(x_in)
-        fwd = counter.get_total_flops()
-        counter = FlopCounterMode(display=False)
-        with counter:
-            y.backward(torch.ones_like(y))
-        bwd = counter.get_total_flops()
-        yield spec.name, fwd, bwd, _nbytes(y), sum(saved), params
-        x = y.detach()
+            params = sum(nbytes(p) for p in layer.parameters())
+            owned = {id(p) for p in layer.parameters()}
+            x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
+            saved = []
+
+            def pack(t):
+                if id(t) not in owned and (t._base is None or id(t._base) not in owned):
+                    saved.append(nbytes(t))
+                return t
+            counter = FlopCounterMode(display=False)
+            with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+            fwd = counter.get_total_flops()
+            roots, ones = backward_roots(y)
+            counter = FlopCounterMode(display=False)
+            with counter:
+                if roots:
+                    torch.autograd.backward(roots, ones)
+            bwd = counter.get_total_flops()
+            yield spec.name, fwd, bwd, wire_bytes(y, compute), sum(saved), params
+            x = tuple(t.detach() for t in as_tuple(y))
 
 
 def analytic_profile(model: PipelineModel, batch_size: int, device_tflops: float, device: str,
-                     efficiency: float = 0.4) -> ModelProfile:
+                     efficiency: float = 0.4, precision: str = "32") -> ModelProfile:
+    """`device_tflops`: the device's speed at the run's precision."""
     if device_tflops <= 0:
         raise ValueError(f"analytic profile needs the device speed: device_tflops={device_tflops} must be > 0")
     rate = device_tflops * 1e12 * efficiency
     layers = []
-    for name, fwd, bwd, out, saved, params in trace_layers(model, batch_size):
+    for name, fwd, bwd, out, saved, params in trace_layers(model, batch_size, precision):
         # A layer that saves nothing still keeps its input alive for its successor's backward.
         layers.append(LayerProfile(name, fwd / rate, bwd / rate, float(out), float(params), saved_bytes=float(saved)))
-    return chain(model.name, layers, batch_size, source="analytic", device=device, device_tflops=device_tflops)
+    return chain(model.name, layers, batch_size, source="analytic", device=device, device_tflops=device_tflops,
+                 precision=precision)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.contract import PipelineModel, build_layer
+from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer
+from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
 from .model_profile import LayerProfile, ModelProfile, chain
 
 
@@ -39,10 +40,12 @@ def write_cached(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def cache_key(model: PipelineModel, batch_size: int, device: str) -> str:
-    # "fit": profiles from before the per-call fit (times only) are not read back as if they had it
-    ident = json.dumps({"model": model.describe(), "batch": batch_size, "device": device, "fit": "per-call"},
-                       sort_keys=True)
+def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str = "32") -> str:
+    # "fit": profiles from before the per-call fit (times only) are not read back as if they had it;
+    # "saved": from before parameters were left out of the saved bytes
+    from ..models import identity
+    ident = json.dumps({"model": identity(model), "batch": batch_size, "device": device, "fit": "per-call",
+                        "precision": precision, "saved": "no-parameters"}, sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
@@ -51,33 +54,42 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int) -> list[tuple]:
+def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int,
+                 precision: str = "32") -> list[tuple]:
     """Per layer: (name, forward s, backward s, output bytes, parameter bytes, saved bytes) on one batch."""
     x, _ = model.batch(batch_size, torch.Generator().manual_seed(seed), device=dev)
+    x = as_tuple(x)
     out = []
     for i, spec in enumerate(model.layers()):
         layer = build_layer(spec, i, seed).to(dev)
-        params = sum(p.numel() * p.element_size() for p in layer.parameters())
+        params = sum(nbytes(p) for p in layer.parameters())
+        owned = {p.untyped_storage().data_ptr() for p in layer.parameters()}
         fwd, bwd = [], []
         for rep in range(repeats + 1):
-            x_in = x.detach().requires_grad_(x.is_floating_point())
+            x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
             saved = []
+
+            def pack(t):
+                if t.untyped_storage().data_ptr() not in owned:  # a weight is counted once, as a weight
+                    saved.append(nbytes(t))
+                return t
             _sync(dev)
             t0 = time.perf_counter()
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
-                                                          lambda t: t):
-                y = layer(x_in)
+            with autocast(dev.type, precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
             _sync(dev)
             t1 = time.perf_counter()
-            y.backward(torch.ones_like(y))
+            roots, ones = backward_roots(y)
+            if roots:
+                torch.autograd.backward(roots, ones)
             _sync(dev)
             t2 = time.perf_counter()
             if rep:  # the first run warms up kernels and allocator
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
-        out.append((spec.name, statistics.median(fwd), statistics.median(bwd), float(y.numel() * y.element_size()),
+        out.append((spec.name, statistics.median(fwd), statistics.median(bwd), float(wire_bytes(y, MIXED.get(precision))),
                     float(params), float(sum(saved))))
-        x = y.detach()
+        x = tuple(t.detach() for t in as_tuple(y))
     return out
 
 
@@ -89,22 +101,22 @@ def per_call(small_s: float, large_s: float, small_n: int, large_n: int) -> floa
 
 
 def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.device = "cpu",
-                    repeats: int = 5, use_cache: bool = True, seed: int = 0) -> ModelProfile:
+                    repeats: int = 5, use_cache: bool = True, seed: int = 0, precision: str = "32") -> ModelProfile:
     """Each layer timed at `batch_size` and at 4 × `batch_size`: the times at `batch_size` are the
     profile's, and the two together give each layer's fixed cost per call (Python, kernel
     launches), which small batches are made of and which does not scale with the samples."""
     dev = torch.device(device)
     name = device_name(dev)
-    path = cache_dir() / f"{model.name}-b{batch_size}-{name}-{cache_key(model, batch_size, name)}.json"
+    path = cache_dir() / f"{model.name}-b{batch_size}-{name}-{cache_key(model, batch_size, name, precision)}.json"
     if use_cache and path.is_file():
         return ModelProfile.from_json(path.read_text())
     small, large = batch_size, 4 * batch_size
-    at_small = _time_layers(model, small, dev, repeats, seed)
-    at_large = _time_layers(model, large, dev, repeats, seed)
+    at_small = _time_layers(model, small, dev, repeats, seed, precision)
+    at_large = _time_layers(model, large, dev, repeats, seed, precision)
     layers = [LayerProfile(name_, f, b, out, params, saved_bytes=saved,
                            forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large))
               for (name_, f, b, out, params, saved), (_, f4, b4, *_rest) in zip(at_small, at_large)]
-    profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name)
+    profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name, precision=precision)
     if use_cache:
         write_cached(path, profile.to_json())
     return profile

@@ -38,6 +38,10 @@ class ModelProfile:
     device: str = ""  # the device the times hold for
     device_tflops: float | None = None  # that device's speed, to rescale to another device
     meta: dict = field(default_factory=dict, compare=False)
+    precision: str = "32"  # what the times and bytes were taken at: 32, bf16-mixed or 16-mixed
+    # weights that several layers share (models.contract tied_parameters): per group, the layer
+    # positions holding a copy and the weight's bytes. Stages that hold copies all-reduce its gradient.
+    tied: tuple[tuple[tuple[int, ...], float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -110,6 +114,7 @@ class ModelProfile:
     def from_json(cls, text: str) -> "ModelProfile":
         d = json.loads(text)
         d["layers"] = tuple(LayerProfile(**{**x, "inputs": tuple(x["inputs"])}) for x in d["layers"])
+        d["tied"] = tuple((tuple(layers), float(nbytes)) for layers, nbytes in d.get("tied", ()))
         return cls(**d)
 
 

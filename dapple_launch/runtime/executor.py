@@ -1,18 +1,25 @@
-"""Interprets one stage's action list for one iteration. It decides nothing: the Schedule does."""
+"""Interprets one stage's action list for one iteration. It decides nothing: the Schedule does.
+
+A micro-batch's state on a stage: what arrived (the wire tensors, whose gradients go back), what
+the stage's layers returned (cast for the wire), and the gradient that came back for it. Every
+action reads and writes that state; see models/contract.py for what a carry is.
+"""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..models.contract import as_tuple, carry_map, run_layers
 from ..schedule import Kind, Schedule
 from .grid import split_bounds
 from .p2p import PointToPoint
+from .precision import MixedPrecision
 
 
 @dataclass
@@ -21,50 +28,65 @@ class StepResult:
     num_samples: int
 
 
+@dataclass
+class _Iteration:
+    """What one run() keeps per micro-batch while its actions execute."""
+    batch: tuple
+    n_total: int
+    micro: tuple  # (lo, hi) sample range of each micro-batch
+    train: bool
+    received: dict  # m -> wire tensors that arrived (gradients are taken against them)
+    outputs: dict  # m -> the stage's output as it leaves (or, on the last stage, the loss to backpropagate)
+    logical: dict  # m -> the dtypes of the output before the wire cast
+    grads: dict  # m -> gradient received for the output's floating members
+    back: dict  # m -> gradient to send for the input's floating members
+    loss_sum: torch.Tensor
+
+
 class StageExecutor:
-    def __init__(self, layers: nn.Module, loss_fn: Callable, p2p: PointToPoint, num_stages: int,
-                 replica_group=None, on_last_backward: Callable[[], None] | None = None):
-        self.layers, self.loss_fn, self.p2p = layers, loss_fn, p2p
+    def __init__(self, layers: Iterable[nn.Module], loss_fn: Callable, p2p: PointToPoint, num_stages: int,
+                 replica_group=None, on_last_backward: Callable[[], None] | None = None,
+                 precision: MixedPrecision | None = None):
+        self.layers, self.loss_fn, self.p2p = list(layers), loss_fn, p2p
         self.stage, self.replica, self.num_stages = p2p.stage, p2p.replica, num_stages
         self.is_first, self.is_last = self.stage == 0, self.stage == num_stages - 1
         self.replicas = p2p.grid.replicas[self.stage]
         self.on_last_backward = on_last_backward
+        self.precision = precision or MixedPrecision()
         self.saved_peak = 0  # most micro-batches whose activations were alive at once (memory check)
         self.timeline: list | None = None  # set to a list to record (action, start, end) wall times
 
-    def _slice(self, t: torch.Tensor, micro: tuple[int, int]) -> torch.Tensor:
+    def _slice(self, carry, micro: tuple[int, int]):
         lo, hi = split_bounds(micro[1] - micro[0], self.replicas)[self.replica]
-        return t[micro[0] + lo: micro[0] + hi]
+        return carry_map(lambda t: t[micro[0] + lo: micro[0] + hi], carry)
 
-    def run(self, schedule: Schedule, batch: tuple[torch.Tensor, torch.Tensor]) -> StepResult:
-        """One iteration over the global batch. Backward populates .grad of this stage's parameters."""
-        inputs_all, targets_all = batch
-        n_total = inputs_all.shape[0]
+    def run(self, schedule: Schedule, batch: tuple, loss_scale: float = 1.0) -> StepResult:
+        """One iteration over the global batch. Backward populates .grad of this stage's parameters;
+        the last stage backpropagates its loss times `loss_scale` (16-mixed)."""
+        n_total = as_tuple(batch[0])[0].shape[0]
         micro = split_bounds(n_total, schedule.num_micro_batches)
         if min(hi - lo for lo, hi in micro) < max(self.p2p.grid.replicas):
             raise ValueError(
                 f"a batch of {n_total} samples split into {schedule.num_micro_batches} micro-batches leaves fewer "
                 f"samples per micro-batch than a stage has replicas ({max(self.p2p.grid.replicas)})")
-        train = not schedule.forward_only
-        inputs: dict[int, torch.Tensor] = {}
-        outputs: dict[int, torch.Tensor] = {}
-        grads: dict[int, torch.Tensor] = {}
-        loss_sum = torch.zeros((), device=inputs_all.device)
-        last_backward = max((i for i, a in enumerate(schedule.stage_actions[self.stage]) if a.kind is Kind.BACKWARD),
-                            default=-1)
+        device = as_tuple(batch[0])[0].device
+        it = _Iteration(batch, n_total, micro, not schedule.forward_only, {}, {}, {}, {}, {},
+                        torch.zeros((), device=device))
         actions = schedule.stage_actions[self.stage]
+        last_backward = max((i for i, a in enumerate(actions) if a.kind is Kind.BACKWARD), default=-1)
         ahead = _receives_ahead(actions)
         for i, a in enumerate(actions):
             try:
                 for r in ahead.get(i, ()):  # the next compute's inputs arrive while this one runs
                     n_r = micro[r.micro_batch][1] - micro[r.micro_batch][0]
                     if r.kind is Kind.RECV_ACTIVATION:
-                        self.p2p.post_activation(n_r, r.micro_batch, eval_=not train)
+                        self.p2p.post_activation(n_r, r.micro_batch, eval_=not it.train)
                     else:
                         self.p2p.post_gradient(n_r, r.micro_batch)
                 start = time.time()
-                loss_sum = self._act(i, a, micro, inputs_all, targets_all, n_total, train, inputs, outputs, grads,
-                                     loss_sum, last_backward)
+                self._act(a, it, loss_scale)
+                if i == last_backward and self.on_last_backward is not None:
+                    self.on_last_backward()
                 if self.timeline is not None:
                     self.timeline.append((str(a), start, time.time()))
             except RuntimeError as exc:
@@ -73,53 +95,69 @@ class StageExecutor:
                     f"stage {self.stage} replica {self.replica} (rank {rank}) stopped at action {a} (step {i + 1} of "
                     f"{len(actions)} in schedule {schedule.name}): {str(exc).splitlines()[0]}. A peer stage may have "
                     f"died or stalled; see its log (logs/rank-N.log)") from exc
-        if not train and self.is_last:
-            outputs.clear()
         self.p2p.wait_sends()
-        return StepResult(loss_sum, n_total)
+        return StepResult(it.loss_sum, n_total)
 
-    def _act(self, i, a, micro, inputs_all, targets_all, n_total, train, inputs, outputs, grads, loss_sum,
-             last_backward):
-        """Carry out one action; returns the running loss sum."""
+    def _act(self, a, it: _Iteration, loss_scale: float) -> None:
+        """Carry out one action on the iteration's state."""
         m = a.micro_batch
-        n = micro[m][1] - micro[m][0]
-        if a.kind is Kind.RECV_ACTIVATION:
-            x = self.p2p.recv_activation(n, m, eval_=not train)
-            inputs[m] = x.requires_grad_(train and x.is_floating_point())
-        elif a.kind is Kind.FORWARD:
-            x = inputs[m] if m in inputs else self._slice(inputs_all, micro[m])
-            inputs[m] = x
-            with torch.set_grad_enabled(train):
-                y = self.layers(x)
-                if self.is_last:
-                    y = self.loss_fn(y, self._slice(targets_all, micro[m])).sum() / n_total
-                    loss_sum = loss_sum + y.detach()
-            outputs[m] = y
-            if not train and not self.is_first:
-                del inputs[m]
-            self.saved_peak = max(self.saved_peak, len(outputs))
-        elif a.kind is Kind.SEND_ACTIVATION:
+        n = it.micro[m][1] - it.micro[m][0]
+        kind = a.kind
+        if kind is Kind.RECV_ACTIVATION:
+            got = self.p2p.recv_activation(n, m, eval_=not it.train)
+            it.received[m] = tuple(t.requires_grad_(it.train and t.is_floating_point()) for t in got.wire)
+            it.logical[m] = got.logical
+        elif kind is Kind.FORWARD:
+            self._forward(m, it, loss_scale)
+        elif kind is Kind.SEND_ACTIVATION:
             self.p2p.reap()
-            self.p2p.send_activation(outputs[m].detach(), n, m, eval_=not train)
-            if not train:
-                del outputs[m]
-        elif a.kind is Kind.RECV_GRADIENT:
-            grads[m] = self.p2p.recv_gradient(n, m)
-        elif a.kind is Kind.BACKWARD:
-            y = outputs.pop(m)
+            out = it.outputs[m]
+            self.p2p.send_activation(tuple(t.detach() for t in out), it.logical.pop(m), n, m, eval_=not it.train)
+            if not it.train:
+                del it.outputs[m]
+        elif kind is Kind.RECV_GRADIENT:
+            it.grads[m] = self.p2p.recv_gradient(n, m)
+        elif kind is Kind.BACKWARD:
+            self._backward(m, it)
+        elif kind is Kind.SEND_GRADIENT:
+            self.p2p.reap()
+            self.p2p.send_gradient(it.back.pop(m), n, m)
+
+    def _forward(self, m: int, it: _Iteration, loss_scale: float) -> None:
+        if self.is_first:
+            x = self._slice(it.batch[0], it.micro[m])
+        else:
+            wire = it.received[m] if it.train else it.received.pop(m)
+            # back to the dtypes the previous stage computed in (the wire carried the compute dtype)
+            x = tuple(w.to(dt) if w.dtype != dt else w for w, dt in zip(wire, it.logical.pop(m)))
+        with torch.set_grad_enabled(it.train), self.precision.autocast():
+            y = run_layers(self.layers, x)
             if self.is_last:
-                y.backward()
-            else:
-                y.backward(grads.pop(m))
-            x = inputs.pop(m)
-            if not self.is_first:
-                grads[m] = x.grad
-            if i == last_backward and self.on_last_backward is not None:
-                self.on_last_backward()
-        elif a.kind is Kind.SEND_GRADIENT:
-            self.p2p.reap()
-            self.p2p.send_gradient(grads.pop(m), n, m)
-        return loss_sum
+                loss = self.loss_fn(y, self._slice(it.batch[1], it.micro[m])).sum() / it.n_total
+                it.loss_sum = it.loss_sum + loss.detach().float()
+                if it.train:
+                    it.outputs[m] = loss * loss_scale if loss_scale != 1.0 else loss
+                    self.saved_peak = max(self.saved_peak, len(it.outputs))
+                return
+            members = as_tuple(y)
+            it.logical[m] = tuple(t.dtype for t in members)
+            it.outputs[m] = tuple(self.precision.to_wire(t) for t in members)
+        self.saved_peak = max(self.saved_peak, len(it.outputs))
+
+    def _backward(self, m: int, it: _Iteration) -> None:
+        y = it.outputs.pop(m)
+        if self.is_last:
+            y.backward()
+        else:
+            grads = it.grads.pop(m)
+            floating = [t for t in y if t.is_floating_point()]
+            pairs = [(t, g) for t, g in zip(floating, grads) if t.requires_grad]
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        if not self.is_first:
+            wire = it.received.pop(m)
+            it.back[m] = tuple(w.grad if w.grad is not None else torch.zeros_like(w)
+                               for w in wire if w.is_floating_point())
 
 
 @lru_cache(maxsize=64)

@@ -12,19 +12,26 @@ import lightning as L
 import torch
 from torch import nn
 
-from ..models.contract import PipelineModel, build_layer
+from ..models.contract import PipelineModel, batch_size, build_layer, run_layers
+from .precision import LossScaler, MixedPrecision, grads_finite
+from .tied import tie_local
 
 
 class PipelineModule(L.LightningModule):
     def __init__(self, model: PipelineModel, lr: float = 3e-3, weight_decay: float = 0.0,
                  warmup_steps: int = 0, total_steps: int = 0, gradient_clip_val: float | None = None,
-                 seed: int = 0):
+                 seed: int = 0, precision: str = "32"):
         super().__init__()
         self.model, self.seed = model, seed
         self.lr, self.weight_decay, self.warmup_steps, self.total_steps = lr, weight_decay, warmup_steps, total_steps
         self.gradient_clip_val = gradient_clip_val
+        self.precision_name = precision
+        self.scaler = LossScaler(enabled=precision == "16-mixed")
         self.automatic_optimization = False
         self.layers = nn.ModuleDict()  # keys are global layer positions: "layers.17.weight" on every layout
+
+    def mixed_precision(self) -> MixedPrecision:
+        return MixedPrecision(self.precision_name, self.device.type)
 
     def configure_model(self) -> None:
         if len(self.layers):
@@ -36,10 +43,11 @@ class PipelineModule(L.LightningModule):
         specs = self.model.layers()
         for i in indices if indices is not None else range(len(specs)):
             self.layers[str(i)] = build_layer(specs[i], i, self.seed)
+        tie_local(self.layers, self.model, self.seed)
         return self
 
-    def local_stack(self) -> nn.Sequential:
-        return nn.Sequential(*(self.layers[k] for k in sorted(self.layers, key=int)))
+    def local_stack(self) -> list[nn.Module]:
+        return [self.layers[k] for k in sorted(self.layers, key=int)]
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
@@ -56,8 +64,10 @@ class PipelineModule(L.LightningModule):
 
     # ---- steps ----------------------------------------------------------------------------
     def reference_loss(self, batch) -> torch.Tensor:
+        """Every layer in this process, the whole batch at once, under the run's precision."""
         x, y = batch
-        return self.model.loss(self.local_stack()(x), y).sum() / x.shape[0]
+        with self.mixed_precision().autocast():
+            return self.model.loss(run_layers(self.local_stack(), x), y).sum() / batch_size(x)
 
     def _pipelined(self) -> bool:
         return hasattr(self.trainer.strategy, "pipeline_train_step")
@@ -65,22 +75,35 @@ class PipelineModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         opt, sched = self.optimizers(), self.lr_schedulers()
         strategy = self.trainer.strategy
+        scale = self.scaler.scale
         if self._pipelined():
-            loss = strategy.pipeline_train_step(batch)
+            loss = strategy.pipeline_train_step(batch, loss_scale=scale)
+            finite = strategy.finish_gradients(scale, check_finite=self.scaler.enabled)
         else:
             loss = self.reference_loss(batch)
-            self.manual_backward(loss)
+            self.manual_backward(loss * scale)
             loss = loss.detach()
-        if self.gradient_clip_val:
+            if scale != 1.0:
+                for p in self.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(scale)
+            finite = not self.scaler.enabled or grads_finite(self.parameters())
+        if finite and self.gradient_clip_val:
             if self._pipelined():
                 strategy.clip_grad_norm_(self.gradient_clip_val)
             else:
                 torch.nn.utils.clip_grad_norm_(self.parameters(), self.gradient_clip_val)
-        opt.step()
+        # A step with an inf/NaN gradient (16-mixed) is skipped on every rank alike: the strategy
+        # leaves the weights as they are, the step still counts, the scale halves.
+        if self._pipelined():
+            strategy.skip_next_step = not finite
+        if finite or self._pipelined():
+            opt.step()
+        self.scaler.update(found_inf=not finite)
         opt.zero_grad(set_to_none=True)
         sched.step()
         # The loss is already the same on every rank, so no sync is needed for monitors to agree.
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch_size(batch[0]))
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -89,5 +112,13 @@ class PipelineModule(L.LightningModule):
         else:
             with torch.no_grad():
                 loss = self.reference_loss(batch)
-        self.log("val_loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
+        self.log("val_loss", loss, prog_bar=True, batch_size=batch_size(batch[0]))
         return loss
+
+    # The loss scale is part of the run's state: every rank reads the same value back.
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["loss_scaler"] = self.scaler.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "loss_scaler" in checkpoint:
+            self.scaler.load_state_dict(checkpoint["loss_scaler"])

@@ -1,15 +1,19 @@
 """Moving activations and their gradients between stages, re-split across replica counts.
 
-Micro-batch m holds n samples; replica j of a stage with r replicas owns the j-th contiguous
-slice of them. Between stages with different replica counts, each sender sends every receiver
-the overlap of their slices (many-to-many); the receiver concatenates the pieces in order.
-Sends are non-blocking (gloo/NCCL isend), so a stage never blocks on its neighbour's progress,
-which is the semantics the validator checks; a sent tensor is dropped as soon as its send
-completes (`reap`). Receives are posted ahead of use (`post_*`): the executor posts the receives
-of the next compute actions while the current one runs, so the data lands during compute and the
-sender's isend completes early. The first piece of each size between two ranks carries a small
-header (dtype, shape); later ones are the payload alone, received into a buffer of the learned
-shape, so a transfer costs one message, as in torch.distributed.pipelining after its shape inference.
+What crosses a stage boundary is a carry: a tuple of tensors (models/contract.py), each with the
+micro-batch's samples as its first dimension. Micro-batch m holds n samples; replica j of a stage
+with r replicas owns the j-th contiguous slice of them. Between stages with different replica
+counts, each sender sends every receiver the overlap of their slices (many-to-many); the receiver
+concatenates the pieces of each member in order.
+
+Sends are non-blocking (gloo/NCCL isend), so a stage never blocks on its neighbour's progress; a
+sent tensor is dropped as soon as its send completes (`reap`). Receives are posted ahead of use
+(`post_*`): the executor posts the receives of the next compute action while the current one runs.
+Transfers between two ranks are matched in order (NCCL ignores tags; the validator makes every
+schedule send and receive in the same order, schedule/validate.py). The first transfer of each
+(direction, peer, rows) carries a header (per member: the dtype on the wire, the dtype the receiver
+restores, the shape); later ones are the payloads alone, received into buffers of the learned
+shapes, so a transfer costs one message per member.
 """
 from __future__ import annotations
 
@@ -21,8 +25,12 @@ import torch.distributed as dist
 
 from .grid import ProcessGrid, split_bounds
 
-_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool]
-_HEADER = 8  # ndim, dtype code, up to 6 dims
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
+           torch.int16, torch.uint8, torch.int8]
+MAX_MEMBERS = 16
+_DIMS = 6
+_PER_MEMBER = 3 + _DIMS  # wire dtype, logical dtype, ndim, dims
+_HEADER = 1 + MAX_MEMBERS * _PER_MEMBER
 TAG_SPACE = {"activation": 0, "gradient": 1, "eval": 2}
 
 
@@ -44,18 +52,51 @@ def overlaps(n: int, src_replicas: int, dst_replicas: int, src: int | None = Non
 
 
 def _tag(space: str, micro_batch: int, part: int) -> int:
-    return (micro_batch * 3 + TAG_SPACE[space]) * 2 + part
+    """part 0: the header; 1 + i: member i's payload."""
+    return (micro_batch * 3 + TAG_SPACE[space]) * (1 + MAX_MEMBERS) + part
+
+
+def _header(pieces: tuple[torch.Tensor, ...], logical: tuple[torch.dtype, ...]) -> torch.Tensor:
+    if len(pieces) > MAX_MEMBERS:
+        raise RuntimeError(f"a layer passes {len(pieces)} tensors to the next stage; at most {MAX_MEMBERS} can cross")
+    h = torch.zeros(_HEADER, dtype=torch.int64)
+    h[0] = len(pieces)
+    for i, (t, dt) in enumerate(zip(pieces, logical)):
+        if t.dim() > _DIMS:
+            raise RuntimeError(f"a tensor crossing stages has {t.dim()} dimensions; at most {_DIMS} can cross")
+        o = 1 + i * _PER_MEMBER
+        h[o], h[o + 1], h[o + 2] = _DTYPES.index(t.dtype), _DTYPES.index(dt), t.dim()
+        h[o + 3:o + 3 + t.dim()] = torch.tensor(t.shape)
+    return h
+
+
+def _read_header(h: torch.Tensor) -> tuple:
+    """((trailing shape, wire dtype, logical dtype) per member)."""
+    h = h.cpu().tolist()
+    out = []
+    for i in range(h[0]):
+        o = 1 + i * _PER_MEMBER
+        out.append((tuple(h[o + 4:o + 3 + h[o + 2]]), _DTYPES[h[o]], _DTYPES[h[o + 1]]))
+    return tuple(out)
 
 
 @dataclass
 class _PostedPiece:
     header: torch.Tensor | None  # only the first transfer of a (space, peer, rows) key carries a header
     header_work: object
-    payload: torch.Tensor | None  # None until the shape is known: posted after the header arrives
-    payload_work: object
+    payloads: list | None  # None until the members are known: posted after the header arrives
+    works: list
     peer: int
     tag: int
     key: tuple
+
+
+@dataclass
+class Received:
+    """A received carry: the wire tensors (what gradients are taken against) and the dtypes the
+    sender's tensors had before they were cast for the wire."""
+    wire: tuple
+    logical: tuple
 
 
 @dataclass
@@ -66,32 +107,34 @@ class PointToPoint:
     device: torch.device = torch.device("cpu")
     pending: list = field(default_factory=list)  # (work, tensor) kept alive until the send completes
     posted: dict = field(default_factory=dict)  # (space, micro-batch) -> [_PostedPiece] of receives in flight
-    # (space, peer rank, rows) -> (trailing shape, dtype). A key's first transfer sends a header
-    # too; both sides move a key's pieces in the same (micro-batch) order, so both know which.
-    sent_shapes: dict = field(default_factory=dict)
-    shapes: dict = field(default_factory=dict)
+    # (space, peer rank, rows) -> member layout. A key's first transfer sends a header too; both
+    # sides move a key's pieces in the same order (schedule/validate.py), so both know which.
+    sent_layouts: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)
     header_expected: set = field(default_factory=set)
 
-    def _send_pieces(self, tensor: torch.Tensor, n: int, peer_stage: int, space: str, micro_batch: int) -> None:
+    def _send_pieces(self, carry: tuple, logical: tuple, n: int, peer_stage: int, space: str,
+                     micro_batch: int) -> None:
         my_lo = split_bounds(n, self.grid.replicas[self.stage])[self.replica][0]
         peer_ranks = self.grid.stage_ranks(peer_stage)
         for _, k, lo, hi in overlaps(n, self.grid.replicas[self.stage], self.grid.replicas[peer_stage], src=self.replica):
-            piece = tensor[lo - my_lo:hi - my_lo].contiguous()
-            key, shape = (space, peer_ranks[k], hi - lo), (tuple(piece.shape[1:]), piece.dtype)
+            pieces = tuple(t[lo - my_lo:hi - my_lo].contiguous() for t in carry)
+            key = (space, peer_ranks[k], hi - lo)
+            layout = tuple((tuple(p.shape[1:]), p.dtype, dt) for p, dt in zip(pieces, logical))
             tag = _tag(space, micro_batch, 0)
-            known = self.sent_shapes.get(key)
+            known = self.sent_layouts.get(key)
             if known is None:
-                self.sent_shapes[key] = shape
-                header = torch.zeros(_HEADER, dtype=torch.int64)
-                header[0], header[1] = piece.dim(), _DTYPES.index(piece.dtype)
-                header[2:2 + piece.dim()] = torch.tensor(piece.shape)
-                header = header.to(self.device)
+                self.sent_layouts[key] = layout
+                header = _header(pieces, logical).to(self.device)
                 self.pending.append((dist.isend(header, peer_ranks[k], tag=tag), header))
-            elif known != shape:
-                raise RuntimeError(f"{space} of micro-batch {micro_batch} to rank {peer_ranks[k]} is {piece.dtype} "
-                                   f"{list(piece.shape)} but earlier ones of {hi - lo} rows were {known[1]} "
-                                   f"{[hi - lo, *known[0]]}: a stage's output shape must not change between batches")
-            self.pending.append((dist.isend(piece, peer_ranks[k], tag=tag + 1), piece))
+            elif known != layout:
+                raise RuntimeError(
+                    f"{space} of micro-batch {micro_batch} to rank {peer_ranks[k]} is "
+                    f"{[(str(d), [hi - lo, *s]) for s, d, _ in layout]} but earlier ones of {hi - lo} rows were "
+                    f"{[(str(d), [hi - lo, *s]) for s, d, _ in known]}: what a stage passes on must keep its tensors, "
+                    f"dtypes and shapes from batch to batch")
+            for i, piece in enumerate(pieces):
+                self.pending.append((dist.isend(piece, peer_ranks[k], tag=tag + 1 + i), piece))
 
     def _post(self, n: int, peer_stage: int, space: str, micro_batch: int) -> None:
         if (space, micro_batch) in self.posted:
@@ -100,34 +143,38 @@ class PointToPoint:
         posted = []
         for j, _, lo, hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
             key, tag = (space, peer_ranks[j], hi - lo), _tag(space, micro_batch, 0)
-            piece = _PostedPiece(None, None, None, None, peer_ranks[j], tag, key)
+            piece = _PostedPiece(None, None, None, [], peer_ranks[j], tag, key)
             if key not in self.header_expected:  # this key's first transfer: its header comes too
                 self.header_expected.add(key)
                 piece.header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
                 piece.header_work = dist.irecv(piece.header, piece.peer, tag=tag)
-            elif key in self.shapes:
-                self._post_payload(piece)
+            elif key in self.layouts:
+                self._post_payloads(piece)
             posted.append(piece)
         self.posted[(space, micro_batch)] = posted
 
-    def _post_payload(self, p: _PostedPiece) -> None:
-        tail, dtype = self.shapes[p.key]
-        p.payload = torch.empty((p.key[2], *tail), dtype=dtype, device=self.device)
-        p.payload_work = dist.irecv(p.payload, p.peer, tag=p.tag + 1)
+    def _post_payloads(self, p: _PostedPiece) -> None:
+        p.payloads = []
+        for i, (tail, wire, _) in enumerate(self.layouts[p.key]):
+            buf = torch.empty((p.key[2], *tail), dtype=wire, device=self.device)
+            p.payloads.append(buf)
+            p.works.append(dist.irecv(buf, p.peer, tag=p.tag + 1 + i))
 
-    def _recv_pieces(self, n: int, peer_stage: int, space: str, micro_batch: int) -> torch.Tensor:
+    def _recv_pieces(self, n: int, peer_stage: int, space: str, micro_batch: int) -> Received:
         self._post(n, peer_stage, space, micro_batch)
-        pieces = []
+        pieces, layout = [], ()
         for p in self.posted.pop((space, micro_batch)):
             if p.header is not None:
                 p.header_work.wait()
-                header = p.header.cpu()
-                self.shapes[p.key] = (tuple(header[3:2 + int(header[0])].tolist()), _DTYPES[int(header[1])])
-            if p.payload is None:  # the key's shape became known after this receive was posted
-                self._post_payload(p)
-            p.payload_work.wait()
-            pieces.append(p.payload)
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+                self.layouts[p.key] = _read_header(p.header)
+            if p.payloads is None:  # the key's layout became known after this receive was posted
+                self._post_payloads(p)
+            for w in p.works:
+                w.wait()
+            pieces.append(p.payloads)
+            layout = self.layouts[p.key]
+        members = tuple(ps[0] if len(pieces) == 1 else torch.cat(ps) for ps in zip(*pieces)) if pieces else ()
+        return Received(members, tuple(dt for _, _, dt in layout))
 
     def post_activation(self, n: int, micro_batch: int, eval_: bool = False) -> None:
         self._post(n, self.stage - 1, "eval" if eval_ else "activation", micro_batch)
@@ -139,17 +186,17 @@ class PointToPoint:
         """Drop the sends that completed: a sent activation is not kept longer than its transfer."""
         self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
 
-    def send_activation(self, t: torch.Tensor, n: int, micro_batch: int, eval_: bool = False) -> None:
-        self._send_pieces(t, n, self.stage + 1, "eval" if eval_ else "activation", micro_batch)
+    def send_activation(self, carry: tuple, logical: tuple, n: int, micro_batch: int, eval_: bool = False) -> None:
+        self._send_pieces(carry, logical, n, self.stage + 1, "eval" if eval_ else "activation", micro_batch)
 
-    def recv_activation(self, n: int, micro_batch: int, eval_: bool = False) -> torch.Tensor:
+    def recv_activation(self, n: int, micro_batch: int, eval_: bool = False) -> Received:
         return self._recv_pieces(n, self.stage - 1, "eval" if eval_ else "activation", micro_batch)
 
-    def send_gradient(self, t: torch.Tensor, n: int, micro_batch: int) -> None:
-        self._send_pieces(t, n, self.stage - 1, "gradient", micro_batch)
+    def send_gradient(self, grads: tuple, n: int, micro_batch: int) -> None:
+        self._send_pieces(grads, tuple(g.dtype for g in grads), n, self.stage - 1, "gradient", micro_batch)
 
-    def recv_gradient(self, n: int, micro_batch: int) -> torch.Tensor:
-        return self._recv_pieces(n, self.stage + 1, "gradient", micro_batch)
+    def recv_gradient(self, n: int, micro_batch: int) -> tuple:
+        return self._recv_pieces(n, self.stage + 1, "gradient", micro_batch).wire
 
     def wait_sends(self) -> None:
         for work, _ in self.pending:

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from ..models import identity
+from ..models.contract import as_tuple, parameter_layer, tied_owners
 from ..planner.plan import Plan
 from ..schedule import forward_only
 from . import checkpoint as ckpt
@@ -23,6 +25,8 @@ from .executor import GradientSync, StageExecutor
 from .grid import ProcessGrid
 from .p2p import PointToPoint
 from .placement import PlannedEnvironment, check_world_size
+from .precision import grads_finite
+from .tied import TiedSync, local_tied_parameters, tied_groups
 
 PLAN_ENV = "DAPPLE_PLAN"
 
@@ -44,6 +48,8 @@ class DappleStrategy(DDPStrategy):
         self.train_schedule = self.plan.build_schedule()
         self._executor: StageExecutor | None = None
         self._sync: GradientSync | None = None
+        self._tied: TiedSync | None = None
+        self.skip_next_step = False  # 16-mixed: an inf/NaN gradient somewhere skips this step everywhere
         # trainer.profile_pipeline: the steps whose actions every rank records (timeline.py)
         self.profile_steps, self.timeline_dir = profile_steps or range(0), timeline_dir
         self._recorded: list[dict] = []
@@ -100,6 +106,10 @@ class DappleStrategy(DDPStrategy):
         super().setup_distributed()
         # Every rank creates every group, in the same order (torch.distributed's rule).
         self._stage_groups = [dist.new_group(self.grid.stage_ranks(s)) for s in range(self.grid.num_stages)]
+        model = self.lightning_module.model
+        self._tied_groups = tied_groups(model, [s.layers for s in self.plan.stages])
+        for g in self._tied_groups:
+            g.group = dist.new_group(sorted(r for s in g.stages for r in self.grid.stage_ranks(s)))
 
     def configure_ddp(self) -> None:
         """No DDP wrapper: gradients are reduced per stage by GradientSync."""
@@ -110,8 +120,13 @@ class DappleStrategy(DDPStrategy):
         p2p = PointToPoint(self.grid, self.stage, self.replica, self.root_device)
         params = [p for p in module.parameters() if p.requires_grad]
         self._sync = GradientSync(params, self._stage_groups[self.stage], self.grid.replicas[self.stage])
+        tied = local_tied_parameters(module.layers, module.model)
+        self._tied = TiedSync(self._tied_groups, tied, self.stage, self.replica)
+        # a tied weight's gradient norm counts once: on the first stage holding it
+        self._norm_excluded = {id(tied[g.owner]) for g in self._tied_groups if self.stage in g.stages
+                               and self.stage != g.stages[0]}
         self._executor = StageExecutor(module.local_stack(), module.model.loss, p2p, self.grid.num_stages,
-                                       on_last_backward=self._sync.start)
+                                       on_last_backward=self._sync.start, precision=module.mixed_precision())
 
     # ---- one iteration ---------------------------------------------------------------------
     def _broadcast_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
@@ -120,15 +135,36 @@ class DappleStrategy(DDPStrategy):
         dist.all_reduce(loss)
         return loss
 
-    def pipeline_train_step(self, batch) -> torch.Tensor:
+    def pipeline_train_step(self, batch, loss_scale: float = 1.0) -> torch.Tensor:
         step = self.lightning_module.trainer.global_step
         recording = step in self.profile_steps
         self._executor.timeline = [] if recording else None
-        result = self._executor.run(self.train_schedule, batch)
+        result = self._executor.run(self.train_schedule, batch, loss_scale=loss_scale)
         self._sync.finish()
+        self._tied.sync()
         if recording:
             self._record(step)
         return self._broadcast_loss(result.loss_sum)
+
+    def finish_gradients(self, loss_scale: float, check_finite: bool) -> bool:
+        """Undo the loss scale; with `check_finite` (16-mixed), whether no rank has an inf or NaN
+        gradient: one all-reduce, so every rank decides the same."""
+        params = [p for p in self.lightning_module.parameters() if p.grad is not None]
+        if loss_scale != 1.0:
+            for p in params:
+                p.grad.div_(loss_scale)
+        if not check_finite:
+            return True
+        bad = torch.tensor([0.0 if grads_finite(params) else 1.0], device=self.root_device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return bad.item() == 0
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        if self.skip_next_step:  # counted as a step, weights untouched (as torch.amp skips)
+            self.skip_next_step = False
+            closure()
+            return None
+        return super().optimizer_step(optimizer, closure, model, **kwargs)
 
     def _record(self, step: int) -> None:
         from .timeline import measured_iteration, write_timeline
@@ -146,7 +182,7 @@ class DappleStrategy(DDPStrategy):
             print(f"pipeline timeline of steps {self.profile_steps[0]}..{step}: {svg_path} (numbers: {json_path})")
 
     def pipeline_eval_step(self, batch) -> torch.Tensor:
-        n = batch[0].shape[0]
+        n = as_tuple(batch[0])[0].shape[0]
         micro = min(self.plan.num_micro_batches, max(1, n // max(self.grid.replicas)))
         result = self._executor.run(forward_only(self.grid.num_stages, micro), batch)
         return self._broadcast_loss(result.loss_sum)
@@ -154,7 +190,8 @@ class DappleStrategy(DDPStrategy):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient: squares summed over all stages."""
         params = [p for p in self.lightning_module.parameters() if p.grad is not None]
-        sq = sum((p.grad.detach().float() ** 2).sum() for p in params) if params else torch.zeros(())
+        counted = [p for p in params if id(p) not in self._norm_excluded]
+        sq = sum((p.grad.detach().float() ** 2).sum() for p in counted) if counted else torch.zeros(())
         sq = torch.as_tensor(sq, device=self.root_device) * (1.0 if self.replica == 0 else 0.0)
         dist.all_reduce(sq)
         norm = sq.sqrt()
@@ -165,29 +202,45 @@ class DappleStrategy(DDPStrategy):
         return norm
 
     # ---- checkpoints: every layout writes and reads the same named tensors ----------------------
+    @property
+    def _owners(self) -> dict[str, str]:
+        """Tied member -> the name its weight is stored under (models.contract.tied_owners)."""
+        return tied_owners(self.lightning_module.model)
+
     def _param_names(self) -> list[list[str]]:
-        ids = {id(p): n for n, p in self.lightning_module.named_parameters()}
+        """The optimizer's parameters by stored name (a tied copy answers to its owner's name)."""
+        owners = self._owners
+        ids = {id(p): owners.get(n, n) for n, p in self.lightning_module.named_parameters()}
         return [[ids[id(p)] for p in group["params"]] for group in self.optimizers[0].param_groups]
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
         state = checkpoint.pop("state_dict")
         optim = checkpoint.pop("optimizer_states", [])
         if self.replica == 0:
-            by_name = ckpt.optimizer_state_by_name(optim[0], self._param_names()) if optim else {}
             a, b = self.plan.stages[self.stage].layers
+            # a tied weight is stored once, by the stage holding its owner's layer
+            owners = self._owners
+            state = {k: v for k, v in state.items() if owners.get(k, k) == k}
+            by_name = ckpt.optimizer_state_by_name(optim[0], self._param_names()) if optim else {}
+            if by_name:
+                by_name["state"] = {k: v for k, v in by_name["state"].items() if a <= parameter_layer(k) < b}
             ckpt.write_shard(filepath, a, b, state, by_name)
         self.barrier("dapple.save_checkpoint.shards")
         if self.is_global_zero:
-            checkpoint["dapple"] = {"model": self.lightning_module.model.describe(), "plan": self.plan.to_dict(),
+            checkpoint["dapple"] = {"model": identity(self.lightning_module.model), "plan": self.plan.to_dict(),
                                     "num_layers": self.plan.num_layers}
             ckpt.write_meta_and_commit(filepath, checkpoint)
         self.barrier("dapple.save_checkpoint.commit")
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         meta = ckpt.read_meta(checkpoint_path)
-        check_compatible(meta, self.lightning_module.model.describe(), checkpoint_path)
-        state, optim = ckpt.read_shards(checkpoint_path, set(self.local_layer_indices))
-        meta["state_dict"] = state
+        module = self.lightning_module
+        check_compatible(meta, identity(module.model), checkpoint_path)
+        owners = self._owners
+        wanted = module.state_dict().keys()
+        keep = set(self.local_layer_indices) | {parameter_layer(owners[k]) for k in wanted if k in owners}
+        state, optim = ckpt.read_shards(checkpoint_path, keep)
+        meta["state_dict"] = {k: state[owners.get(k, k)] for k in wanted if owners.get(k, k) in state}
         meta["optimizer_states"] = [optim] if optim["param_groups"] else []
         return meta
 
