@@ -22,8 +22,8 @@ def compose_cfg():
     return make
 
 
-def cli(args, cwd, timeout=600, env=None):
+def cli(args, cwd, timeout=600, env=None, module=("dapple_launch",)):
     """Run `python -m dapple_launch ARGS` as a user would; return the CompletedProcess."""
     e = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "dapple_launch", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", *module, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=e)

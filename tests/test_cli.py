@@ -182,3 +182,43 @@ def test_multirun_sweep_runs_locally_with_submitit_local(tmp_path):
     for point, m in ((0, 2), (1, 4)):
         assert json.loads((sweep / str(point) / "plan.json").read_text())["num_micro_batches"] == m
         assert [p.name for p in find_checkpoints(sweep / str(point) / "checkpoints")] == ["step000002.ckpt"]
+
+
+CUSTOM = ["model=custom", "model.target=tests.custom_models.skipnet:build", "model.args={hidden:16,layers:4,seq_len:8}",
+          "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1",
+          "trainer.lr_decay_steps=8", "trainer.warmup_steps=2", "trainer.progress_bar=false", "data.num_train=256",
+          "data.num_val=32"]
+
+
+@pytest.mark.multiprocess
+def test_a_custom_model_trains_and_resumes_on_another_layout(tmp_path):
+    """model=custom from a package outside dapple_launch (tuple carries, a tied weight): 8 steps on
+    2 stages × 2 replicas; its step-4 checkpoint resumed on 3 stages 2:1:1 continues the same losses."""
+    root = Path(__file__).resolve().parent.parent  # where `tests.custom_models` is importable from
+    straight = tmp_path / "straight"
+    out = cli([*CUSTOM, "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4", f"hydra.run.dir={straight}"], root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ref = losses(straight)
+    assert ref[min(ref)] > ref[max(ref)], ref
+    step4 = next(p for p in find_checkpoints(straight / "checkpoints") if p.name == "step000004.ckpt")
+    state, _ = read_shards(step4)
+    assert "layers.0.token.weight" in state and "layers.5.out.weight" not in state  # the tied weight, once
+    out = cli([*CUSTOM, "strategy.stages=3", "strategy.replicas=[2,1,1]", "trainer.max_steps=8",
+               f"ckpt_path={step4}", f"hydra.run.dir={tmp_path / 'other'}"], root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = losses(tmp_path / "other")
+    assert sorted(got) == [s for s in sorted(ref) if s >= 4]
+    for s, v in got.items():
+        assert v == pytest.approx(ref[s], rel=1e-4), s
+
+
+def test_a_custom_model_that_cannot_be_built_is_refused(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    for target, needle in (("no_such_module:build", "cannot import no_such_module"),
+                           ("tests.custom_models.skipnet:nothing", "has no callable 'nothing'"),
+                           ("tests.custom_models.skipnet", "must name a factory as PACKAGE.MODULE:CALLABLE")):
+        out = cli(["model=custom", f"model.target={target}", "dry_run=true", f"hydra.run.dir={tmp_path}/x"], root)
+        assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = cli(["model=custom", "model.target=tests.custom_models.skipnet:build", "+model.args.colour=3", "dry_run=true",
+               f"hydra.run.dir={tmp_path}/x"], root)
+    assert out.returncode == 2 and "refused model.args={'colour': 3}" in out.stderr, out.stderr

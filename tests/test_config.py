@@ -80,6 +80,10 @@ def test_auto_plans_the_local_job_from_measured_layers_and_links(compose_cfg, tm
     for key in ("p2p_latency_s", "p2p_bandwidth", "allreduce_latency_s", "allreduce_bandwidth"):
         assert 0 < links[key] < float("inf")
     assert plan_from_config(cfg) == plan  # both read back from the cache: the same plan
+    # a custom model whose layers pass tuples is measured as well (the links are cached by now)
+    custom = compose_cfg(["strategy=auto", "strategy.profile_source=measured", "model=custom",
+                          "model.target=tests.custom_models.skipnet:build"])
+    assert plan_from_config(custom).num_layers == 6
 
 
 def test_links_fit_recovers_latency_and_bandwidth():

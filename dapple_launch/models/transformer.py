@@ -45,6 +45,10 @@ class Embedding(nn.Module):
         self.token = nn.Embedding(s.vocab_size, s.hidden)
         self.position = nn.Embedding(s.seq_len, s.hidden)
         self.drop = nn.Dropout(s.dropout)
+        # GPT-2's initialisation: with the output projection tied to the token embedding, torch's
+        # N(0, 1) would make the first logits hundreds of nats wide
+        nn.init.normal_(self.token.weight, std=0.02)
+        nn.init.normal_(self.position.weight, std=0.01)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
