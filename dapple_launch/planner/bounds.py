@@ -108,7 +108,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     call = fwd_fixed + np.asarray(pre["bf"])
     fwd = np.asarray(pre["f"]) - fwd_fixed
     work = np.asarray(pre["f"]) + np.asarray(pre["b"]) - call
-    params, kept = np.asarray(pre["p"]), np.asarray(pre["m"])
+    params, kept, kept_fixed = np.asarray(pre["p"]), np.asarray(pre["m"]), np.asarray(pre["mf"])
     cut = np.asarray((0.0, *p.cut_bytes))  # cut[i]: bytes crossing into a stage that starts at layer i
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
     # (always inf), where a stage that would run past the last device points.
@@ -139,7 +139,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         stage_fwd_fixed_all = (fwd_fixed[z_all] - fwd_fixed[i]) * x.speed
         stage_param_bytes_all = params[z_all] - params[i]
         stage_params_all = stage_param_bytes_all * x.optimizer_factor
-        stage_kept_all = (kept[z_all] - kept[i] + cut[i]) / pbs
+        # kept per micro-batch = each call's fixed part + the rest per sample (ModelProfile.kept_bytes)
+        stage_kept_fixed_all = kept_fixed[z_all] - kept_fixed[i]
+        stage_kept_all = (kept[z_all] - kept[i] - stage_kept_fixed_all + cut[i]) / pbs
         sent_all = np.where(z_all < L, cut[np.minimum(z_all, L - 1)] * x.micro_batch / pbs, 0.0)
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
@@ -155,7 +157,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             stage_fixed, stage_fwd_fixed = stage_fixed_all[:useful], stage_fwd_fixed_all[:useful]
             stage_param_bytes, stage_params = stage_param_bytes_all[:useful], stage_params_all[:useful]
             stage_kept, sent = stage_kept_all[:useful], sent_all[:useful]
-            t = np.where(stage_params[None, :] + stage_kept[None, :] * n[:, None] > x.capacity_bytes, np.inf,
+            stage_kept_fixed = stage_kept_fixed_all[:useful]
+            t = np.where(stage_params[None, :] + stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None]
+                         > x.capacity_bytes, np.inf,
                          stage_fixed[None, :] + stage_work[None, :] * n[:, None])[:, :, None]
             link = np.where((z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0)
             rest = bound[z][:, nxt].transpose(1, 0, 2)  # the completion from device s + r on

@@ -99,11 +99,10 @@ class BranchAndBound:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
 
     def stage_time(self, a: int, z: int, r: int) -> tuple[float, float, float, float]:
-        _, _, kept, params = self.p.span(a, z)
+        params = self.p.span(a, z)[3]
         n = math.ceil(self.b / r)
         f, bk = self.p.seconds(a, z, n)
-        received = self.p.cut_bytes[a - 1] if a > 0 else 0.0
-        return f * self.speed, bk * self.speed, (kept + received) * n / self.pbs, params
+        return f * self.speed, bk * self.speed, self.p.kept_bytes(a, z, n), params
 
     def restart(self, incumbent: float, node_budget: float, gap: float) -> None:
         self.best_t, self.best, self.node_budget, self.gap = incumbent, None, node_budget, gap

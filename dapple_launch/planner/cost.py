@@ -142,10 +142,10 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
         key = (st.start, st.stop, st.devices, micro_batch_size)
         if key not in memo:
             n = math.ceil(micro_batch_size / st.replicas)
-            _, _, kept, params = profile.span(st.start, st.stop)
+            params = profile.span(st.start, st.stop)[3]
             f, b = profile.seconds(st.start, st.stop, n)
-            received = cut[st.start - 1] if st.start > 0 else 0.0
-            memo[key] = (f * speed, b * speed, topology.allreduce_s(st.devices, params), (kept + received) * n / pbs)
+            memo[key] = (f * speed, b * speed, topology.allreduce_s(st.devices, params),
+                         profile.kept_bytes(st.start, st.stop, n))
         f, b, allreduce, activation = memo[key]
         costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation))
     for layers, nbytes in profile.tied:

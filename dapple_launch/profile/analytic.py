@@ -86,8 +86,12 @@ def analytic_profile(model: PipelineModel, batch_size: int, device_tflops: float
         raise ValueError(f"analytic profile needs the device speed: device_tflops={device_tflops} must be > 0")
     rate = device_tflops * 1e12 * efficiency
     layers = []
-    for name, fwd, bwd, out, saved, params in trace_layers(model, batch_size, precision):
-        # A layer that saves nothing still keeps its input alive for its successor's backward.
-        layers.append(LayerProfile(name, fwd / rate, bwd / rate, float(out), float(params), saved_bytes=float(saved)))
+    # Traced at two batch sizes: what each call saves whatever its samples (half-precision weight
+    # copies under autocast) is the intercept of the saved bytes' line through both.
+    twice = [saved for *_, saved, _ in trace_layers(model, 2 * batch_size, precision)]
+    for (name, fwd, bwd, out, saved, params), saved2 in zip(trace_layers(model, batch_size, precision), twice):
+        fixed = min(max(0.0, 2.0 * saved - saved2), float(saved))
+        layers.append(LayerProfile(name, fwd / rate, bwd / rate, float(out), float(params), saved_bytes=float(saved),
+                                   saved_fixed_bytes=fixed))
     return chain(model.name, layers, batch_size, source="analytic", device=device, device_tflops=device_tflops,
                  precision=precision)

@@ -45,7 +45,7 @@ def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str
     # "saved": from before parameters were left out of the saved bytes
     from ..models import identity
     ident = json.dumps({"model": identity(model), "batch": batch_size, "device": device, "fit": "per-call",
-                        "precision": precision, "saved": "no-parameters"}, sort_keys=True, default=str)
+                        "precision": precision, "saved": "no-parameters, fixed part"}, sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
@@ -114,8 +114,9 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
     at_small = _time_layers(model, small, dev, repeats, seed, precision)
     at_large = _time_layers(model, large, dev, repeats, seed, precision)
     layers = [LayerProfile(name_, f, b, out, params, saved_bytes=saved,
-                           forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large))
-              for (name_, f, b, out, params, saved), (_, f4, b4, *_rest) in zip(at_small, at_large)]
+                           forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large),
+                           saved_fixed_bytes=per_call(saved, saved4, small, large))
+              for (name_, f, b, out, params, saved), (_, f4, b4, _o, _p, saved4) in zip(at_small, at_large)]
     profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name, precision=precision)
     if use_cache:
         write_cached(path, profile.to_json())

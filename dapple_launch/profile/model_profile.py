@@ -22,6 +22,9 @@ class LayerProfile:
     # profiles fit it from two batch sizes; profile files and analytic estimates scale linearly (0).
     forward_fixed_s: float = 0.0
     backward_fixed_s: float = 0.0
+    # The part of saved_bytes that a call keeps whatever its batch: under mixed precision, the
+    # half-precision copies of the weights each micro-batch's forward makes and its backward reads.
+    saved_fixed_bytes: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -84,6 +87,7 @@ class ModelProfile:
             "a": pre(layer.activation_bytes for layer in self.layers),
             "p": pre(layer.parameter_bytes for layer in self.layers),
             "m": pre(layer.memory_bytes for layer in self.layers),
+            "mf": pre(min(layer.saved_fixed_bytes, layer.memory_bytes) for layer in self.layers),
             "ff": pre(layer.forward_fixed_s for layer in self.layers),
             "bf": pre(layer.backward_fixed_s for layer in self.layers),
         }
@@ -93,6 +97,15 @@ class ModelProfile:
         p = self._prefix
         return (p["f"][stop] - p["f"][start], p["b"][stop] - p["b"][start],
                 p["m"][stop] - p["m"][start], p["p"][stop] - p["p"][start])
+
+    def kept_bytes(self, start: int, stop: int, samples: float) -> float:
+        """Bytes one micro-batch of `samples` keeps on layers [start, stop) until its backward: what
+        the layers save (the part that scales with the samples, and each call's fixed part) and
+        the input the stage received."""
+        p = self._prefix
+        fixed = p["mf"][stop] - p["mf"][start]
+        received = self.cut_bytes[start - 1] if start > 0 else 0.0
+        return fixed + (p["m"][stop] - p["m"][start] - fixed + received) * samples / self.batch_size
 
     def seconds(self, start: int, stop: int, samples: float) -> tuple[float, float]:
         """(forward, backward) seconds of layers [start, stop) on `samples` samples: each layer's

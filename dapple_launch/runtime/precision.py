@@ -90,3 +90,12 @@ def grads_finite(params) -> bool:
         if p.grad is not None and not torch.isfinite(p.grad).all():
             return False
     return True
+
+
+def grads_finite_everywhere(params, device) -> bool:
+    """No rank of the process group has an inf or NaN gradient: one all-reduce, so every rank
+    reaches the same decision (skip the step, or take it)."""
+    import torch.distributed as dist
+    bad = torch.tensor([0.0 if grads_finite(params) else 1.0], device=device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bad.item() == 0

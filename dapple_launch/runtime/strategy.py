@@ -25,7 +25,7 @@ from .executor import GradientSync, StageExecutor
 from .grid import ProcessGrid
 from .p2p import PointToPoint
 from .placement import PlannedEnvironment, check_world_size
-from .precision import grads_finite
+from .precision import grads_finite_everywhere
 from .tied import TiedSync, local_tied_parameters, tied_groups
 
 PLAN_ENV = "DAPPLE_PLAN"
@@ -153,11 +153,7 @@ class DappleStrategy(DDPStrategy):
         if loss_scale != 1.0:
             for p in params:
                 p.grad.div_(loss_scale)
-        if not check_finite:
-            return True
-        bad = torch.tensor([0.0 if grads_finite(params) else 1.0], device=self.root_device)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        return bad.item() == 0
+        return grads_finite_everywhere(params, self.root_device) if check_finite else True
 
     def optimizer_step(self, optimizer, closure, model=None, **kwargs):
         if self.skip_next_step:  # counted as a step, weights untouched (as torch.amp skips)
