@@ -54,13 +54,15 @@ class SleepLayer(nn.Module):
 
 
 class SavedBytes:
-    """Bytes of tensors saved for backward that are alive right now, and the peak."""
+    """Bytes of tensors saved for backward that are alive right now, and the peak. `weights`: the
+    parameters, which a layer saves as they are: counted once as weights, not here."""
 
-    def __init__(self):
+    def __init__(self, weights=()):
         self.live = self.peak = 0
+        self.weights = {p.untyped_storage().data_ptr() for p in weights}
 
     def pack(self, t):
-        n = t.numel() * t.element_size()
+        n = 0 if t.untyped_storage().data_ptr() in self.weights else t.numel() * t.element_size()
         self.live += n
         self.peak = max(self.peak, self.live)
         return _Handle(self, t, n)

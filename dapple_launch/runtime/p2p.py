@@ -112,6 +112,7 @@ class PointToPoint:
     sent_layouts: dict = field(default_factory=dict)
     layouts: dict = field(default_factory=dict)
     header_expected: set = field(default_factory=set)
+    bytes_sent: int = 0  # payload bytes this rank has sent (activations and gradients), headers aside
 
     def _send_pieces(self, carry: tuple, logical: tuple, n: int, peer_stage: int, space: str,
                      micro_batch: int) -> None:
@@ -135,6 +136,7 @@ class PointToPoint:
                     f"dtypes and shapes from batch to batch")
             for i, piece in enumerate(pieces):
                 self.pending.append((dist.isend(piece, peer_ranks[k], tag=tag + 1 + i), piece))
+                self.bytes_sent += piece.numel() * piece.element_size()
 
     def _post(self, n: int, peer_stage: int, space: str, micro_batch: int) -> None:
         if (space, micro_batch) in self.posted:
