@@ -9,6 +9,7 @@ data and checkpoint checks follow in the job (launch/job.py), still before any p
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import sys
 
@@ -16,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from .config import CONF_DIR, SECTION_SCHEMAS, check_schema, check_values, schema_of, unknown_key_message
+from .log import get_logger, setup
 
 EXIT_REFUSED = 2
 
@@ -24,12 +26,17 @@ class Refusal(ValueError):
     """Bad input: one line for the user, exit 2, nothing started."""
 
 
+def _parse(argv: list[str]):
+    """Hydra's own reading of the command line: (its flags, the overrides as written)."""
+    from hydra._internal.utils import get_args_parser
+    args, rest = get_args_parser().parse_known_args(argv)
+    return args, [a for a in [*args.overrides, *rest] if not a.startswith("-")]
+
+
 def _user_overrides(argv: list[str]) -> tuple[list[str], str | None]:
     """(the overrides to compose, with a sweep's first value, --config-dir)."""
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    args, rest = get_args_parser().parse_known_args(argv)
-    raw = [a for a in [*args.overrides, *rest] if not a.startswith("-")]
+    args, raw = _parse(argv)
     out = []
     for o in OverridesParser.create().parse_overrides(raw):
         if o.key_or_group.startswith("hydra"):
@@ -121,13 +128,39 @@ def _known_keys(key: str, owner_type: str | None) -> tuple[list[str], str, str]:
 
 
 def refuse(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    get_logger().error(message)
     sys.exit(EXIT_REFUSED)
+
+
+def check_run_dir(argv: list[str]) -> None:
+    """An explicit hydra.run.dir: refuse a directory another launch holds, or one that cannot be
+    written, before Hydra writes its own files there."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    args, raw = _parse(argv)
+    if args.multirun or args.cfg or args.info or args.help or args.hydra_help:
+        return  # nothing runs in this directory
+    given = [o for o in OverridesParser.create().parse_overrides(raw) if o.key_or_group == "hydra.run.dir"]
+    if not given:
+        return
+    from pathlib import Path
+
+    from .run_dir import check_unlocked, storage_refusal
+    run_dir = Path(str(given[-1].value())).expanduser()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".dapple-write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise Refusal(str(storage_refusal(exc, run_dir))) from None
+    check_unlocked(run_dir)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
     from .launch.job import run
+    from .log import quiet_third_party
+    quiet_third_party()
     try:
         code = run(cfg)
     except ValueError as exc:
@@ -139,6 +172,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    setup()
     from .help import HELP, wants_help
     if wants_help(argv):
         print(HELP)
@@ -146,7 +180,8 @@ def main() -> None:
     overrides, config_dir = _user_overrides(argv)
     try:
         check(overrides, config_dir)
-    except Refusal as exc:
+        check_run_dir(argv)
+    except (Refusal, ValueError) as exc:
         refuse(str(exc))
     _hydra_main()
 

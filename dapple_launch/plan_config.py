@@ -115,12 +115,12 @@ def with_ties(profile: ModelProfile, model: PipelineModel) -> ModelProfile:
 
 
 def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]:
-    """Bytes of each tied weight (its owner's parameter), from the owner's layer built on fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """Bytes of each tied weight (its owner's parameter), from the owner's layer built on the meta device."""
+    import torch
 
     from .models.contract import parameter_layer
     specs, out = model.layers(), {}
-    with FakeTensorMode():
+    with torch.device("meta"):
         for owner in set(owners.values()):
             layer = specs[parameter_layer(owner)].build()
             local = owner.split(".", 2)[2]

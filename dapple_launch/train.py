@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 import os
-import re
-import warnings
 from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from omegaconf import DictConfig
+from lightning.pytorch.callbacks import LearningRateMonitor
+from omegaconf import DictConfig, OmegaConf
 
 from .data.datasets import PipelineData, build_datasets
 from .planner.plan import Plan
 from .plan_config import model_from_config, run_precision
 from .runtime import DappleStrategy, PipelineModule
+from .runtime.checkpointing import Checkpointing
 from .runtime.placement import PlannedEnvironment
+from .runtime.progress import Progress
+from .runtime.signals import SIGNAL, StopOnSignal
 
 
 def build_logger(cfg: DictConfig, run_dir: Path):
@@ -24,22 +25,25 @@ def build_logger(cfg: DictConfig, run_dir: Path):
         from lightning.pytorch.loggers import CSVLogger
         return CSVLogger(save_dir=str(run_dir), name="logs")
     if name == "wandb":
-        os.environ.setdefault("WANDB_MODE", cfg.logger.mode)
+        os.environ.setdefault("WANDB_MODE", str(cfg.logger.mode))
         os.environ.setdefault("WANDB_SILENT", "true")
         from lightning.pytorch.loggers import WandbLogger
         return WandbLogger(save_dir=str(run_dir), project=cfg.logger.project, offline=cfg.logger.mode == "offline")
-    if name == "none":
-        return False
-    raise ValueError(f"unknown logger {name!r}; valid loggers: csv, wandb, none")
+    return False
 
 
-def quiet_known_warnings() -> None:
-    # The loss is broadcast from the last stage before logging, so every rank logs the same value
-    # (sync_dist would only add an all-reduce); checkpoints are taken after the optimizer step on
-    # purpose (that is the state a resume continues from).
-    for text in ("It is recommended to use `self.log", "Using ModelCheckpoint with manual optimization",
-                 "`isinstance(treespec, LeafSpec)` is deprecated", "The number of training batches"):
-        warnings.filterwarnings("ignore", message=f".*{re.escape(text)}.*")
+def hyperparameters(cfg: DictConfig, plan: Plan) -> dict:
+    """What a logger records with the run (CSV: hparams.yaml; W&B: the run's config): the resolved
+    config and the plan's layout, so runs can be compared by layout."""
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config.pop("plan", None)
+    return {**config, "plan": {"layout": plan.layout(), "stages": plan.num_stages,
+                               "replicas": [s.replicas for s in plan.stages],
+                               "cuts": [s.layers[0] for s in plan.stages[1:]],
+                               "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
+                               "schedule": plan.schedule, "warmup": list(plan.warmup), "planner": plan.planner,
+                               "estimated_iteration_s": plan.estimate.iteration_s,
+                               "estimated_peak_memory_bytes": max(plan.estimate.peak_memory_bytes)}}
 
 
 def profile_window(t: DictConfig) -> range:
@@ -51,23 +55,16 @@ def profile_window(t: DictConfig) -> range:
 
 def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     t = cfg.trainer
-    callbacks = [ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:06d}", auto_insert_metric_name=False,
-                                 every_n_train_steps=t.checkpoint_every_n_steps, save_last="link",
-                                 save_top_k=t.keep_checkpoints, monitor="step", mode="max")]
-    if t.progress_bar:
-        # The rich bar prints "Epoch 2/-2" for a run bounded by steps; tqdm shows the epoch alone.
-        from lightning.pytorch.callbacks import TQDMProgressBar
-        callbacks.append(TQDMProgressBar(refresh_rate=10))
-    from .runtime.preemption import SIGNAL, SaveOnPreemption
-    if SIGNAL.installed:  # under Slurm: the warning signal saves a checkpoint at the step's end
-        callbacks.append(SaveOnPreemption(run_dir / "checkpoints"))
+    saving = Checkpointing(run_dir / "checkpoints", t.checkpoint_every_n_steps, t.keep_checkpoints)
+    callbacks = [saving, StopOnSignal(saving.save),
+                 Progress(t.max_steps, cfg.global_batch_size, plan.estimate.iteration_s, run_dir, show=t.progress_bar)]
     logger = build_logger(cfg, run_dir)
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
+        logger.log_hyperparams(hyperparameters(cfg, plan))
     gpu = cfg.cluster.device_kind == "gpu" and torch.cuda.is_available()
-    # Ranks and devices come from the plan (runtime/placement.py), locally and under Slurm alike;
-    # this environment installs no signal handler, so under Slurm submitit alone owns requeue.
-    return L.Trainer(
+    # Ranks and devices come from the plan (runtime/placement.py), locally and under Slurm alike.
+    trainer = L.Trainer(
         plugins=[PlannedEnvironment(plan, cfg.cluster.devices_per_node)],
         strategy=DappleStrategy(plan, timeout_s=t.timeout_s, process_group_backend="nccl" if gpu else "gloo",
                                 profile_steps=profile_window(t) if t.profile_pipeline else None,
@@ -77,9 +74,12 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
         num_nodes=1 if not gpu else cfg.cluster.nodes,
         max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps, num_sanity_val_steps=0,
-        logger=logger, callbacks=callbacks, use_distributed_sampler=False, enable_progress_bar=t.progress_bar,
-        enable_model_summary=False, default_root_dir=str(run_dir),
+        logger=logger, callbacks=callbacks, use_distributed_sampler=False, enable_progress_bar=False,
+        enable_checkpointing=False, enable_model_summary=False, default_root_dir=str(run_dir),
     )
+    from .runtime.signals import keep_lightning_off_signals
+    keep_lightning_off_signals(trainer)
+    return trainer
 
 
 def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, PipelineData]:
@@ -94,9 +94,11 @@ def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, 
     return module, data
 
 
-def fit(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> None:
-    quiet_known_warnings()
+def fit(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> int:
+    """Train; 0 when the run reached its last step, the agreed stop code when the ranks stopped
+    together on a signal (runtime/signals.py)."""
     L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
     module, data = build_module_and_data(cfg, plan)
     trainer = build_trainer(cfg, plan, run_dir)
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return SIGNAL.agreed

@@ -83,7 +83,9 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
     # The contract outside checks rely on.
     assert json.loads((straight / "plan.json").read_text())["stages"][0]["replicas"] == 2
     assert find_checkpoints(straight / "checkpoints")
-    assert "done: plan, config, logs and checkpoints are in" in out.stdout
+    assert "done: steps 0..8; train loss" in out.stdout and "per iteration measured" in out.stdout
+    assert f"checkpoints: {straight / 'checkpoints'} (newest: step000008.ckpt)" in out.stdout
+    assert f"timeline: {straight / 'timeline.svg'}" in out.stdout
     ref = losses(straight)
     assert ref[min(ref)] > ref[max(ref)], ref  # the loss falls
 

@@ -15,7 +15,7 @@ from dapple_launch.runtime.module import PipelineModule
 from dapple_launch.runtime.p2p import PointToPoint
 from dapple_launch.runtime.precision import MixedPrecision
 from dapple_launch.runtime.tied import TiedSync, local_tied_parameters, tied_groups
-from dapple_launch.schedule import StageCosts, build_schedule, simulate
+from dapple_launch.schedule import Action, Kind, Schedule, StageCosts, build_schedule, simulate
 
 from .custom_models.skipnet import build as build_skipnet
 from .multiproc import run_ranks
@@ -41,7 +41,8 @@ def make_plan(model, replicas, schedule, num_micro_batches, global_batch, device
                       Limits(schedule=schedule), devices=devices, warmup_depth=warmup_depth)
 
 
-def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32"):
+def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32",
+             hand_made=None):
     """This rank's stage run through the runtime's parts (executor, p2p, gradient and tied-weight
     sync) against every layer in one process on the whole batch (the same precision)."""
     from dapple_launch.planner import Plan
@@ -67,7 +68,7 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
     ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
                        on_last_backward=sync.start, precision=MixedPrecision(precision))
-    result = ex.run(plan.build_schedule(), batch)
+    result = ex.run(hand_made or plan.build_schedule(), batch)
     sync.finish()
     tied.sync()
     loss = result.loss_sum.clone()
@@ -94,22 +95,43 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("replicas,schedule,num_micro_batches,batch_n", CASES)
-def test_pipelined_equals_reference(tmp_path, replicas, schedule, num_micro_batches, batch_n):
+def _compare_many(rank, world, cases):
+    """Several cases in one set of processes (each with its own groups): process start-up and the
+    imports are most of a case's time."""
+    return [_compare(rank, world, *case) for case in cases]
+
+
+def run_cases(cases: list[tuple], tmp_path) -> list[list[dict]]:
+    """Each case's per-rank results, running every case of one world size in one set of processes."""
+    out: dict[int, list] = {}
+    by_world: dict[int, list[int]] = {}
+    for i, case in enumerate(cases):
+        by_world.setdefault(sum(case[1]), []).append(i)
+    for world, idx in by_world.items():
+        per_rank = run_ranks(world, _compare_many, ([cases[i] for i in idx],), tmp_path)
+        for j, i in enumerate(idx):
+            out[i] = [r[j] for r in per_rank]
+    return [out[i] for i in range(len(cases))]
+
+
+def test_pipelined_equals_reference(tmp_path):
+    """Every case of CASES: loss and every gradient equal one process's, and the runtime keeps
+    exactly as many micro-batches alive per stage as the schedule says."""
     model = tiny_model()
-    plan = make_plan(model, replicas, schedule, num_micro_batches, num_micro_batches * max(replicas))
-    results = run_ranks(sum(replicas), _compare,
-                        ("gpt", replicas, schedule, num_micro_batches, batch_n, plan.to_json()), tmp_path)
-    all_names = set()
-    # The runtime keeps exactly as many micro-batches alive per stage as the schedule says.
-    predicted = simulate(build_schedule(schedule, len(replicas), num_micro_batches),
-                         [StageCosts(1.0, 1.0)] * len(replicas)).peak_in_flight
-    for r in results:
-        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
-        assert r["worst_grad_rel"] < 1e-4
-        assert r["saved_peak"] == predicted[r["stage"]]
-        all_names |= set(r["names"])
-    assert all_names == {n for n, _ in PipelineModule(model).materialize().named_parameters(remove_duplicate=False)}
+    cases = []
+    for replicas, schedule, m, n in CASES:
+        plan = make_plan(model, replicas, schedule, m, m * max(replicas))
+        cases.append(("gpt", replicas, schedule, m, n, plan.to_json()))
+    everything = {n for n, _ in PipelineModule(model).materialize().named_parameters(remove_duplicate=False)}
+    for (replicas, schedule, m, n), results in zip(CASES, run_cases(cases, tmp_path)):
+        predicted = simulate(build_schedule(schedule, len(replicas), m), [StageCosts(1.0, 1.0)] * len(replicas))
+        names = set()
+        for r in results:
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), (replicas, schedule, m, n)
+            assert r["worst_grad_rel"] < 1e-4, (replicas, schedule, m, n)
+            assert r["saved_peak"] == predicted.peak_in_flight[r["stage"]], (replicas, schedule, m, n)
+            names |= set(r["names"])
+        assert names == everything, (replicas, schedule, m, n)
 
 
 @pytest.mark.parametrize("replicas,warmup_depth", [((1, 1, 1, 1), 2), ((2, 1, 1), 3)])
@@ -149,6 +171,49 @@ def test_other_models_pipelined(tmp_path, model_name):
         assert r["worst_grad_rel"] < 1e-4
 
 
+def test_a_hand_made_schedule_the_validator_accepts_runs_and_equals_reference(tmp_path):
+    """Every stage runs its backwards last micro-batch first: valid (transfers stay in send order),
+    and the runtime runs it to the reference's loss and gradients."""
+    from .test_schedule import reversed_backwards
+    model = tiny_model()
+    plan = make_plan(model, (1, 1, 1), "gpipe", 4, 4)
+    for r in run_ranks(3, _compare, ("gpt", (1, 1, 1), "gpipe", 4, 9, plan.to_json(), "32",
+                                     reversed_backwards(3, 4)), tmp_path):
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["worst_grad_rel"] < 1e-4
+
+
+def _run_out_of_order(rank, world, plan_json):
+    from dapple_launch.planner import Plan
+    plan = Plan.from_json(plan_json)
+    model = tiny_model()
+    grid = ProcessGrid.from_plan(plan)
+    stage, replica = grid.position(rank)
+    schedule = plan.build_schedule()
+    if stage == 1:  # receive (and run) micro-batch 1 before 0: what the validator refuses
+        acts = list(schedule.stage_actions[1])
+        swap = {Action(Kind.RECV_ACTIVATION, 0): Action(Kind.RECV_ACTIVATION, 1),
+                Action(Kind.RECV_ACTIVATION, 1): Action(Kind.RECV_ACTIVATION, 0),
+                Action(Kind.FORWARD, 0): Action(Kind.FORWARD, 1), Action(Kind.FORWARD, 1): Action(Kind.FORWARD, 0)}
+        schedule = Schedule(schedule.name, 2, 2, (schedule.stage_actions[0], tuple(swap.get(a, a) for a in acts)))
+    a, b = plan.stages[stage].layers
+    local = PipelineModule(model).materialize(list(range(a, b)))
+    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
+    try:
+        ex.run(schedule, model.batch(4, torch.Generator().manual_seed(1)))
+    except RuntimeError as exc:
+        return str(exc)
+    return "ran"
+
+
+def test_the_runtime_cannot_run_what_the_validator_refuses(tmp_path, monkeypatch):
+    """The receive order the validator rejects is one the runtime would hang on (until the timeout)."""
+    monkeypatch.setenv("DAPPLE_TEST_PG_TIMEOUT", "3")
+    plan = make_plan(tiny_model(), (1, 1), "gpipe", 2, 4)
+    out = run_ranks(2, _run_out_of_order, (plan.to_json(),), tmp_path)
+    assert "ran" not in out
+
+
 CUSTOM_CASES = [
     # (replicas per stage, schedule, micro-batches, batch size): 1, 2 and 4 stages, uneven replication
     ((1,), "1f1b", 2, 5), ((2,), "gpipe", 2, 6),
@@ -157,35 +222,37 @@ CUSTOM_CASES = [
 ]
 
 
-@pytest.mark.parametrize("replicas,schedule,num_micro_batches,batch_n", CUSTOM_CASES)
-def test_custom_model_with_tuples_and_tied_weights_equals_reference(tmp_path, replicas, schedule,
-                                                                   num_micro_batches, batch_n):
+def test_custom_model_with_tuples_and_tied_weights_equals_reference(tmp_path):
     """A user's model (tests/custom_models/skipnet.py): each layer passes (hidden [n,t,d], a float
     skip [n,d], int ids [n,t]) on, and the output projection is the token embedding. Pipelined
-    loss and every gradient, the tied copies included, equal one process's."""
+    loss and every gradient, the tied copies included, equal one process's, for every case of
+    CUSTOM_CASES (1, 2 and 4 stages, uneven replication, both schedules)."""
     model = tiny_model("skipnet")
-    plan = make_plan(model, replicas, schedule, num_micro_batches, num_micro_batches * max(replicas))
-    results = run_ranks(sum(replicas), _compare,
-                        ("skipnet", replicas, schedule, num_micro_batches, batch_n, plan.to_json()), tmp_path)
-    names = set()
-    for r in results:
-        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
-        assert r["worst_grad_rel"] < 1e-4
-        names |= set(r["names"])
-    assert {"layers.0.token.weight", "layers.5.out.weight"} <= names
+    cases = [("skipnet", replicas, schedule, m, n,
+              make_plan(model, replicas, schedule, m, m * max(replicas)).to_json())
+             for replicas, schedule, m, n in CUSTOM_CASES]
+    for case, results in zip(CUSTOM_CASES, run_cases(cases, tmp_path)):
+        names = set()
+        for r in results:
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
+            assert r["worst_grad_rel"] < 1e-4, case
+            names |= set(r["names"])
+        assert {"layers.0.token.weight", "layers.5.out.weight"} <= names, case
 
 
-@pytest.mark.parametrize("model_name,replicas", [("gpt", (1, 1)), ("gpt", (2, 1, 1)), ("skipnet", (1, 2))])
-def test_bf16_mixed_pipelined_equals_a_bf16_reference(tmp_path, model_name, replicas):
+def test_bf16_mixed_pipelined_equals_a_bf16_reference(tmp_path):
     """bf16 autocast in every stage, activations and gradients on the wire in bf16: loss and every
     gradient equal one process under the same autocast, within bf16's precision."""
-    model = tiny_model(model_name)
-    plan = make_plan(model, replicas, "1f1b", 4, 4 * max(replicas))
-    for r in run_ranks(sum(replicas), _compare, (model_name, replicas, "1f1b", 4, 4 * max(replicas) + 1,
-                                                 plan.to_json(), "bf16-mixed"), tmp_path):
-        assert r["loss"] == pytest.approx(r["ref_loss"], rel=2e-2)
-        assert r["worst_grad_rel"] < 5e-2
-        assert set(r["wire"]) <= {"torch.bfloat16", "torch.int64"}  # floating members cross in bf16
+    grid = [("gpt", (1, 1)), ("gpt", (2, 1, 1)), ("skipnet", (1, 2))]
+    cases = [(name, replicas, "1f1b", 4, 4 * max(replicas) + 1,
+              make_plan(tiny_model(name), replicas, "1f1b", 4, 4 * max(replicas)).to_json(), "bf16-mixed")
+             for name, replicas in grid]
+    for case, results in zip(grid, run_cases(cases, tmp_path)):
+        for r in results:
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=2e-2), case
+            assert r["worst_grad_rel"] < 5e-2, case
+            assert set(r["wire"]) <= {"torch.bfloat16", "torch.int64"}, case  # floating members cross in bf16
+
 
 def _stalled_peer(rank, world, plan_json):
     from dapple_launch.planner import Plan
@@ -195,7 +262,7 @@ def _stalled_peer(rank, world, plan_json):
     stage, replica = grid.position(rank)
     if rank == 1:
         import time
-        time.sleep(10)  # the last stage stalls: stage 0 must not wait forever
+        time.sleep(6)  # the last stage stalls: stage 0 must not wait forever
         return "stalled"
     a, b = plan.stages[stage].layers
     local = PipelineModule(model).materialize(list(range(a, b)))

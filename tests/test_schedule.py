@@ -147,3 +147,35 @@ def test_deeper_warmup_with_fewer_micro_batches_than_stages_is_a_valid_schedule(
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
     for depth in (1, 2, 4):
         validate(one_f_one_b(5, 2, deeper_warmup(5, 2, depth)))  # every stage but the last: all forwards first
+
+
+def test_receives_out_of_send_order_are_rejected_by_validator_and_simulator():
+    """Stage 1 receives (and runs) micro-batch 1 before 0 while stage 0 sends 0 first: two ranks
+    match their transfers in order, so the runtime could not run it; neither is there a time."""
+    s = gpipe(2, 2)
+    acts = list(s.stage_actions[1])
+    ra0, ra1 = acts.index(Action(Kind.RECV_ACTIVATION, 0)), acts.index(Action(Kind.RECV_ACTIVATION, 1))
+    f0, f1 = acts.index(Action(Kind.FORWARD, 0)), acts.index(Action(Kind.FORWARD, 1))
+    acts[ra0], acts[ra1], acts[f0], acts[f1] = acts[ra1], acts[ra0], acts[f1], acts[f0]
+    bad = _break(s, 1, acts)
+    with pytest.raises(ScheduleError) as e:
+        validate(bad)
+    assert "receives activation 1 from stage 0, which sends activation 0 before it" in str(e.value)
+    assert ">RA1<" in str(e.value)
+    with pytest.raises(ScheduleError):
+        simulate(bad, [StageCosts(1.0, 1.0)] * 2)
+
+
+def reversed_backwards(stages: int, micro_batches: int) -> Schedule:
+    """GPipe whose every stage runs its backwards last micro-batch first: a hand-made order whose
+    transfers are still received in the order they are sent (the runtime test runs it)."""
+    from dapple_launch.schedule.actions import with_communication
+    compute = [[Action(Kind.FORWARD, m) for m in range(micro_batches)]
+               + [Action(Kind.BACKWARD, m) for m in reversed(range(micro_batches))] for _ in range(stages)]
+    return with_communication("reversed-gpipe", compute, micro_batches)
+
+
+def test_a_hand_made_order_that_keeps_transfers_in_order_is_valid():
+    validate(reversed_backwards(3, 4))
+    assert simulate(reversed_backwards(3, 4), [StageCosts(1.0, 2.0)] * 3).iteration_s == pytest.approx(
+        simulate(gpipe(3, 4), [StageCosts(1.0, 2.0)] * 3).iteration_s)

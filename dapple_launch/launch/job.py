@@ -39,38 +39,85 @@ def check_data(cfg: DictConfig, plan: Plan, model) -> None:
 
 
 def run(cfg: DictConfig) -> int:
+    from ..log import get_logger
     from ..models import identity
     from ..plan_config import model_from_config
-    from ..run_dir import resolve_checkpoint, write_run_files
+    from ..run_dir import RunLock, prepare, resolve_checkpoint, write_run_files
     from .local import launch_local
 
+    log = get_logger()
     plan = plan_of(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    print(plan.explain())
-    model = model_from_config(cfg.model) if cfg.model.name != "from_profile" else None
-    if model is not None:
-        check_data(cfg, plan, model)
-    if cfg.dry_run:
-        write_run_files(cfg, plan, run_dir)
-        print(f"dry run: plan written to {run_dir / 'plan.json'}; nothing started")
-        return 0
-    if model is None:
-        raise ValueError("model=from_profile describes a profile only, for planning (dry_run=true); it has no "
-                         "layers to train: pick model=gpt, bert, vgg19 or custom to train")
-    launcher = str(cfg.launcher.name)
-    if launcher == "auto":
-        # Inside a Slurm job (a hydra-submitit sweep point) the ranks start here, on the allocation.
-        launcher = "local" if "SLURM_JOB_ID" in os.environ else str(cfg.cluster.launcher)
-    if launcher == "slurm":
-        from .slurm import check_can_submit, launch_slurm
-        check_can_submit(cfg, plan, run_dir)
-    ckpt_path = resolve_checkpoint(cfg, run_dir, identity(model))
-    write_run_files(cfg, plan, run_dir)
-    if ckpt_path:
-        print(f"resuming from {ckpt_path}")
-    if launcher == "slurm":
-        return launch_slurm(cfg, plan, run_dir, ckpt_path)
-    code = launch_local(plan, run_dir, ckpt_path)
-    if code == 0:
-        print(f"done: plan, config, logs and checkpoints are in {run_dir}")
-    return code
+    lock = RunLock(run_dir).acquire()  # one launch per run directory, before anything of ours is written
+    try:
+        log.info(plan.explain())
+        model = model_from_config(cfg.model) if cfg.model.name != "from_profile" else None
+        if model is not None:
+            check_data(cfg, plan, model)
+        if cfg.dry_run:
+            write_run_files(cfg, plan, run_dir)
+            log.info(f"dry run: plan written to {run_dir / 'plan.json'}; nothing started")
+            return 0
+        if model is None:
+            raise ValueError("model=from_profile describes a profile only, for planning (dry_run=true); it has no "
+                             "layers to train: pick model=gpt, bert, vgg19 or custom to train")
+        launcher = str(cfg.launcher.name)
+        if launcher == "auto":
+            # Inside a Slurm job (a hydra-submitit sweep point) the ranks start here, on the allocation.
+            launcher = "local" if "SLURM_JOB_ID" in os.environ else str(cfg.cluster.launcher)
+        if launcher == "slurm":
+            from .slurm import check_can_submit
+            check_can_submit(cfg, plan, run_dir)
+        ckpt_path = resolve_checkpoint(cfg, run_dir, identity(model))
+        prepare(cfg, run_dir)
+        snapshot = write_run_files(cfg, plan, run_dir)
+        if ckpt_path:
+            log.info(f"resuming from {ckpt_path}")
+        if launcher == "slurm":
+            from .slurm import launch_slurm
+            return launch_slurm(cfg, plan, run_dir, snapshot, ckpt_path)
+        code = launch_local(plan, run_dir, snapshot, ckpt_path, cfg.trainer.timeout_s, resume_hint(run_dir))
+        if code == 0:
+            log.info(closing_summary(run_dir))
+        return code
+    finally:
+        lock.release()
+
+
+def resume_hint(run_dir: Path) -> str:
+    """The command that resumes this run: its own overrides, this run directory, ckpt_path=last."""
+    import shlex
+    keep = [o for o in HydraConfig.get().overrides.task
+            if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir=", "overwrite="))]
+    return " ".join(["python -m dapple_launch", *map(shlex.quote, keep), shlex.quote(f"hydra.run.dir={run_dir}"),
+                     "ckpt_path=last"])
+
+
+def closing_summary(run_dir: Path) -> str:
+    """What the run did and where everything is, from the summary rank 0 wrote at its end."""
+    import json
+
+    from ..planner.explain import human_seconds
+    from ..runtime.checkpoint import find_checkpoints
+    lines = []
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        s = None
+    if s:
+        losses = [f"train loss {s['train_loss']:.4f}" if s.get("train_loss") is not None else "",
+                  f"validation loss {s['val_loss']:.4f}" if s.get("val_loss") is not None else ""]
+        lines.append(f"done: steps {s['steps'][0]}..{s['steps'][1]}; " + ", ".join(x for x in losses if x))
+        m, e = s.get("measured_s_per_iteration"), s.get("estimated_s_per_iteration")
+        if m:
+            lines.append(f"  {human_seconds(m)} per iteration measured, {human_seconds(e)} estimated "
+                         f"({m / e - 1:+.0%}); {s['samples_per_s']:.1f} samples/s")
+    else:
+        lines.append("done")
+    found = find_checkpoints(run_dir / "checkpoints")
+    lines.append(f"  plan: {run_dir / 'plan.json'}; logs: {run_dir / 'logs'}")
+    if found:
+        lines.append(f"  checkpoints: {run_dir / 'checkpoints'} (newest: {found[-1].name})")
+    if (run_dir / "timeline.svg").is_file():
+        lines.append(f"  timeline: {run_dir / 'timeline.svg'}")
+    return "\n".join(lines)

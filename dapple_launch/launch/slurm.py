@@ -4,9 +4,10 @@ The plan and resolved config are written into the run directory before submissio
 task reads them: ranks never re-plan. Each task takes the rank the plan gives its device (or exits
 if the plan leaves the device idle) and exports the torch.distributed environment; Lightning sees
 the plan's placement (runtime/placement.py), which installs no signal handler. On the preemption
-signal the ranks save together (runtime/preemption.py) and task 0 hands over to submitit, which
-calls `checkpoint()` and requeues: the job resumes the newest complete checkpoint with the same
-plan and arguments.
+signal the ranks save together (runtime/signals.py) and task 0 hands over to submitit, which
+calls `checkpoint()` and requeues: the job resumes the newest complete checkpoint, verified, with
+the same plan and arguments (a damaged newest checkpoint fails the job with its name rather than
+falling back silently).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ..log import get_logger
 from ..plan_config import topology_from_config
 from ..planner.plan import Plan
 from ..runtime.placement import check_plan_runs_on, job_shape
@@ -25,31 +27,32 @@ JOB_ID_FILE = "slurm/job_id"
 
 
 class TrainTask:
-    """What submitit pickles and runs on every task of the job."""
+    """What submitit pickles and runs on every task of the job. `snapshot`: the directory holding
+    the config and plan written at submission (the ranks read those, whatever happens later)."""
 
-    def __init__(self, run_dir: str, ckpt_path: str | None):
-        self.run_dir, self.ckpt_path = run_dir, ckpt_path
+    def __init__(self, run_dir: str, snapshot: str, ckpt_path: str | None):
+        self.run_dir, self.snapshot, self.ckpt_path = run_dir, snapshot, ckpt_path
 
     def __call__(self) -> str:
         import submitit
-        from ..runtime.checkpoint import find_checkpoints
-        from ..runtime.preemption import SIGNAL
+
+        from ..runtime.checkpoint import newest_intact
+        from ..runtime.signals import REQUEUE, SIGNAL
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         if not self._take_planned_rank(env):
             return "idle"
-        SIGNAL.install()  # after submitit's own handler, which it keeps for the hand-over
         # A requeued job (preempted, timed out, or `scontrol requeue`) runs this again: the run
         # directory was checked clean at submission, so any checkpoint in it is this job's own.
-        found = find_checkpoints(Path(self.run_dir) / "checkpoints")
-        os.environ["DAPPLE_CKPT"] = str(found[-1]) if found else (self.ckpt_path or "")
-        if os.environ["DAPPLE_CKPT"]:
-            print(f"resuming from {os.environ['DAPPLE_CKPT']}", flush=True)
+        found = newest_intact(Path(self.run_dir) / "checkpoints")
+        os.environ["DAPPLE_CKPT"] = str(found) if found else (self.ckpt_path or "")
         os.environ.setdefault("DAPPLE_THREADS", "1")
         from .worker import main
-        main(self.run_dir)
-        if SIGNAL.stopped:  # saved together on the signal: now submitit requeues (task 0) and exits
+        code = main(self.run_dir, self.snapshot, requeue_signal=True)
+        if SIGNAL.agreed == REQUEUE:  # saved together on the signal: now submitit requeues (task 0) and exits
             SIGNAL.hand_over()
             return "preempted"
+        if code not in (0, 3):
+            raise RuntimeError(f"rank {os.environ.get('RANK')} failed; see {self.run_dir}/logs")
         return self.run_dir
 
     def _take_planned_rank(self, env) -> bool:
@@ -57,16 +60,17 @@ class TrainTask:
         placed there (ranks follow devices, runtime/grid.py), or stay idle if the plan leaves it free."""
         import submitit
         from omegaconf import OmegaConf
+
         from ..runtime.grid import ProcessGrid
-        run = Path(self.run_dir)
-        plan = Plan.load(run / "plan.json")
-        k = int(OmegaConf.load(run / "config.yaml").cluster.devices_per_node)
+        snap = Path(self.snapshot)
+        plan = Plan.load(snap / "plan.json")
+        k = int(OmegaConf.load(snap / "config.yaml").cluster.devices_per_node)
         grid = ProcessGrid.from_plan(plan)
         job = submitit.JobEnvironment()
         device = job.node * k + job.local_rank
         rank = grid.rank_of_device(device)
         if rank is None:
-            print(f"device {device} (node {job.node}, local {job.local_rank}) is idle in this plan")
+            get_logger().info(f"device {device} (node {job.node}, local {job.local_rank}) is idle in this plan")
             return False
         # rank 0 lives on the node of the plan's first device, which need not be the job's first node
         master = job.hostnames[grid.device_of(0) // k]
@@ -77,15 +81,15 @@ class TrainTask:
     def checkpoint(self, *args, **kwargs):
         """Preempted or timed out: come back on the newest complete checkpoint of this run."""
         import submitit
-        from ..runtime.checkpoint import find_checkpoints
-        found = find_checkpoints(Path(self.run_dir) / "checkpoints")
-        return submitit.helpers.DelayedSubmission(TrainTask(self.run_dir, str(found[-1]) if found else None))
+        return submitit.helpers.DelayedSubmission(TrainTask(self.run_dir, self.snapshot, self.ckpt_path))
 
 
 def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     """Refuse before anything is submitted: no Slurm, a plan the cluster cannot hold, a live job."""
-    if shutil.which("sbatch") is None:
-        raise ValueError(f"cluster={cfg.cluster.name} is reached through Slurm but there is no sbatch on PATH; run on "
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if missing:
+        raise ValueError(f"cluster={cfg.cluster.name} is reached through Slurm but there is no {' or '.join(missing)} "
+                         f"on PATH; run on "
                          f"this machine with launcher=local (and a cluster that fits it, e.g. cluster=local), or "
                          f"plan only with dry_run=true")
     c = cfg.cluster
@@ -98,7 +102,7 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
                          "the job on preemption; renumber the plan's devices so that one stage uses device 0")
     first_save_s = plan.estimate.iteration_s * cfg.trainer.checkpoint_every_n_steps
     if first_save_s > c.time_min * 60:
-        print(f"warning: the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "
+        get_logger().warning(f"the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "
               f"{plan.estimate.iteration_s:.3g} s per iteration × {cfg.trainer.checkpoint_every_n_steps} steps) but "
               f"the time limit is cluster.time_min={c.time_min}: a job that times out would start over each time; "
               f"lower trainer.checkpoint_every_n_steps or raise cluster.time_min")
@@ -136,30 +140,49 @@ def submission_script(cfg: DictConfig, plan: Plan, run_dir: Path) -> str:
     return inner._make_submission_file_text(inner._submitit_command_str, "%j")
 
 
-def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, ckpt_path: str | None) -> int:
+# Slurm's own words, and what usually causes them here
+SLURM_HINTS = {
+    "Invalid generic resource (gres) specification": "the partition has no GPUs of that kind (gres): for a CPU "
+    "partition set cluster.device_kind=cpu, else check cluster.partition and cluster.devices_per_node",
+    "Unable to contact slurm controller": "no Slurm controller answers: start the development one with "
+    "`slurm/dev-cluster.sh start`, or check SLURM_CONF and that slurmctld runs",
+    "invalid partition": "list the partitions with `sinfo -s` and set cluster.partition",
+    "Invalid account": "set cluster.account to one of yours (`sacctmgr show assoc user=$USER`)",
+    "Requested node configuration is not available": "no node has that many tasks or GPUs: lower "
+    "cluster.devices_per_node or the plan's devices, or check `sinfo -N -l`",
+}
+
+
+def slurm_refusal(text: str) -> str:
+    hint = next((h for k, h in SLURM_HINTS.items() if k.lower() in text.lower()), "")
+    return f"Slurm refused the job: {text.strip()}" + (f" (likely: {hint})" if hint else "")
+
+
+def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, snapshot: Path, ckpt_path: str | None) -> int:
+    log = get_logger()
     if cfg.launcher.script_only:
         text = submission_script(cfg, plan, run_dir)
         path = run_dir / "slurm" / "submit.sbatch"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        print(text)
-        print(f"launcher.script_only=true: the script is in {path}; nothing was submitted")
+        log.info(text)
+        log.info(f"launcher.script_only=true: the script is in {path}; nothing was submitted")
         return 0
     ex = executor(cfg, plan, run_dir)
     try:
-        job = ex.submit(TrainTask(str(run_dir), ckpt_path))
+        job = ex.submit(TrainTask(str(run_dir), str(snapshot), ckpt_path))
     except Exception as exc:  # noqa: BLE001 - sbatch's own words are the useful part
-        raise ValueError(f"Slurm refused the job: {str(exc).strip()}") from None
+        raise ValueError(slurm_refusal(" ".join(str(exc).split()))) from None
     (run_dir / JOB_ID_FILE).write_text(f"{job.job_id}\n")
-    print(f"Submitted job {job.job_id}")
-    print(f"  run directory: {run_dir} (plan.json, config.yaml, checkpoints/, logs/)")
-    print(f"  Slurm logs:    {run_dir / 'slurm'}/{job.job_id}_0_log.out")
-    print(f"  follow it:     squeue -j {job.job_id}; tail -f {run_dir / 'slurm'}/{job.job_id}_0_log.out")
+    log.info(f"Submitted job {job.job_id}")
+    log.info(f"  run directory: {run_dir} (plan.json, config.yaml, checkpoints/, logs/)")
+    log.info(f"  Slurm logs:    {run_dir / 'slurm'}/{job.job_id}_0_log.out")
+    log.info(f"  follow it:     squeue -j {job.job_id}; tail -f {run_dir / 'slurm'}/{job.job_id}_0_log.out")
     if cfg.launcher.wait:
         try:
             job.results()
         except Exception as exc:  # noqa: BLE001 - report the job's own failure
-            print(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}")
+            log.error(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}")
             return 1
-        print(f"job {job.job_id} finished: outputs are in {run_dir}")
+        log.info(f"job {job.job_id} finished: outputs are in {run_dir}")
     return 0

@@ -1,8 +1,8 @@
 """Analytic profile: FLOPs, bytes and saved activations per layer, from the model's shapes.
 
-Each layer is built and run forward and backward on fake tensors (shapes and dtypes, no memory,
-no compute) under torch's FLOP counter, and under autocast when the run is mixed precision, so
-dtypes are the ones the run will have; saved-for-backward tensors are counted exactly with
+Each layer is built and run forward and backward on the meta device, or for a mixed-precision
+run on fake tensors under autocast (shapes and dtypes, no memory, no compute), under torch's FLOP
+counter, so dtypes are the ones the run will have; saved-for-backward tensors are counted exactly with
 autograd's saved-tensor hooks (parameters themselves excluded: they are counted once, as weights;
 their half-precision copies are activations of the micro-batch that made them). Times = FLOPs /
 (device TFLOPS × efficiency), so `model=bert cluster=v100x16` plans on a laptop.
@@ -48,14 +48,23 @@ def autocast(device_type: str, precision: str):
 
 
 def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
-    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes) per layer, on fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    compute = MIXED.get(precision)
+    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes) per layer. fp32 runs on
+    the meta device; mixed precision on fake CPU tensors, where autocast applies (the meta device
+    has no autocast), which costs a second or two of set-up."""
+    import contextlib
     real, _ = model.batch(batch_size, torch.Generator().manual_seed(0))  # real: a batch may read its own values
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        x = tuple(mode.from_tensor(t) for t in as_tuple(real))
+    if precision in MIXED:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        scope, build, to = mode, contextlib.nullcontext, mode.from_tensor
+    else:
+        scope, build, to = contextlib.nullcontext(), lambda: torch.device("meta"), lambda t: t.to("meta")
+    compute = MIXED.get(precision)
+    with scope:
+        x = tuple(to(t) for t in as_tuple(real))
         for spec in model.layers():
-            layer = spec.build()
+            with build():
+                layer = spec.build()
             params = sum(nbytes(p) for p in layer.parameters())
             owned = {id(p) for p in layer.parameters()}
             x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)

@@ -1,5 +1,17 @@
-"""The runtime: DappleStrategy (registered in Lightning as "dapple") and what it runs."""
-from .module import PipelineModule
-from .strategy import DappleStrategy
+"""The runtime: DappleStrategy (registered in Lightning as "dapple") and what it runs.
+
+Imported lazily: the launcher reads checkpoints and learning-rate schedules from here without
+loading Lightning (seconds of start-up), which only the ranks need."""
+
+
+def __getattr__(name: str):
+    if name == "PipelineModule":
+        from .module import PipelineModule
+        return PipelineModule
+    if name == "DappleStrategy":
+        from .strategy import DappleStrategy
+        return DappleStrategy
+    raise AttributeError(name)
+
 
 __all__ = ["DappleStrategy", "PipelineModule"]

@@ -1,16 +1,24 @@
-"""Layout-independent, atomic checkpoints.
+"""Layout-independent, atomic, verified checkpoints.
 
 A checkpoint is a directory `NAME.ckpt/`:
-  meta.pt              Lightning's checkpoint (loops, schedulers, callbacks, data position) without
-                       weights, plus the model description and the plan that wrote it
-  stage-A-B.pt         layers [A, B): every parameter and optimizer state under its global name
-  COMPLETE             written last
-All ranks write into `NAME.ckpt.tmp/`; after a barrier rank 0 writes COMPLETE and renames the
-directory into place, so a crash mid-save leaves only a `.tmp` directory that nothing loads.
-Any layout loads it: each rank reads the shards and keeps the names of its own layers.
+  stage-A-B.pt     layers [A, B): every parameter and optimizer state under its global name
+  meta.pt          Lightning's checkpoint (loops, schedulers, callbacks, data position) without
+                   weights, plus the model's identity and the plan that wrote it
+  manifest.json    every file above with its size and SHA-256, and the step
+  COMPLETE         written last
+Every save writes into a fresh `NAME.ckpt.tmp-<nonce>/` (never a directory a crashed save left):
+each rank writes its shard and a sidecar with the shard's size and digest (taken while writing);
+after they agree that every shard is written, rank 0 writes meta.pt, the manifest and COMPLETE,
+makes them durable and renames the directory into place. A crash mid-save leaves only a `.tmp-`
+directory that nothing loads and the next start removes. Loading reads only the files the
+manifest lists, after checking their sizes and digests: a flipped byte, a truncated or missing
+shard, or a damaged meta.pt is refused with the file named. Any layout loads a checkpoint: each
+rank reads the shards and keeps the names of its own layers.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -19,7 +27,14 @@ from pathlib import Path
 import torch
 
 COMPLETE = "COMPLETE"
+MANIFEST = "manifest.json"
 _LAYER = re.compile(r"^layers\.(\d+)\.")
+_STEP = re.compile(r"step(\d+)")
+_CHUNK = 1 << 22
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that must not be loaded: the file and the reason."""
 
 
 def layer_of(name: str) -> int:
@@ -30,50 +45,173 @@ def layer_of(name: str) -> int:
     return int(m.group(1))
 
 
-def tmp_dir(path: str | Path) -> Path:
-    return Path(str(path) + ".tmp")
+class _Hashing:
+    """A file that digests what is written through it (torch.save writes through this). Writes go
+    to the descriptor at once, in full or failing: a full disk raises OSError (ENOSPC) inside the
+    write that hit it, not as a mismatch deep in torch's archive writer."""
+
+    def __init__(self, fd: int):
+        self.fd, self.digest, self.size = fd, hashlib.sha256(), 0
+        self.error: OSError | None = None  # torch's writer turns it into "unexpected pos": keep the cause
+
+    def write(self, b) -> int:
+        view = memoryview(b).cast("B")
+        self.digest.update(view)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+        self.size += len(b)
+        return len(b)
+
+    def flush(self) -> None:
+        pass
 
 
-def write_shard(path: str | Path, start: int, stop: int, state: dict, optimizer: dict) -> None:
-    d = tmp_dir(path)
-    d.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "optimizer": optimizer}, d / f"stage-{start:05d}-{stop:05d}.pt")
+def _save(obj, path: Path) -> dict:
+    """torch.save into `path`, made durable; its size and SHA-256."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    w = _Hashing(fd)
+    try:
+        torch.save(obj, w)
+        os.fsync(fd)
+    except RuntimeError:
+        if w.error is not None:
+            raise OSError(w.error.errno, w.error.strerror, str(path)) from None
+        raise
+    finally:
+        os.close(fd)
+    return {"size": w.size, "sha256": w.digest.hexdigest()}
 
 
-def write_meta_and_commit(path: str | Path, meta: dict) -> None:
-    path, d = Path(path), tmp_dir(path)
-    d.mkdir(parents=True, exist_ok=True)
-    torch.save(meta, d / "meta.pt")
-    (d / COMPLETE).write_text("ok\n")
-    for f in d.iterdir():  # make the bytes durable before the rename makes them visible
-        with open(f, "rb") as fh:
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fresh_tmp(path: str | Path, nonce: str) -> Path:
+    return Path(f"{path}.tmp-{nonce}")
+
+
+def write_shard(tmp: Path, start: int, stop: int, state: dict, optimizer: dict) -> None:
+    tmp.mkdir(parents=True, exist_ok=True)
+    name = f"stage-{start:05d}-{stop:05d}.pt"
+    entry = _save({"state_dict": state, "optimizer": optimizer}, tmp / name)
+    (tmp / f"{name}.sum").write_text(json.dumps(entry))
+
+
+def commit(path: str | Path, tmp: Path, meta: dict, step: int) -> None:
+    """Rank 0, once every shard is written: meta.pt, the manifest, COMPLETE; then into place."""
+    path = Path(path)
+    files = {}
+    for s in sorted(tmp.glob("*.pt.sum")):
+        files[s.name[:-4]] = json.loads(s.read_text())
+        s.unlink()
+    files["meta.pt"] = _save(meta, tmp / "meta.pt")
+    (tmp / MANIFEST).write_text(json.dumps({"format": 1, "step": step, "files": files}, indent=1))
+    (tmp / COMPLETE).write_text("ok\n")
+    for name in (MANIFEST, COMPLETE):
+        with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
-    if path.exists() or path.is_symlink():
-        old = Path(str(path) + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+    if path.exists() or path.is_symlink():  # a save of the same step replaces it whole
+        old = Path(f"{tmp}.old")
         path.rename(old)
-        d.rename(path)
+        tmp.rename(path)
         shutil.rmtree(old, ignore_errors=True)
     else:
-        d.rename(path)
+        tmp.rename(path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def is_complete(path: str | Path) -> bool:
     p = Path(path)
-    return p.is_dir() and (p / COMPLETE).is_file() and (p / "meta.pt").is_file()
+    return p.is_dir() and (p / COMPLETE).is_file()
+
+
+def manifest(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        m = json.loads((p / MANIFEST).read_text())
+        if not isinstance(m.get("files"), dict):
+            raise ValueError("no file list")
+        return m
+    except FileNotFoundError:
+        raise CheckpointError(f"{p / MANIFEST} is missing: the checkpoint cannot be verified") from None
+    except (ValueError, OSError) as exc:
+        raise CheckpointError(f"{p / MANIFEST} is unreadable ({exc})") from None
+
+
+def verify(path: str | Path) -> dict:
+    """Check every file the manifest lists (size, then SHA-256); the manifest. Nothing is changed."""
+    p = Path(path)
+    if not is_complete(p):
+        raise CheckpointError(f"{p} is not a complete checkpoint (no {COMPLETE} marker: a save that did not finish)")
+    m = manifest(p)
+    for name, entry in m["files"].items():
+        f = p / name
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing (the manifest lists it)")
+        size = f.stat().st_size
+        if size != entry["size"]:
+            raise CheckpointError(f"{f} has {size} bytes but was written with {entry['size']} (truncated or changed)")
+        if sha256_of(f) != entry["sha256"]:
+            raise CheckpointError(f"{f} does not match its checksum: its bytes changed after it was written")
+    return m
+
+
+def step_of(path: str | Path) -> int:
+    """A checkpoint's step: its manifest's, else the one in its name (-1 if neither says)."""
+    p = Path(path)
+    try:
+        return int(json.loads((p / MANIFEST).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        m = _STEP.search(p.name)
+        return int(m.group(1)) if m else -1
 
 
 def read_meta(path: str | Path) -> dict:
-    if not is_complete(path):
-        raise ValueError(f"{path} is not a complete dapple checkpoint (no {COMPLETE} marker or meta.pt): it may "
-                         f"be a save that was interrupted; pick another checkpoint")
-    return torch.load(Path(path) / "meta.pt", map_location="cpu", weights_only=False)
+    p = Path(path)
+    if not is_complete(p):
+        raise CheckpointError(f"{p} is not a complete checkpoint (no {COMPLETE} marker: a save that did not finish)")
+    try:
+        return torch.load(p / "meta.pt", map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a damaged file
+        raise CheckpointError(f"{p / 'meta.pt'} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def _shard_files(p: Path) -> list[Path]:
+    """The shards to read: the ones the manifest lists (a stray file is never read)."""
+    try:
+        listed = manifest(p)["files"]
+        return sorted(p / n for n in listed if n.startswith("stage-"))
+    except CheckpointError:
+        if (p / MANIFEST).exists():
+            raise
+        return sorted(p.glob("stage-*.pt"))  # written before manifests: every shard there
 
 
 def read_shards(path: str | Path, keep_layers: set[int] | None = None) -> tuple[dict, dict]:
     """(state_dict, optimizer state by name) for the kept layers (all if None)."""
     state, optim = {}, {"state": {}, "param_groups": None}
-    for shard in sorted(Path(path).glob("stage-*.pt")):
+    for shard in _shard_files(Path(path)):
         a, b = map(int, shard.stem.split("-")[1:])
         if keep_layers is not None and not keep_layers.intersection(range(a, b)):
             continue
@@ -113,14 +251,60 @@ def optimizer_state_by_index(saved: dict, current: dict, names: list[list[str]])
     return {"state": state, "param_groups": groups}
 
 
-def find_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints below root, oldest first by global step (then by mtime)."""
-    found = [p for p in Path(root).rglob("*.ckpt") if not p.is_symlink() and is_complete(p)]
+def check_compatible(meta: dict, model: dict, path) -> None:
+    """Refuse a checkpoint of another model (its identity, models.identity, differs)."""
+    saved = meta.get("dapple", {}).get("model")
+    if saved != model:
+        diff = {k: (saved.get(k) if saved else None, model.get(k)) for k in set(model) | set(saved or {})
+                if (saved or {}).get(k) != model.get(k)}
+        raise ValueError(f"checkpoint {path} was saved from another model: {diff} (saved, this run); resume it "
+                         f"with the same model config, or start fresh without ckpt_path")
 
-    def key(p: Path):
-        try:
-            step = int(read_meta(p).get("global_step", -1))
-        except Exception:  # noqa: BLE001 - an unreadable meta ranks first and is never chosen as newest
-            step = -1
-        return step, p.stat().st_mtime
-    return sorted(found, key=key)
+
+def find_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints below root (COMPLETE written), oldest first by step. Not verified:
+    `newest_intact` checks the one a resume would use."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.rglob("*.ckpt") if not p.is_symlink() and is_complete(p)]
+    return sorted(found, key=lambda p: (step_of(p), p.stat().st_mtime))
+
+
+def newest_intact(root: str | Path) -> Path | None:
+    """The newest checkpoint below root, verified. If it is damaged, refuse (never fall back to an
+    older one silently): the message names the damage and the newest intact one to ask for."""
+    found = find_checkpoints(root)
+    if not found:
+        return None
+    try:
+        verify(found[-1])
+        return found[-1]
+    except CheckpointError as damage:
+        older = None
+        for p in reversed(found[:-1]):
+            try:
+                verify(p)
+                older = p
+                break
+            except CheckpointError:
+                continue
+        fix = (f"the newest intact one is {older} (step {step_of(older)}): resume from it with ckpt_path={older}"
+               if older else "no older checkpoint is intact either: start fresh without ckpt_path")
+        raise CheckpointError(f"the newest checkpoint {found[-1].name} (step {step_of(found[-1])}) is damaged: "
+                              f"{damage}; {fix}. Nothing on disk was changed") from None
+
+
+def crash_leftovers(root: str | Path) -> list[Path]:
+    """Directories crashed saves left: `*.ckpt.tmp*` and `*.ckpt.tmp-*.old`."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and re.search(r"\.ckpt\.tmp", p.name))
+
+
+def remove_leftovers(root: str | Path) -> list[Path]:
+    gone = crash_leftovers(root)
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone

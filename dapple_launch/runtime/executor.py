@@ -18,6 +18,7 @@ from torch import nn
 from ..models.contract import as_tuple, carry_map, run_layers
 from ..schedule import Kind, Schedule
 from .grid import split_bounds
+from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .precision import MixedPrecision
 
@@ -84,6 +85,7 @@ class StageExecutor:
                     else:
                         self.p2p.post_gradient(n_r, r.micro_batch)
                 start = time.time()
+                BEAT.action(str(a))
                 self._act(a, it, loss_scale)
                 if i == last_backward and self.on_last_backward is not None:
                     self.on_last_backward()
@@ -195,6 +197,7 @@ class GradientSync:
     def finish(self) -> None:
         if self.work is None:
             return
+        BEAT.action("AR (gradient all-reduce)")
         self.work.wait()
         self.span = (self.span[0], time.time())
         offset = 0

@@ -6,13 +6,12 @@ Optimisation is manual because the schedule runs backward inside the step.
 """
 from __future__ import annotations
 
-import math
-
 import lightning as L
 import torch
 from torch import nn
 
 from ..models.contract import PipelineModel, batch_size, build_layer, run_layers
+from .lr import lr_factor
 from .precision import LossScaler, MixedPrecision, grads_finite
 from .tied import tie_local
 
@@ -51,15 +50,7 @@ class PipelineModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-
-        def factor(step: int) -> float:
-            if self.warmup_steps and step < self.warmup_steps:
-                return (step + 1) / self.warmup_steps
-            if self.total_steps > self.warmup_steps:
-                progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-                return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-            return 1.0
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, self.total_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # ---- steps ----------------------------------------------------------------------------
@@ -115,9 +106,11 @@ class PipelineModule(L.LightningModule):
         self.log("val_loss", loss, prog_bar=True, batch_size=batch_size(batch[0]))
         return loss
 
-    # The loss scale is part of the run's state: every rank reads the same value back.
+    # The loss scale is part of the run's state: every rank reads the same value back. The
+    # schedule's horizon is recorded so a resume that would stretch it can say so (run_dir.py).
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["loss_scaler"] = self.scaler.state_dict()
+        checkpoint["lr_schedule"] = {"decay_steps": self.total_steps, "warmup_steps": self.warmup_steps}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "loss_scaler" in checkpoint:

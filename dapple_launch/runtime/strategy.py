@@ -23,6 +23,7 @@ from ..schedule import forward_only
 from . import checkpoint as ckpt
 from .executor import GradientSync, StageExecutor
 from .grid import ProcessGrid
+from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .placement import PlannedEnvironment, check_world_size
 from .precision import grads_finite_everywhere
@@ -210,28 +211,53 @@ class DappleStrategy(DDPStrategy):
         return [[ids[id(p)] for p in group["params"]] for group in self.optimizers[0].param_groups]
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        """All ranks: shards into a fresh temporary directory; once every rank reports its shard
+        written, rank 0 commits. A failed write (a full disk) anywhere fails the save on every rank
+        with that rank's reason, and the previous checkpoint stays as it was."""
+        import secrets
+        BEAT.action("checkpoint save")
         state = checkpoint.pop("state_dict")
         optim = checkpoint.pop("optimizer_states", [])
-        if self.replica == 0:
-            a, b = self.plan.stages[self.stage].layers
-            # a tied weight is stored once, by the stage holding its owner's layer
-            owners = self._owners
-            state = {k: v for k, v in state.items() if owners.get(k, k) == k}
-            by_name = ckpt.optimizer_state_by_name(optim[0], self._param_names()) if optim else {}
-            if by_name:
-                by_name["state"] = {k: v for k, v in by_name["state"].items() if a <= parameter_layer(k) < b}
-            ckpt.write_shard(filepath, a, b, state, by_name)
-        self.barrier("dapple.save_checkpoint.shards")
+        tmp = ckpt.fresh_tmp(filepath, self.broadcast(secrets.token_hex(4) if self.is_global_zero else None))
+        error = ""
+        try:
+            if self.replica == 0:
+                a, b = self.plan.stages[self.stage].layers
+                # a tied weight is stored once, by the stage holding its owner's layer
+                owners = self._owners
+                state = {k: v for k, v in state.items() if owners.get(k, k) == k}
+                by_name = ckpt.optimizer_state_by_name(optim[0], self._param_names()) if optim else {}
+                if by_name:
+                    by_name["state"] = {k: v for k, v in by_name["state"].items() if a <= parameter_layer(k) < b}
+                ckpt.write_shard(tmp, a, b, state, by_name)
+        except OSError as exc:
+            error = storage_error(exc, tmp)
+        self._agree_or_fail(error, tmp)
         if self.is_global_zero:
             checkpoint["dapple"] = {"model": identity(self.lightning_module.model), "plan": self.plan.to_dict(),
                                     "num_layers": self.plan.num_layers}
-            ckpt.write_meta_and_commit(filepath, checkpoint)
-        self.barrier("dapple.save_checkpoint.commit")
+            try:
+                ckpt.commit(filepath, tmp, checkpoint, self.lightning_module.trainer.global_step)
+            except OSError as exc:
+                error = storage_error(exc, tmp)
+        self._agree_or_fail(error, tmp)
+
+    def _agree_or_fail(self, error: str, tmp: Path) -> None:
+        """Every rank learns every rank's save error; with one, all raise it (rank 0 removes the
+        unfinished directory)."""
+        errors = [None] * self.world_size
+        dist.all_gather_object(errors, error)
+        first = next((e for e in errors if e), "")
+        if first:
+            if self.is_global_zero:
+                import shutil
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"{first}; the save was abandoned and the checkpoints saved before are intact")
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         meta = ckpt.read_meta(checkpoint_path)
         module = self.lightning_module
-        check_compatible(meta, identity(module.model), checkpoint_path)
+        ckpt.check_compatible(meta, identity(module.model), checkpoint_path)
         owners = self._owners
         wanted = module.state_dict().keys()
         keep = set(self.local_layer_indices) | {parameter_layer(owners[k]) for k in wanted if k in owners}
@@ -244,19 +270,13 @@ class DappleStrategy(DDPStrategy):
         for opt, saved in zip(self.optimizers, checkpoint["optimizer_states"]):
             opt.load_state_dict(ckpt.optimizer_state_by_index(saved, opt.state_dict(), self._param_names()))
 
-    def remove_checkpoint(self, filepath) -> None:
-        if self.is_global_zero:
-            import shutil
-            shutil.rmtree(filepath, ignore_errors=True)
 
-
-def check_compatible(meta: dict, model: dict, path) -> None:
-    saved = meta.get("dapple", {}).get("model")
-    if saved != model:
-        diff = {k: (saved.get(k) if saved else None, model.get(k)) for k in set(model) | set(saved or {})
-                if (saved or {}).get(k) != model.get(k)}
-        raise ValueError(f"checkpoint {path} was saved from another model: {diff} (saved, this run); resume it "
-                         f"with the same model config, or start fresh without ckpt_path")
+def storage_error(exc: OSError, where) -> str:
+    """A failed write as one line: the path and what the errno means (no space left on device, ...)."""
+    import errno
+    what = os.strerror(exc.errno) if exc.errno else str(exc)
+    hint = "; free space there" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"cannot write {exc.filename or where}: {what}{hint}"
 
 
 StrategyRegistry.register("dapple", DappleStrategy, description="DAPPLE pipeline + data parallel", override=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .actions import Action, Kind, Schedule
-from .validate import execute_order
+from .validate import execute_order, validate
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,9 @@ class Simulation:
 
 def program(schedule: Schedule) -> list[tuple[int, Action]]:
     """(stage, action) in an order where every receive comes after its send (execute_order): what
-    the simulator walks. It depends on the lists only, so a caller costing many layouts of one
-    shape builds it once."""
+    the simulator walks, once the schedule is valid (a schedule the runtime cannot run has no
+    time). It depends on the lists only, so a caller costing many layouts of one shape builds it once."""
+    validate(schedule)
     return [(s, schedule.stage_actions[s][i]) for s, i in execute_order(schedule)]
 
 
@@ -108,7 +109,8 @@ def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_mic
 def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
              steps: list[tuple[int, Action]] | None = None) -> Simulation:
     """`record=False` skips the per-action timeline (the planner needs only the times and memory);
-    `steps`: the schedule's program() when the caller already has it."""
+    `steps`: the schedule's program() when the caller already has it (validated by it); without
+    it the schedule is validated first."""
     S = schedule.num_stages
     if len(costs) != S:
         raise ValueError(f"simulate: {S} stages but {len(costs)} stage costs")

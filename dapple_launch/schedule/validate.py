@@ -2,8 +2,11 @@
 
 Rules: on every stage each micro-batch is run forward exactly once (and backward exactly once,
 after its forward, unless the schedule is forward-only); every compute that needs a neighbour's
-data is preceded by the receive of it; every send has its matching receive on the neighbour;
-and executing all stages with buffered sends (the runtime's isend semantics) reaches the end.
+data is preceded by the receive of it; every send has its matching receive on the neighbour; the
+transfers between two stages in one direction are received in the order they are sent (two ranks
+match their messages in order: NCCL ignores tags, and the runtime's first transfer of each kind
+carries the shapes of the rest); and executing all stages with buffered sends (the runtime's
+isend semantics) reaches the end.
 """
 from __future__ import annotations
 
@@ -80,6 +83,24 @@ def validate(schedule: Schedule) -> None:
                 if Action(send, a.micro_batch) not in schedule.stage_actions[peer]:
                     raise _fail(schedule, s, i, f"{a} waits for a send that stage {peer} never makes")
     execute_order(schedule)
+    _check_in_order(schedule)
+
+
+def _check_in_order(schedule: Schedule) -> None:
+    """Each stage receives a neighbour's transfers in the order the neighbour sends them."""
+    for s in range(schedule.num_stages):
+        for recv, send, peer in ((Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, s - 1),
+                                 (Kind.RECV_GRADIENT, Kind.SEND_GRADIENT, s + 1)):
+            if not 0 <= peer < schedule.num_stages:
+                continue
+            got = [(i, a.micro_batch) for i, a in enumerate(schedule.stage_actions[s]) if a.kind is recv]
+            sent = [a.micro_batch for a in schedule.stage_actions[peer] if a.kind is send]
+            for (i, m), expected in zip(got, sent):
+                if m != expected:
+                    what = "activation" if recv is Kind.RECV_ACTIVATION else "gradient"
+                    raise _fail(schedule, s, i, f"it receives {what} {m} from stage {peer}, which sends {what} "
+                                                f"{expected} before it: two ranks match their transfers in order "
+                                                f"(NCCL ignores tags), so receive them in the order they are sent")
 
 
 def execute_order(schedule: Schedule) -> list[tuple[int, int]]:

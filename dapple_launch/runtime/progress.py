@@ -1,0 +1,80 @@
+"""One progress bar over the run's steps, and the numbers the closing summary reports.
+
+Lightning's bar restarts every epoch; a run here is bounded by steps, so rank 0 shows one bar from
+the first step to `trainer.max_steps` (a resumed run starts where it left off), with the loss. When
+its output is not a terminal (a log file, CI, Slurm), it prints a plain line every twentieth of
+the run instead of carriage returns. At the end rank 0 writes RUN_DIR/summary.json: steps, final
+train and validation loss, the measured seconds per iteration (median, the first two left out as
+warm-up) against the plan's estimate, samples per second; the launcher prints it.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+from .heartbeat import BEAT
+
+
+class Progress(Callback):
+    def __init__(self, max_steps: int, global_batch: int, estimate_s: float, run_dir: str | Path, show: bool = True):
+        self.max_steps, self.global_batch, self.estimate_s = max_steps, global_batch, estimate_s
+        self.run_dir, self.show = Path(run_dir), show
+        self.step_s: list[float] = []
+        self.train_loss: float | None = None
+        self.val_loss: float | None = None
+        self.first_step = 0
+        self._bar = None
+        self._t0 = 0.0
+        self._every = max(1, max_steps // 20)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.first_step = trainer.global_step
+        if trainer.is_global_zero and self.show and sys.stdout.isatty():
+            from tqdm import tqdm
+            self._bar = tqdm(total=self.max_steps, initial=self.first_step, unit="step", dynamic_ncols=True,
+                             desc="training")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        BEAT.step(trainer.global_step + 1)
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.step_s.append(time.perf_counter() - self._t0)
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.train_loss = float(loss) if loss is not None else self.train_loss
+        if not trainer.is_global_zero or not self.show:
+            return
+        step = trainer.global_step
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=f"{self.train_loss:.4f}", refresh=False)
+        elif step % self._every == 0 or step == self.max_steps:
+            from ..log import get_logger
+            get_logger().info(f"step {step}/{self.max_steps}  loss {self.train_loss:.4f}  "
+                              f"{self.step_s[-1]:.3f} s/iteration")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        v = trainer.callback_metrics.get("val_loss")
+        if v is not None:
+            self.val_loss = float(v)
+
+    def measured_s(self) -> float | None:
+        steady = self.step_s[2:] or self.step_s
+        return statistics.median(steady) if steady else None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if not trainer.is_global_zero:
+            return
+        measured = self.measured_s()
+        summary = {"steps": [self.first_step, trainer.global_step], "train_loss": self.train_loss,
+                   "val_loss": self.val_loss, "measured_s_per_iteration": measured,
+                   "estimated_s_per_iteration": self.estimate_s,
+                   "samples_per_s": self.global_batch / measured if measured else None}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
