@@ -63,7 +63,7 @@ def test_submitted_pipelined_job_trains_and_checkpoints(tmp_path):
 def test_no_sbatch_is_refused_before_submission(tmp_path):
     env = {"PATH": os.path.dirname(shutil.which("python3") or "/usr/bin/python3")}
     out = cli([*TWO_TASKS, f"hydra.run.dir={tmp_path}/x"], tmp_path, env=env)
-    assert out.returncode == 2 and "no sbatch on PATH" in out.stderr and "launcher=local" in out.stderr
+    assert out.returncode == 2 and "no sbatch" in out.stderr and "launcher=local" in out.stderr
 
 
 def test_a_partition_slurm_rejects_surfaces_slurms_own_message(tmp_path):
@@ -103,7 +103,7 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path)
     wait_gone(job, 420)
     log = "".join(p.read_text() for p in (run / "slurm").glob(f"{job}_0_log.*"))
     assert "resum" in log.lower() or "Restoring states" in log, log[-2000:]
-    saved = re.search(r"preempted: saved (\S+step(\d+)\.ckpt)", log)
+    saved = re.search(r"saved step \d+ in (\S+step(\d+)\.ckpt); the job requeues", log)
     assert saved, log[-3000:]  # the signal's own checkpoint, at whatever step it arrived
     assert f"resuming from {saved.group(1)}" in log, log[-3000:]
     a, _ = read_shards(find_checkpoints(straight / "checkpoints")[-1])
@@ -132,4 +132,4 @@ def test_time_limit_shorter_than_the_first_checkpoint_warns(tmp_path):
     out = cli([*TWO_TASKS, "cluster.time_min=1", "trainer.checkpoint_every_n_steps=100000", "launcher.script_only=true",
                f"hydra.run.dir={tmp_path}/w"], tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "warning: the first checkpoint comes after" in out.stdout and "nothing was submitted" in out.stdout
+    assert "warning: the first checkpoint comes after" in out.stderr and "nothing was submitted" in out.stdout

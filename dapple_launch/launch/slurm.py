@@ -36,8 +36,10 @@ class TrainTask:
     def __call__(self) -> str:
         import submitit
 
+        from ..log import setup
         from ..runtime.checkpoint import newest_intact
         from ..runtime.signals import REQUEUE, SIGNAL
+        setup()
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         if not self._take_planned_rank(env):
             return "idle"
@@ -45,6 +47,8 @@ class TrainTask:
         # directory was checked clean at submission, so any checkpoint in it is this job's own.
         found = newest_intact(Path(self.run_dir) / "checkpoints")
         os.environ["DAPPLE_CKPT"] = str(found) if found else (self.ckpt_path or "")
+        if os.environ["DAPPLE_CKPT"]:
+            get_logger().info(f"resuming from {os.environ['DAPPLE_CKPT']}")
         os.environ.setdefault("DAPPLE_THREADS", "1")
         from .worker import main
         code = main(self.run_dir, self.snapshot, requeue_signal=True)
