@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import pytest
 
+from dataclasses import replace
+
 from dapple_launch.schedule import (Action, Kind, Schedule, ScheduleError, StageCosts, forward_only, gpipe,
-                                    one_f_one_b, simulate, validate)
+                                    one_f_one_b, simulate, validate, zb_h1)
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4, 6, 8])
 @pytest.mark.parametrize("micro_batches", [1, 2, 3, 4, 5, 8, 16])
-@pytest.mark.parametrize("make", [gpipe, one_f_one_b, forward_only])
+@pytest.mark.parametrize("make", [gpipe, one_f_one_b, forward_only, zb_h1])
 def test_generated_schedules_are_valid(make, stages, micro_batches):
     validate(make(stages, micro_batches))
 
@@ -125,7 +127,7 @@ def test_an_invalid_warmup_is_refused_with_the_rule(warmup, rule):
 @pytest.mark.parametrize("seed", range(4))
 def test_the_planners_iteration_time_equals_the_simulator(seed):
     """simulate.iteration_time (the planner's inner loop: compute orders only, communication implied)
-    gives exactly the simulator's time on the full schedule: GPipe and 1F1B at every warm-up depth,
+    gives exactly the simulator's time on the full schedule: GPipe, ZB-H1 and 1F1B at every warm-up depth,
     slow links, all-reduces, fewer micro-batches than stages."""
     import random
 
@@ -137,7 +139,8 @@ def test_the_planners_iteration_time_equals_the_simulator(seed):
         sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
         costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
                             rng.choice([0.0, rng.uniform(0, 5)])) for s in range(S)]
-        schedules = [gpipe(S, M)] + [one_f_one_b(S, M, deeper_warmup(S, M, d)) for d in (1, 2, 3)]
+        costs = [replace(c, weight_grad_s=rng.choice([None, c.backward_s * rng.uniform(0, 1)])) for c in costs]
+        schedules = [gpipe(S, M), zb_h1(S, M)] + [one_f_one_b(S, M, deeper_warmup(S, M, d)) for d in (1, 2, 3)]
         for schedule in schedules:
             compute = [[a for a in actions if a.kind.is_compute] for actions in schedule.stage_actions]
             assert iteration_time(compute, costs, M) == pytest.approx(simulate(schedule, costs).iteration_s, rel=1e-12)

@@ -4,8 +4,9 @@ from __future__ import annotations
 from .actions import Action, Kind, Schedule
 from .gpipe import forward_only, gpipe
 from .one_f_one_b import one_f_one_b
+from .zero_bubble import zb_h1
 
-SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe}
+SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe, "zb_h1": zb_h1}
 
 
 def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()) -> Schedule:
@@ -19,7 +20,7 @@ def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: t
     return SCHEDULES[name](num_stages, num_micro_batches)
 
 
-__all__ = ["Action", "Kind", "Schedule", "SCHEDULES", "build_schedule", "forward_only", "gpipe", "one_f_one_b"]
+__all__ = ["Action", "Kind", "Schedule", "SCHEDULES", "build_schedule", "forward_only", "gpipe", "one_f_one_b", "zb_h1"]
 
 from .simulate import Simulation, StageCosts, simulate  # noqa: E402
 from .validate import ScheduleError, validate  # noqa: E402

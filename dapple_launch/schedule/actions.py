@@ -1,7 +1,9 @@
 """A schedule is data: for each stage, the ordered actions of one iteration.
 
 The same lists are read by the validator, the simulator and the runtime; nothing else
-decides what a stage does next.
+decides what a stage does next. A micro-batch's backward on a stage is either one action (B) or
+split (zero-bubble schedules): I computes the gradient of the stage's input (what the previous
+stage waits for), W the gradients of its weights (what nobody waits for until the all-reduce).
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from dataclasses import dataclass
 
 class Kind(str, enum.Enum):
     FORWARD = "F"
-    BACKWARD = "B"
+    BACKWARD = "B"  # the whole backward: input and weight gradients
+    INPUT_GRAD = "I"  # the input gradient only; its W follows later
+    WEIGHT_GRAD = "W"  # the weight gradients of a micro-batch whose I ran
     SEND_ACTIVATION = "SA"  # to the next stage
     RECV_ACTIVATION = "RA"  # from the previous stage
     SEND_GRADIENT = "SG"  # to the previous stage
@@ -19,7 +23,20 @@ class Kind(str, enum.Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (Kind.FORWARD, Kind.BACKWARD)
+        return self in _COMPUTE
+
+    @property
+    def sends_gradient(self) -> bool:
+        """B or I: needs the next stage's gradient and produces the one the previous stage needs."""
+        return self is Kind.BACKWARD or self is Kind.INPUT_GRAD
+
+    @property
+    def frees_activations(self) -> bool:
+        """B or W: the last action of a micro-batch on a stage; what its forward saved is released."""
+        return self is Kind.BACKWARD or self is Kind.WEIGHT_GRAD
+
+
+_COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD})
 
 
 @dataclass(frozen=True, order=True)
@@ -82,6 +99,8 @@ def with_communication(
                 actions.append(a)
                 if s < last:
                     actions.append(send_act[m])
+            elif a.kind is Kind.WEIGHT_GRAD:  # local: nothing arrives, nothing leaves
+                actions.append(a)
             else:
                 if s < last:
                     actions.append(recv_grad[m])

@@ -22,13 +22,25 @@ class StageCosts:
     send_gradient_s: float = 0.0  # to the previous stage, one micro-batch
     allreduce_s: float = 0.0
     activation_bytes: float = 0.0  # saved per in-flight micro-batch on one device of this stage
+    # split backward (I then W): W's share of backward_s; None = half, the rule for profiles that time
+    # the backward whole (a matmul's weight gradient costs what its input gradient costs). A micro-batch's
+    # activations stay saved until its W: the weight gradients need them.
+    weight_grad_s: float | None = None
+
+    @property
+    def weight_s(self) -> float:
+        return self.backward_s / 2 if self.weight_grad_s is None else self.weight_grad_s
+
+    @property
+    def input_s(self) -> float:
+        return self.backward_s - self.weight_s
 
 
 @dataclass(frozen=True)
 class Event:
     stage: int
     label: str
-    kind: str  # "forward" | "backward" | "send" | "allreduce"
+    kind: str  # "forward" | "backward" | "input" | "weight" | "send" | "allreduce"
     start: float
     end: float
 
@@ -60,8 +72,10 @@ def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_mic
     not been sent yet; the stage that sends it is then resumed: every action is visited once."""
     S, M = len(costs), num_micro_batches
     forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
+    input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     missing = -1.0
+    FORWARD, WEIGHT = Kind.FORWARD, Kind.WEIGHT_GRAD
     activation = [[missing] * M for _ in range(S)]  # [stage][micro-batch] -> arrival of its input
     gradient = [[missing] * M for _ in range(S)]
     for m in range(M):
@@ -76,7 +90,10 @@ def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_mic
         while k < len(order):
             a = order[k]
             m = a.micro_batch
-            if a.kind is Kind.FORWARD:
+            if a.kind is WEIGHT:
+                t += weight[s]
+                last_backward_end[s] = t
+            elif a.kind is FORWARD:
                 arrival = activation[s][m]
                 if arrival < 0:
                     break
@@ -92,8 +109,11 @@ def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_mic
                         break
                     if arrival > t:
                         t = arrival
-                t += backward[s]
-                last_backward_end[s] = t
+                if a.kind is Kind.BACKWARD:
+                    t += backward[s]
+                    last_backward_end[s] = t
+                else:
+                    t += input_[s]
                 if s > 0:
                     start = t if t > link_down[s] else link_down[s]
                     gradient[s - 1][m] = link_down[s] = start + send_down[s]
@@ -122,21 +142,23 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
     peak = [0] * S
     last_backward_end = [0.0] * S
     timeline: list[Event] = []
-    forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
+    duration = {Kind.FORWARD: [c.forward_s for c in costs], Kind.BACKWARD: [c.backward_s for c in costs],
+                Kind.INPUT_GRAD: [c.input_s for c in costs], Kind.WEIGHT_GRAD: [c.weight_s for c in costs]}
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
-    F, B, SA, SG, RA = Kind.FORWARD, Kind.BACKWARD, Kind.SEND_ACTIVATION, Kind.SEND_GRADIENT, Kind.RECV_ACTIVATION
+    F, SA, SG, RA = Kind.FORWARD, Kind.SEND_ACTIVATION, Kind.SEND_GRADIENT, Kind.RECV_ACTIVATION
+    label = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.INPUT_GRAD: "input", Kind.WEIGHT_GRAD: "weight"}
     for s, a in steps if steps is not None else program(schedule):
         kind = a.kind
-        if kind is F or kind is B:
+        if kind.is_compute:
             start = clock[s]
-            end = clock[s] = start + (forward[s] if kind is F else backward[s])
+            end = clock[s] = start + duration[kind][s]
             if record:
-                timeline.append(Event(s, str(a), "forward" if kind is F else "backward", start, end))
+                timeline.append(Event(s, str(a), label[kind], start, end))
             if kind is F:
                 in_flight[s] += 1
                 if in_flight[s] > peak[s]:
                     peak[s] = in_flight[s]
-            else:
+            elif kind.frees_activations:
                 in_flight[s] -= 1
                 last_backward_end[s] = end
         elif kind is SA or kind is SG:

@@ -1,7 +1,8 @@
 """Validator: a schedule is accepted only if it can run to the end.
 
-Rules: on every stage each micro-batch is run forward exactly once (and backward exactly once,
-after its forward, unless the schedule is forward-only); every compute that needs a neighbour's
+Rules: on every stage each micro-batch is run forward exactly once and, unless the schedule is
+forward-only, backward exactly once after its forward: whole (B), or split into its input gradient
+(I) and then its weight gradient (W), never both; every compute that needs a neighbour's
 data is preceded by the receive of it; every send has its matching receive on the neighbour; the
 transfers between two stages in one direction are received in the order they are sent (two ranks
 match their messages in order: NCCL ignores tags, and the runtime's first transfer of each kind
@@ -40,17 +41,24 @@ def _check_stage(schedule: Schedule, s: int) -> None:
         m = a.micro_batch
         if not 0 <= m < M:
             raise _fail(schedule, s, i, f"micro-batch {m} is outside 0..{M - 1}")
-        if a.kind is Kind.BACKWARD and schedule.forward_only:
+        backward = a.kind in (Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
+        if backward and schedule.forward_only:
             raise _fail(schedule, s, i, "a forward-only schedule has a backward")
-        if a.kind is Kind.BACKWARD and not seen[(Kind.FORWARD, m)]:
-            raise _fail(schedule, s, i, f"backward {m} runs before forward {m}")
+        if backward and not seen[(Kind.FORWARD, m)]:
+            raise _fail(schedule, s, i, f"{a.kind.name.lower().replace('_', ' ')} {m} runs before forward {m}")
+        if a.kind is Kind.WEIGHT_GRAD and not seen[(Kind.INPUT_GRAD, m)]:
+            raise _fail(schedule, s, i, f"weight gradient {m} (W) runs before its input gradient (I): W uses what I "
+                                        f"computed")
+        if (a.kind is Kind.BACKWARD and (seen[(Kind.INPUT_GRAD, m)] or seen[(Kind.WEIGHT_GRAD, m)])
+                or a.kind in (Kind.INPUT_GRAD, Kind.WEIGHT_GRAD) and seen[(Kind.BACKWARD, m)]):
+            raise _fail(schedule, s, i, f"micro-batch {m} has both a whole backward (B) and a split one (I, W)")
         if a.kind is Kind.FORWARD and s > 0 and not seen[(Kind.RECV_ACTIVATION, m)]:
             raise _fail(schedule, s, i, f"forward {m} runs before its activation is received")
-        if a.kind is Kind.BACKWARD and s < S - 1 and not seen[(Kind.RECV_GRADIENT, m)]:
+        if a.kind.sends_gradient and s < S - 1 and not seen[(Kind.RECV_GRADIENT, m)]:
             raise _fail(schedule, s, i, f"backward {m} runs before its gradient is received")
         if a.kind is Kind.SEND_ACTIVATION and (s == S - 1 or not seen[(Kind.FORWARD, m)]):
             raise _fail(schedule, s, i, f"activation {m} is sent before it is computed or past the last stage")
-        if a.kind is Kind.SEND_GRADIENT and (s == 0 or not seen[(Kind.BACKWARD, m)]):
+        if a.kind is Kind.SEND_GRADIENT and (s == 0 or not (seen[(Kind.BACKWARD, m)] or seen[(Kind.INPUT_GRAD, m)])):
             raise _fail(schedule, s, i, f"gradient {m} is sent before it is computed or before the first stage")
         if a.kind is Kind.RECV_ACTIVATION and s == 0 or a.kind is Kind.RECV_GRADIENT and s == S - 1:
             raise _fail(schedule, s, i, f"{a} has no neighbour to receive from")
@@ -61,7 +69,11 @@ def _check_stage(schedule: Schedule, s: int) -> None:
         if seen[(Kind.FORWARD, m)] != 1:
             raise _fail(schedule, s, len(schedule.stage_actions[s]), f"forward {m} never runs")
         if not schedule.forward_only and seen[(Kind.BACKWARD, m)] != 1:
-            raise _fail(schedule, s, len(schedule.stage_actions[s]), f"backward {m} never runs")
+            if not seen[(Kind.INPUT_GRAD, m)]:
+                raise _fail(schedule, s, len(schedule.stage_actions[s]), f"backward {m} never runs")
+            if not seen[(Kind.WEIGHT_GRAD, m)]:
+                raise _fail(schedule, s, len(schedule.stage_actions[s]), f"weight gradient {m} (W) never runs: its "
+                                                                         f"weights would miss this micro-batch")
 
 
 def validate(schedule: Schedule) -> None:

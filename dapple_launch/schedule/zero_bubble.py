@@ -1,0 +1,54 @@
+"""Zero bubble, handcrafted H1 (Qi et al., ICLR'24): the backward split into I and W.
+
+A stage's input gradient (I) is what the previous stage waits for; its weight gradients (W) are
+waited for by nobody until the all-reduce. ZB-H1 keeps 1F1B's order of forwards and input
+gradients and moves the W's into the bubbles 1F1B leaves: stage s runs S - s - 1 warm-up forwards
+(as 1F1B), then pairs F, I and keeps up to s W's pending (each W runs s steady steps after its I),
+then in the cool-down runs one pending W after each I (where 1F1B idles waiting for the next
+gradient), then the rest. A micro-batch's activations live until its W, so stage s holds at most
+(S - s - 1) + 1 + s = S micro-batches: 1F1B's peak on stage 0, on every stage. With unit costs
+T_F = T_I = T_W the bubble falls from 1F1B's (S - 1)(T_F + T_B) to (S - 1)(T_F + T_I - T_W).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .actions import Action, Kind, Schedule, with_communication
+
+
+def zb_h1(num_stages: int, num_micro_batches: int) -> Schedule:
+    if num_micro_batches < 1:
+        raise ValueError(f"ZB-H1 needs at least 1 micro-batch, got {num_micro_batches}")
+    return with_communication("zb_h1", compute_orders(num_stages, num_micro_batches), num_micro_batches)
+
+
+def compute_orders(num_stages: int, num_micro_batches: int) -> list[list[Action]]:
+    S, M = num_stages, num_micro_batches
+    forward = [Action(Kind.FORWARD, m) for m in range(M)]
+    input_grad = [Action(Kind.INPUT_GRAD, m) for m in range(M)]
+    weight_grad = [Action(Kind.WEIGHT_GRAD, m) for m in range(M)]
+    orders = []
+    for s in range(S):
+        warm = min(S - s - 1, M)
+        order = forward[:warm]
+        pending: deque[int] = deque()
+        next_f, next_i = warm, 0
+        while next_f < M:  # steady: F, I, and the W that has waited s steps
+            order += (forward[next_f], input_grad[next_i])
+            pending.append(next_i)
+            next_f, next_i = next_f + 1, next_i + 1
+            if len(pending) > s:
+                order.append(weight_grad[pending.popleft()])
+        while next_i < M:  # cool-down: a W fills the wait for each next gradient
+            order.append(input_grad[next_i])
+            pending.append(next_i)
+            next_i += 1
+            order.append(weight_grad[pending.popleft()])
+        order += [weight_grad[m] for m in pending]
+        orders.append(order)
+    return orders
+
+
+def in_flight(stage: int, num_stages: int, num_micro_batches: int) -> int:
+    """Most micro-batches whose activations stage `stage` holds at once (F to W)."""
+    return min(num_stages, num_micro_batches)
