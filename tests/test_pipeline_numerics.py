@@ -92,6 +92,10 @@ CASES = [
     ((1, 1, 1, 1), "gpipe", 6, 13), ((1, 1, 1, 1), "1f1b", 7, 15),
     # uneven replication: activations and gradients re-split many-to-many between stages
     ((3, 1), "1f1b", 2, 7), ((1, 2), "gpipe", 2, 5), ((2, 1, 1), "1f1b", 3, 9),
+    # zero bubble (ZB-H1): the backward split into I and W, W's held back; M from S to 4S
+    ((1,), "zb_h1", 2, 5), ((1, 1), "zb_h1", 2, 4), ((1, 1), "zb_h1", 8, 17), ((2, 2), "zb_h1", 3, 13),
+    ((1, 1, 1, 1), "zb_h1", 4, 8), ((1, 1, 1, 1), "zb_h1", 9, 19), ((1, 1, 1, 1), "zb_h1", 16, 16),
+    ((3, 1), "zb_h1", 2, 7), ((2, 1, 1), "zb_h1", 5, 11),
 ]
 
 
@@ -162,13 +166,15 @@ def test_ranks_follow_the_planned_devices(tmp_path):
         assert r["worst_grad_rel"] < 1e-4
 
 
-@pytest.mark.parametrize("model_name", ["bert", "vgg19", "gpt-untied"])
-def test_other_models_pipelined(tmp_path, model_name):
-    model = tiny_model(model_name)
-    plan = make_plan(model, (1, 1), "1f1b", 2, 4)
-    for r in run_ranks(2, _compare, (model_name, (1, 1), "1f1b", 2, 6, plan.to_json()), tmp_path):
-        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
-        assert r["worst_grad_rel"] < 1e-4
+def test_other_models_pipelined(tmp_path):
+    """BERT, VGG-19 (convolutions, pooling) and an untied GPT under 1F1B and ZB-H1."""
+    grid = [(name, schedule) for name in ("bert", "vgg19", "gpt-untied") for schedule in ("1f1b", "zb_h1")]
+    cases = [(name, (1, 1), schedule, 2, 6, make_plan(tiny_model(name), (1, 1), schedule, 2, 4).to_json())
+             for name, schedule in grid]
+    for case, results in zip(grid, run_cases(cases, tmp_path)):
+        for r in results:
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
+            assert r["worst_grad_rel"] < 1e-4, case
 
 
 def test_a_hand_made_schedule_the_validator_accepts_runs_and_equals_reference(tmp_path):
@@ -219,6 +225,7 @@ CUSTOM_CASES = [
     ((1,), "1f1b", 2, 5), ((2,), "gpipe", 2, 6),
     ((1, 1), "1f1b", 3, 7), ((1, 1), "gpipe", 2, 4), ((3, 1), "1f1b", 2, 7), ((1, 2), "gpipe", 3, 9),
     ((1, 1, 1, 1), "1f1b", 4, 9), ((1, 1, 1, 1), "gpipe", 5, 10), ((1, 2, 1), "1f1b", 3, 8),
+    ((1, 1), "zb_h1", 3, 7), ((1, 2, 1), "zb_h1", 4, 9), ((1, 1, 1, 1), "zb_h1", 6, 13),
 ]
 
 
@@ -243,10 +250,10 @@ def test_custom_model_with_tuples_and_tied_weights_equals_reference(tmp_path):
 def test_bf16_mixed_pipelined_equals_a_bf16_reference(tmp_path):
     """bf16 autocast in every stage, activations and gradients on the wire in bf16: loss and every
     gradient equal one process under the same autocast, within bf16's precision."""
-    grid = [("gpt", (1, 1)), ("gpt", (2, 1, 1)), ("skipnet", (1, 2))]
-    cases = [(name, replicas, "1f1b", 4, 4 * max(replicas) + 1,
-              make_plan(tiny_model(name), replicas, "1f1b", 4, 4 * max(replicas)).to_json(), "bf16-mixed")
-             for name, replicas in grid]
+    grid = [("gpt", (1, 1), "1f1b"), ("gpt", (2, 1, 1), "1f1b"), ("skipnet", (1, 2), "1f1b"), ("gpt", (1, 1), "zb_h1")]
+    cases = [(name, replicas, schedule, 4, 4 * max(replicas) + 1,
+              make_plan(tiny_model(name), replicas, schedule, 4, 4 * max(replicas)).to_json(), "bf16-mixed")
+             for name, replicas, schedule in grid]
     for case, results in zip(grid, run_cases(cases, tmp_path)):
         for r in results:
             assert r["loss"] == pytest.approx(r["ref_loss"], rel=2e-2), case

@@ -21,6 +21,17 @@ from .grid import split_bounds
 from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .precision import MixedPrecision
+from .split_backward import backward_input
+
+
+class _NoWeights:
+    """W of a micro-batch whose outputs carried no gradient: nothing to compute."""
+
+    def run(self) -> None:
+        pass
+
+
+_NO_WEIGHTS = _NoWeights()
 
 
 @dataclass
@@ -42,6 +53,12 @@ class _Iteration:
     grads: dict  # m -> gradient received for the output's floating members
     back: dict  # m -> gradient to send for the input's floating members
     loss_sum: torch.Tensor
+    weights: dict = None  # m -> what its W needs (split backward: between I and W)
+
+    @property
+    def saved(self) -> int:
+        """Micro-batches whose activations are alive: forward run, last backward action not yet."""
+        return len(self.outputs) + len(self.weights or ())
 
 
 class StageExecutor:
@@ -72,9 +89,10 @@ class StageExecutor:
                 f"samples per micro-batch than a stage has replicas ({max(self.p2p.grid.replicas)})")
         device = as_tuple(batch[0])[0].device
         it = _Iteration(batch, n_total, micro, not schedule.forward_only, {}, {}, {}, {}, {},
-                        torch.zeros((), device=device))
+                        torch.zeros((), device=device), {})
         actions = schedule.stage_actions[self.stage]
-        last_backward = max((i for i, a in enumerate(actions) if a.kind is Kind.BACKWARD), default=-1)
+        # the stage's gradients are complete after its last B or W: the all-reduce may start
+        last_backward = max((i for i, a in enumerate(actions) if a.kind.frees_activations), default=-1)
         ahead = _receives_ahead(actions)
         for i, a in enumerate(actions):
             try:
@@ -121,6 +139,10 @@ class StageExecutor:
             it.grads[m] = self.p2p.recv_gradient(n, m)
         elif kind is Kind.BACKWARD:
             self._backward(m, it)
+        elif kind is Kind.INPUT_GRAD:
+            self._backward(m, it, split=True)
+        elif kind is Kind.WEIGHT_GRAD:
+            it.weights.pop(m).run()
         elif kind is Kind.SEND_GRADIENT:
             self.p2p.reap()
             self.p2p.send_gradient(it.back.pop(m), n, m)
@@ -139,27 +161,36 @@ class StageExecutor:
                 it.loss_sum = it.loss_sum + loss.detach().float()
                 if it.train:
                     it.outputs[m] = loss * loss_scale if loss_scale != 1.0 else loss
-                    self.saved_peak = max(self.saved_peak, len(it.outputs))
+                    self.saved_peak = max(self.saved_peak, it.saved)
                 return
             members = as_tuple(y)
             it.logical[m] = tuple(t.dtype for t in members)
             it.outputs[m] = tuple(self.precision.to_wire(t) for t in members)
-        self.saved_peak = max(self.saved_peak, len(it.outputs))
+        self.saved_peak = max(self.saved_peak, it.saved)
 
-    def _backward(self, m: int, it: _Iteration) -> None:
+    def _backward(self, m: int, it: _Iteration, split: bool = False) -> None:
+        """B, or with `split` I: the input gradients now, the weights' at this micro-batch's W."""
         y = it.outputs.pop(m)
         if self.is_last:
-            y.backward()
+            outputs, grads = [y], None
         else:
-            grads = it.grads.pop(m)
+            got = it.grads.pop(m)
             floating = [t for t in y if t.is_floating_point()]
-            pairs = [(t, g) for t, g in zip(floating, grads) if t.requires_grad]
-            if pairs:
-                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            pairs = [(t, g) for t, g in zip(floating, got) if t.requires_grad]
+            outputs, grads = [t for t, _ in pairs], [g for _, g in pairs]
+        wire = () if self.is_first else tuple(w for w in it.received.pop(m) if w.is_floating_point())
+        if split:
+            params = [p for layer in self.layers for p in layer.parameters()]
+            if outputs:
+                back, it.weights[m] = backward_input(outputs, grads, wire, params)
+            else:
+                back, it.weights[m] = [None] * len(wire), _NO_WEIGHTS
+        else:
+            if outputs:
+                torch.autograd.backward(outputs, grads)
+            back = [w.grad for w in wire]
         if not self.is_first:
-            wire = it.received.pop(m)
-            it.back[m] = tuple(w.grad if w.grad is not None else torch.zeros_like(w)
-                               for w in wire if w.is_floating_point())
+            it.back[m] = tuple(g if g is not None else torch.zeros_like(w) for w, g in zip(wire, back))
 
 
 @lru_cache(maxsize=64)

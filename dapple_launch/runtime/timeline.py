@@ -16,10 +16,12 @@ from ..planner.plan import Plan
 from ..schedule import StageCosts, simulate
 from .grid import ProcessGrid
 
-COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "send": "#54A24B", "wait": "#D9D9D9",
-           "allreduce": "#B279A2"}
-KIND_OF = {"F": "forward", "B": "backward", "SA": "send", "SG": "send", "RA": "wait", "RG": "wait", "AR": "allreduce"}
-LEGEND = [("forward", "forward"), ("backward", "backward"), ("send", "send posted / link busy"),
+COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "input": "#E45756", "weight": "#EECA3B",
+           "send": "#54A24B", "wait": "#D9D9D9", "allreduce": "#B279A2"}
+KIND_OF = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "SA": "send", "SG": "send", "RA": "wait",
+           "RG": "wait", "AR": "allreduce"}
+LEGEND = [("forward", "forward"), ("backward", "backward (whole)"), ("input", "input gradient (I)"),
+          ("weight", "weight gradient (W)"), ("send", "send posted / link busy"),
           ("wait", "waiting for a receive"), ("allreduce", "gradient all-reduce")]
 
 
@@ -99,7 +101,7 @@ def _panel(out: list[str], title: str, ranks: list[dict], y0: float, scale: floa
             tip = f'{ev["label"]}: {ev["start"] * 1e3:.2f}–{ev["end"] * 1e3:.2f} ms'
             out.append(f'<rect x="{x:.2f}" y="{y + inset}" width="{w:.2f}" height="{ROW - 2 * inset}" rx="2" '
                        f'fill="{COLOURS[ev["kind"]]}"><title>{tip}</title></rect>')
-            if ev["kind"] in ("forward", "backward") and w > 16:
+            if ev["kind"] in ("forward", "backward", "input", "weight") and w > 16:
                 out.append(f'<text x="{x + w / 2:.2f}" y="{y + ROW * 0.7}" class="mb">{ev["label"][1:]}</text>')
     return y0 + len(ranks) * (ROW + GAP)
 
