@@ -45,7 +45,7 @@ GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
 BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
 VGGPreset = choice("VGGPreset", "imagenet", "tiny")
 StrategyName = choice("StrategyName", "auto", "fixed", "file")
-ScheduleName = choice("ScheduleName", "1f1b", "gpipe")
+ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1")
 ProfileSource = choice("ProfileSource", "analytic", "measured")
 DeviceKind = choice("DeviceKind", "cpu", "gpu")
 ClusterLauncher = choice("ClusterLauncher", "local", "slurm")
@@ -238,6 +238,8 @@ class AutoStrategyConfig(PlannedStrategyConfig):
     search_nodes: int = 20000  # candidates the planner may score, all passes (the plan says what it proved)
     optimality_gap: float = 0.01  # first pass prunes what cannot win by more than this; then closed exactly
     max_warmup_depth: int = 4  # the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
+    # the schedule families the planner may choose; [] = all that apply to `schedule` (1f1b: 1f1b and zb_h1)
+    schedules: List[ScheduleName] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()

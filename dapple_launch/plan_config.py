@@ -138,7 +138,16 @@ def limits_from_config(s: DictConfig) -> Limits:
     return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom,
                   max_stages=s.max_stages if auto else None, micro_batch_size=s.micro_batch_size if auto else None,
                   schedule=str(s.schedule), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
-                                                "max_warmup_depth": s.max_warmup_depth} if auto else {}))
+                                                "max_warmup_depth": s.max_warmup_depth,
+                                                "schedules": auto_schedules(s)} if auto else {}))
+
+
+def auto_schedules(s: DictConfig) -> tuple[str, ...]:
+    """The families the planner may choose: strategy.schedules, or all that apply to strategy.schedule
+    (1f1b: 1F1B and ZB-H1, which runs 1F1B's layouts; gpipe: GPipe alone)."""
+    if s.schedules:
+        return tuple(str(x) for x in s.schedules)
+    return ("1f1b", "zb_h1") if str(s.schedule) == "1f1b" else (str(s.schedule),)
 
 
 def plan_from_config(cfg: DictConfig) -> Plan:

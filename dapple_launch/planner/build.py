@@ -11,7 +11,7 @@ from .cost import Costed, Limits, StageSpec, evaluate, simulate_costed
 from .explain import human_bytes
 from .plan import Estimate, Plan, RunnerUp, StagePlan
 
-MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1}
+MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1, "zb_h1": lambda stages: stages}
 
 
 def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: int, planner: str,

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule import StageCosts, build_schedule, simulate
+from ..schedule import StageCosts, build_schedule, simulate, zero_bubble
 from ..schedule.one_f_one_b import compute_orders, deeper_warmup
 from ..schedule.simulate import iteration_time
 
@@ -41,6 +41,8 @@ class Limits:
     search_nodes: int = 20_000  # candidates the search may score, all passes; ending within it proves optimality
     optimality_gap: float = 0.01  # first pass: prune what cannot win by more than this (then closed exactly)
     max_warmup_depth: int = 4  # deepest 1F1B warm-up searched (1 = DAPPLE's minimum only)
+    # the planner's choice of schedule family (planner/schedules.py); () = `schedule` alone
+    schedules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
@@ -92,7 +94,7 @@ class Costed:
         return (f"{len(self.layout)} stage{'s' if len(self.layout) > 1 else ''} {ratio}"
                 + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}"
                 + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
-                + (", gpipe" if self.schedule == "gpipe" else ""))
+                + (f", {self.schedule}" if self.schedule != "1f1b" else ""))
 
 
 def speed_ratio(profile: ModelProfile, topology: Topology) -> float:
@@ -104,6 +106,8 @@ def speed_ratio(profile: ModelProfile, topology: Topology) -> float:
 def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()) -> int:
     if schedule == "gpipe":
         return num_micro_batches
+    if schedule == "zb_h1":  # F to W: S - s - 1 warm-up, one in the steady pair, s W's held back
+        return min(num_stages, num_micro_batches)
     if warmup:
         return min(warmup[stage] + 1, num_micro_batches)
     return min(num_stages - stage, num_micro_batches)
@@ -147,7 +151,9 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
             memo[key] = (f * speed, b * speed, topology.allreduce_s(st.devices, params),
                          profile.kept_bytes(st.start, st.stop, n))
         f, b, allreduce, activation = memo[key]
-        costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation))
+        # the first stage's input needs no gradient: its split backward is all W (runtime/split_backward.py)
+        costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation,
+                                weight_grad_s=None if s else b))
     for layers, nbytes in profile.tied:
         # A weight several stages hold (a tied embedding): after their own all-reduces, the stages
         # holding a copy sum its gradient among all their devices (runtime/tied.py).
@@ -209,11 +215,22 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
     memory = memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
     if warmup:
         iteration_s = iteration_time(_warmup_orders(S, num_micro_batches, warmup), costs, num_micro_batches)
+    elif limits.schedule in SIMULATED:
+        iteration_s = iteration_time(SIMULATED[limits.schedule](S, num_micro_batches), costs, num_micro_batches)
     else:
         iteration_s = formula_iteration_s(costs, num_micro_batches, limits.schedule)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
                   topology.device_memory_bytes * (1 - limits.memory_headroom), warmup=warmup,
                   warmup_depth=warmup_depth)
+
+
+@lru_cache(maxsize=64)
+def _zb_h1_orders(num_stages: int, num_micro_batches: int):
+    return zero_bubble.compute_orders(num_stages, num_micro_batches)
+
+
+# schedules without a closed form: the simulator of their compute orders costs every candidate
+SIMULATED = {"zb_h1": _zb_h1_orders}
 
 
 @lru_cache(maxsize=64)

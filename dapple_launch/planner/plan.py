@@ -41,7 +41,7 @@ class Plan:
     global_batch_size: int
     micro_batch_size: int  # samples of one micro-batch before it is split across a stage's replicas
     num_micro_batches: int
-    schedule: str  # "1f1b" | "gpipe"
+    schedule: str  # the family: "1f1b" | "gpipe" | "zb_h1"; `orders` in plan.json spells it out
     stages: tuple[StagePlan, ...]
     estimate: Estimate
     device_memory_bytes: float = 0.0
@@ -75,7 +75,19 @@ class Plan:
         d["estimate"]["stage_costs"] = [dict(c) for c in d["estimate"]["stage_costs"]]
         d["runners_up"] = [dict(r) for r in d["runners_up"]]
         d["warmup"] = list(d["warmup"])
+        d["orders"] = self.orders()
         return d
+
+    def orders(self) -> list[dict]:
+        """What each device group runs, in order, for an outside tool to re-simulate the plan without
+        knowing the schedule's name: one entry per group of devices running one order,
+        {"devices": [...], "actions": [[kind, stage, micro_batch], ...]}, kind "F", "B" (whole
+        backward), "I" or "W" (split); `stage` indexes `stages`. Transfers are implied: a stage's F
+        needs the previous stage's F of that micro-batch, its B or I the next stage's B or I."""
+        schedule = self.build_schedule()
+        return [{"devices": list(st.devices),
+                 "actions": [[a.kind.value, s, a.micro_batch] for a in schedule.compute_order(s)]}
+                for s, st in enumerate(self.stages)]
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
@@ -89,7 +101,14 @@ class Plan:
         d["estimate"] = Estimate(**e)
         d["runners_up"] = tuple(RunnerUp(**r) for r in d.get("runners_up", ()))
         d["warmup"] = tuple(int(w) for w in d.get("warmup", ()))
-        return cls(**d)
+        orders = d.pop("orders", None)  # derived from schedule and warm-up: checked, never trusted
+        plan = cls(**d)
+        if orders is not None and orders != plan.orders():
+            raise ValueError(f"its orders are not what schedule {plan.schedule!r} (warm-up {list(plan.warmup)}) runs "
+                             f"on its {plan.num_stages} stages, devices and {plan.num_micro_batches} micro-batches: "
+                             f"orders are written from those for outside tools, never read; delete the orders entry "
+                             f"after editing the plan (or change schedule and warmup, not orders)")
+        return plan
 
     def build_schedule(self):
         """The action lists every reader of this plan uses: runtime, simulator, timeline."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
@@ -27,6 +28,7 @@ from .cost import Costed, Limits, StageSpec, evaluate
 from .explain import human_bytes, human_gap
 from .plan import Plan
 from .polish import descend, shape_of
+from .schedules import choose, search_family
 from .warmup import deepen_best_layouts, deep_sweep
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
@@ -197,12 +199,23 @@ def smallest_memory_need(profile: ModelProfile, topology: Topology, limits: Limi
 
 
 def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Plan:
+    requested = limits
     if global_batch < topology.num_devices:
         raise ValueError(
             f"global_batch_size={global_batch} is smaller than the {topology.num_devices} devices of {topology.name} "
             f"that must share it (each needs at least one sample per iteration); raise global_batch_size to "
             f">= {topology.num_devices} or use a smaller cluster")
+    limits = replace(limits, schedule=search_family(limits))
     best, runners_up, baselines, stats = search(profile, topology, global_batch, limits)
+    family = best
+    if best is not None:
+        best, ranked = choose(profile, topology, global_batch, requested, [best, *runners_up])
+        if best is None:
+            raise NoFeasiblePlan(
+                f"no plan fits under strategy.schedules={list(requested.schedules)}: the layouts the search kept fit "
+                f"under {limits.schedule} ({family.summary()}, {human_bytes(family.peak_memory_bytes)} per device) but "
+                f"not under the schedules allowed; allow 1f1b (strategy.schedules=[1f1b,zb_h1]) or add devices")
+        runners_up = [c for c in ranked if c is not best][:4]
     if best is None:
         need, layout = smallest_memory_need(profile, topology, limits)
         raise NoFeasiblePlan(
@@ -224,6 +237,11 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
         how = (f"auto: within {human_gap(stats.proven_gap)} of the optimum under the cost model{space}, proven; the "
                f"budget of {limits.search_nodes} scored candidates ended the search first "
                f"(strategy.search_nodes raises it)")
+    if best.schedule != limits.schedule:
+        over = best.extra.get("over")
+        how += (f"; schedule {best.schedule} (costed by the simulator on the layouts the search kept"
+                + (f": {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
+                   if over is not None else "") + ")")
     if best.warmup_depth > 1:
         how += (f"; its ×{best.warmup_depth} warm-up (costed by the simulator) hides transfers that DAPPLE's "
                 f"minimal warm-up waits on")

@@ -1,0 +1,159 @@
+"""ZB-H1 against 1F1B through this runtime, side by side in one run, 4 gloo processes.
+
+1. sleep rows: 4 stages × 1 replica of a layer whose forward sleeps T_F and whose backward sleeps
+   T_I when its input needs a gradient and T_W when its weight does (so the split backward costs
+   what the whole one does, and the first stage, whose input needs none, costs T_W): iteration time
+   of 1F1B and ZB-H1, each against the simulator's prediction for the same costs.
+2. saved activation bytes per stage (saved-tensor hooks, exact) against the simulator's peak
+   in-flight count × one micro-batch's saved bytes.
+3. compute rows: real layers (Linear + GELU): CPU seconds per rank per iteration, ZB-H1 / 1F1B: what
+   splitting the backward into I and W costs (runtime/split_backward.py).
+
+    python benchmarks/zero_bubble.py [--quick] [--iterations N] [--out zero_bubble.json]
+
+Writes zero_bubble.json: per row the measured and simulated times, and the summary keys
+speedup_over_1f1b (sleep rows, per M), simulator_error (worst), saved_bytes_match (all rows exact),
+cpu_ratio (compute rows).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import SavedBytes  # noqa: E402
+from dapple_launch.runtime.executor import StageExecutor  # noqa: E402
+from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
+from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
+from dapple_launch.schedule import StageCosts, build_schedule, simulate  # noqa: E402
+from tests.multiproc import run_ranks  # noqa: E402
+
+WORLD, WIDTH, BATCH = 4, 1024, 4
+T_F, T_I, T_W = 0.020, 0.020, 0.020
+COMPUTE_WIDTH, COMPUTE_BATCH = 512, 32
+
+
+class _SplitSleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        time.sleep(T_F)
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            time.sleep(T_I)
+            dx = g * w
+        if ctx.needs_input_grad[1]:
+            time.sleep(T_W)
+            dw = (g * x).sum(0)
+        return dx, dw
+
+
+class SplitSleepLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(WIDTH))
+
+    def forward(self, x):
+        return _SplitSleep.apply(x, self.w)
+
+
+def _loss(y, t):
+    return y.float().pow(2).mean(1)
+
+
+def _run(rank, world, kind, schedule_name, micro_batches, iterations):
+    torch.manual_seed(0)
+    layers = nn.Sequential(SplitSleepLayer()) if kind == "sleep" else nn.Sequential(
+        nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU(), nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU())
+    ex = StageExecutor(layers, _loss, PointToPoint(ProcessGrid((1,) * world), rank, 0), world)
+    schedule = build_schedule(schedule_name, world, micro_batches)
+    n, width = (BATCH, WIDTH) if kind == "sleep" else (COMPUTE_BATCH, COMPUTE_WIDTH)
+    batch = (torch.randn(n * micro_batches, width, generator=torch.Generator().manual_seed(1)),
+             torch.zeros(n * micro_batches))
+    walls, cpus, counter = [], [], SavedBytes(list(layers.parameters()))
+    for i in range(iterations + 1):  # the first iteration connects peers and learns shapes
+        dist.barrier()
+        w0, c0 = time.perf_counter(), time.process_time()
+        with counter.hooks():
+            ex.run(schedule, batch)
+        layers.zero_grad(set_to_none=True)
+        if i:
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+    one = n * width * 4  # what one micro-batch's forward saves on a stage (x of the sleep layer)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_saved_bytes": counter.peak,
+            "micro_batch_saved_bytes": one}
+
+
+def sleep_costs() -> list[StageCosts]:
+    # the first stage's input needs no gradient: its backward is its weight gradient alone
+    return [StageCosts(T_F, T_W, weight_grad_s=T_W)] + [StageCosts(T_F, T_I + T_W, weight_grad_s=T_W)] * (WORLD - 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer rows and iterations (about 2 minutes here)")
+    ap.add_argument("--iterations", type=int, default=None)
+    ap.add_argument("--out", default="zero_bubble.json")
+    args = ap.parse_args()
+    iters = args.iterations or (3 if args.quick else 5)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in ((4, 8) if args.quick else (4, 8, 16)):
+            for name in ("1f1b", "zb_h1"):
+                res = run_ranks(WORLD, _run, ("sleep", name, m, iters), tmp)
+                sim = simulate(build_schedule(name, WORLD, m), sleep_costs())
+                measured = max(r["wall_s"] for r in res)
+                predicted_saved = [p * res[0]["micro_batch_saved_bytes"] for p in sim.peak_in_flight]
+                rows.append({"kind": "sleep", "schedule": name, "micro_batches": m, "measured_s": measured,
+                             "simulated_s": sim.iteration_s, "simulator_error": measured / sim.iteration_s - 1,
+                             "saved_bytes": [r["peak_saved_bytes"] for r in res], "simulated_saved_bytes": predicted_saved})
+                print(f"  sleep {name} M={m}: {measured:.3f} s (simulator {sim.iteration_s:.3f} s)", flush=True)
+        for name in ("1f1b", "zb_h1"):
+            res = run_ranks(WORLD, _run, ("compute", name, 8, iters), tmp)
+            rows.append({"kind": "compute", "schedule": name, "micro_batches": 8, "cpu_s": [r["cpu_s"] for r in res],
+                         "measured_s": max(r["wall_s"] for r in res)})
+            print(f"  compute {name} M=8: CPU s per rank {[round(r['cpu_s'], 3) for r in res]}", flush=True)
+    report(rows, args.out)
+
+
+def report(rows, out) -> None:
+    sleep = [r for r in rows if r["kind"] == "sleep"]
+    by = {(r["schedule"], r["micro_batches"]): r for r in sleep}
+    speedup = {str(m): by[("1f1b", m)]["measured_s"] / by[("zb_h1", m)]["measured_s"]
+               for (_, m) in by if ("zb_h1", m) in by}
+    compute = {r["schedule"]: r for r in rows if r["kind"] == "compute"}
+    cpu_ratio = sum(compute["zb_h1"]["cpu_s"]) / sum(compute["1f1b"]["cpu_s"])
+    summary = {"speedup_over_1f1b": speedup,
+               "simulator_error": max(abs(r["simulator_error"]) for r in sleep),
+               "saved_bytes_match": all(r["saved_bytes"] == r["simulated_saved_bytes"] for r in sleep),
+               "cpu_ratio": cpu_ratio, "rows": rows}
+    Path(out).write_text(json.dumps(summary, indent=1))
+    print("\n| schedule | M | measured s | simulator s | error | peak saved bytes per stage (measured = simulated) |")
+    print("|---|---|---|---|---|---|")
+    for r in sleep:
+        same = "yes" if r["saved_bytes"] == r["simulated_saved_bytes"] else f"no: sim {r['simulated_saved_bytes']}"
+        print(f"| {r['schedule']} | {r['micro_batches']} | {r['measured_s']:.3f} | {r['simulated_s']:.3f} | "
+              f"{r['simulator_error']:+.1%} | {[int(b) for b in r['saved_bytes']]} ({same}) |")
+    print(f"\nZB-H1 over 1F1B (sleep): {', '.join(f'M={m}: {s:.3f}×' for m, s in speedup.items())}")
+    print(f"compute rows, CPU seconds per iteration summed over ranks: 1F1B {sum(compute['1f1b']['cpu_s']):.3f}, "
+          f"ZB-H1 {sum(compute['zb_h1']['cpu_s']):.3f} (ratio {cpu_ratio:.3f})")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

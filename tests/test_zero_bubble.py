@@ -1,0 +1,165 @@
+"""Pure tier: ZB-H1 as data (validator, simulator, memory), the plan's `orders`, and the planner's
+choice of schedule."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from dapple_launch.cluster import Topology
+from dapple_launch.planner import Plan
+from dapple_launch.planner.cost import Limits
+from dapple_launch.planner.search import plan
+from dapple_launch.schedule import (Action, Kind, Schedule, ScheduleError, StageCosts, build_schedule, one_f_one_b,
+                                    simulate, validate, zb_h1)
+from dapple_launch.schedule.simulate import iteration_time
+
+from .test_planner import random_profile
+
+
+def _bubble(schedule, costs):
+    sim = simulate(schedule, costs)
+    busy = schedule.num_micro_batches * (costs[0].forward_s + costs[0].backward_s)
+    return 1 - busy / sim.iteration_s, sim
+
+
+def test_zb_h1_bubble_and_memory_in_unit_time():
+    """T_F = T_I = T_W = 1 (SCHEDULES.md): 1F1B's bubble is (S-1)(T_F+T_B) = 0.273 at P=4, M=8, ZB-H1's
+    (S-1)(T_F+T_I-T_W) = 0.111; ZB-H1 keeps S micro-batches on every stage, 1F1B S - s."""
+    unit = [StageCosts(1.0, 2.0)] * 4
+    b1, s1 = _bubble(one_f_one_b(4, 8), unit)
+    bz, sz = _bubble(zb_h1(4, 8), unit)
+    assert b1 == pytest.approx(0.2727, abs=1e-4) and bz == pytest.approx(0.1111, abs=1e-4)
+    assert s1.peak_in_flight == [4, 3, 2, 1] and sz.peak_in_flight == [4, 4, 4, 4]
+    for S in range(2, 7):
+        for M in range(S, 3 * S + 1):
+            assert simulate(zb_h1(S, M), [StageCosts(1.0, 2.0)] * S).iteration_s == pytest.approx(3 * M + S - 1)
+
+
+def test_a_heavier_weight_gradient_fills_more_of_the_bubble():
+    """The bubble shrinks as W's share of the backward grows (W fills what 1F1B leaves idle)."""
+    times = [simulate(zb_h1(4, 8), [StageCosts(1.0, 2.0, weight_grad_s=w)] * 4).iteration_s for w in (0.0, 0.5, 1.0)]
+    assert times[0] > times[1] > times[2]
+    assert times[0] == pytest.approx(simulate(one_f_one_b(4, 8), [StageCosts(1.0, 2.0)] * 4).iteration_s)
+
+
+def _edit(schedule: Schedule, stage: int, edit) -> Schedule:
+    lists = list(schedule.stage_actions)
+    lists[stage] = tuple(edit(list(lists[stage])))
+    return Schedule(schedule.name, schedule.num_stages, schedule.num_micro_batches, tuple(lists))
+
+
+def _swap(a, b):
+    def edit(acts):
+        i, j = acts.index(a), acts.index(b)
+        acts[i], acts[j] = acts[j], acts[i]
+        return acts
+    return edit
+
+
+@pytest.mark.parametrize("broken,rule", [
+    (lambda s: _edit(s, 1, _swap(Action(Kind.INPUT_GRAD, 2), Action(Kind.WEIGHT_GRAD, 2))),
+     "weight gradient 2 (W) runs before its input gradient (I)"),
+    (lambda s: _edit(s, 2, lambda a: [x for x in a if x != Action(Kind.WEIGHT_GRAD, 3)]),
+     "weight gradient 3 (W) never runs"),
+    (lambda s: _edit(s, 3, lambda a: a + [Action(Kind.BACKWARD, 0)]),
+     "both a whole backward (B) and a split one"),
+    (lambda s: _edit(s, 1, _swap(Action(Kind.FORWARD, 0), Action(Kind.INPUT_GRAD, 0))),
+     "input grad 0 runs before forward 0"),
+    (lambda s: _edit(s, 1, _swap(Action(Kind.RECV_GRADIENT, 1), Action(Kind.INPUT_GRAD, 1))),
+     "backward 1 runs before its gradient is received"),
+    (lambda s: _edit(s, 1, _swap(Action(Kind.INPUT_GRAD, 1), Action(Kind.SEND_GRADIENT, 1))),
+     "gradient 1 is sent before it is computed"),
+])
+def test_hand_broken_zero_bubble_schedules_are_refused_with_the_rule(broken, rule):
+    schedule = zb_h1(4, 6)
+    validate(schedule)
+    with pytest.raises(ScheduleError) as e:
+        validate(broken(schedule))
+    assert rule in str(e.value)
+
+
+def _plan(schedule="zb_h1", replicas=(1, 2, 1), M=6, seed=3):
+    from dapple_launch.planner import fixed_plan
+    rng = random.Random(seed)
+    profile = random_profile(rng, 6)
+    topo = Topology("t", 1, sum(replicas), 8e9, 10, 20e9, 5e9)
+    return fixed_plan(profile, topo, M * 2, len(replicas), list(replicas), M, Limits(schedule=schedule))
+
+
+def _resimulate(doc: dict) -> float:
+    """What an outside tool does with plan.json: only `orders` and the per-stage costs, no schedule name."""
+    S = len(doc["stages"])
+    compute = [None] * S
+    for group in doc["orders"]:
+        stages = {st for _, st, _ in group["actions"]}
+        assert len(stages) == 1  # 1F1B, GPipe and ZB-H1: one stage per group
+        compute[stages.pop()] = [Action(Kind(k), m) for k, _, m in group["actions"]]
+    costs = [StageCosts(**c) for c in doc["estimate"]["stage_costs"]]
+    return iteration_time(compute, costs, doc["num_micro_batches"])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb_h1"])
+def test_plan_json_orders_let_an_outside_tool_resimulate_the_plan(schedule):
+    p = _plan(schedule)
+    doc = json.loads(p.to_json())
+    devices = [d for g in doc["orders"] for d in g["devices"]]
+    assert sorted(devices) == sorted(d for s in p.stages for d in s.devices)  # every device in exactly one group
+    for s, group in enumerate(doc["orders"]):
+        kinds = {(k, m) for k, st, m in group["actions"]}
+        for m in range(p.num_micro_batches):
+            assert ("F", m) in kinds and ((("B", m) in kinds) != (("I", m) in kinds and ("W", m) in kinds))
+    assert _resimulate(doc) == pytest.approx(p.estimate.simulated_iteration_s, rel=1e-12)
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_a_plan_whose_orders_were_left_stale_is_refused():
+    doc = json.loads(_plan("zb_h1").to_json())
+    doc["schedule"] = "1f1b"  # edited the family, kept the old orders
+    with pytest.raises(ValueError, match="its orders are not what schedule '1f1b'.*delete the orders entry"):
+        Plan.from_dict(doc)
+    del doc["orders"]
+    assert Plan.from_dict(doc).schedule == "1f1b"
+
+
+def _instance(seed):
+    rng = random.Random(seed)
+    nodes, per_node = rng.choice([(1, 4), (2, 2), (1, 6), (2, 3)])
+    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
+                    inter_node_allreduce_bandwidth=3e9)
+    return random_profile(rng, rng.choice([4, 5, 6])), topo, rng.choice([8, 12, 16])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_planner_picks_the_faster_family_and_never_loses_to_1f1b_alone(seed):
+    profile, topo, G = _instance(seed)
+    try:
+        only = plan(profile, topo, G, Limits(schedules=("1f1b",)))
+    except ValueError:
+        return
+    both = plan(profile, topo, G, Limits(schedules=("1f1b", "zb_h1")))
+    assert both.estimate.iteration_s <= only.estimate.iteration_s * (1 + 1e-12)
+    assert both.schedule in ("1f1b", "zb_h1")
+    validate(both.build_schedule())
+    assert max(both.estimate.peak_memory_bytes) <= topo.device_memory_bytes * 0.9
+    if both.schedule == "zb_h1":
+        assert "schedule zb_h1 (costed by the simulator" in both.planner
+        # its estimate is the simulator's time of the schedule it will run
+        assert both.estimate.iteration_s == pytest.approx(both.estimate.simulated_iteration_s, rel=1e-9)
+
+
+def test_zero_bubble_alone_is_refused_when_none_of_the_kept_layouts_fits():
+    """ZB-H1 keeps S micro-batches on every stage: where only 1F1B's S - s fit, asking for ZB-H1 alone
+    names the layout that fits under 1F1B and the fix."""
+    from dapple_launch.profile import LayerProfile, chain
+    # 1 GB of weights and optimizer state per layer (no device holds all four); the last layer keeps
+    # 1.5 GB per sample: under 1F1B its stage holds one sample, under ZB-H1 as many as there are stages
+    layers = [LayerProfile(f"l{i}", 1e-3, 2e-3, 1e7, 2.5e8, saved_bytes=1.5e9 if i == 3 else 1e7) for i in range(4)]
+    profile = chain("heavy", layers, batch_size=1)
+    topo = Topology("t", 1, 4, 4.0e9, 10, 20e9, 5e9)
+    one = plan(profile, topo, 4, Limits(schedules=("1f1b",), micro_batch_size=1, max_warmup_depth=1))
+    assert one.schedule == "1f1b" and one.num_stages == 4
+    with pytest.raises(ValueError, match=r"no plan fits under strategy.schedules=\['zb_h1'\].*allow 1f1b"):
+        plan(profile, topo, 4, Limits(schedules=("zb_h1",), micro_batch_size=1, max_warmup_depth=1))
