@@ -27,3 +27,14 @@ def cli(args, cwd, timeout=600, env=None, module=("dapple_launch",)):
     e = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", *module, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=e)
+
+
+NOT_FAST = ("slow", "multiprocess", "faults", "slurm", "wheel")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`pytest -m fast`: every test without a slower tier's marker (pure and one-process checks, in
+    about a minute), what a contributor runs before each commit."""
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in NOT_FAST):
+            item.add_marker(pytest.mark.fast)

@@ -25,6 +25,7 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {int(r["step"]): float(r["train_loss"]) for r in csv.DictReader(metrics.open()) if r.get("train_loss")}
 
 
+@pytest.mark.slow
 def test_dry_run_contract(tmp_path):
     out = cli(["model=bert", "cluster=v100x16", "strategy=fixed", "strategy.replicas=[8]", "global_batch_size=128",
                "strategy.num_micro_batches=8", "dry_run=true", f"hydra.run.dir={tmp_path}/dry"], tmp_path)
@@ -46,6 +47,7 @@ def test_dry_run_contract(tmp_path):
     (["+model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
     (["model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_refused_before_any_process_starts(tmp_path, args, needle):
     out = cli([*FAST, *args, f"hydra.run.dir={tmp_path}/bad"], tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -148,6 +150,7 @@ def test_shipped_configs_run_a_few_steps(tmp_path, args):
 BERT48 = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles" / "bert-48-pbs-2.txt"
 
 
+@pytest.mark.slow
 def test_plan_any_model_from_a_profile_file_with_auto(tmp_path):
     out = cli(["model=from_profile", f"model.profile={BERT48}", "model.profile_batch_size=2", "cluster=v100x16",
                "global_batch_size=128", "strategy=auto", "dry_run=true", f"hydra.run.dir={tmp_path}/p"], tmp_path)
@@ -159,12 +162,14 @@ def test_plan_any_model_from_a_profile_file_with_auto(tmp_path):
     assert "runners-up:" in out.stdout and "optimal under the cost model" in out.stdout
 
 
+@pytest.mark.slow
 def test_resolved_config_shows_the_plan(tmp_path):
     out = cli([*TINY_GPT, "--cfg", "job", "--resolve"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "plan:" in out.stdout and "num_micro_batches: 4" in out.stdout and "replicas: 2" in out.stdout
 
 
+@pytest.mark.slow
 def test_malformed_profile_names_line_and_reason(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text(BERT48.read_text().replace("forward_compute_time=2.69", "forward_compute_time=fast", 1))
@@ -214,6 +219,7 @@ def test_a_custom_model_trains_and_resumes_on_another_layout(tmp_path):
         assert v == pytest.approx(ref[s], rel=1e-4), s
 
 
+@pytest.mark.slow
 def test_a_custom_model_that_cannot_be_built_is_refused(tmp_path):
     root = Path(__file__).resolve().parent.parent
     for target, needle in (("no_such_module:build", "cannot import no_such_module"),

@@ -27,6 +27,7 @@ def test_every_config_group_option_is_tested():
     assert {"gpt", "bert", "vgg19", "from_profile", "custom"} <= set(MODELS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster", CLUSTERS)
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_on_every_cluster_plans(compose_cfg, model, cluster):

@@ -96,6 +96,7 @@ def test_bert_masks_file_windows_the_same_way_on_every_read():
     ("few", "fewer than one global batch of 16"),
     ("empty_dir", "is a directory with no files"),
 ])
+@pytest.mark.slow
 def test_bad_data_is_refused_before_any_process_starts(tmp_path, case, needle):
     path = {"missing": tmp_path / "nope.txt", "empty": tmp_path / "empty.txt", "short": tmp_path / "short.txt",
             "vocab": LICENSE, "few": tmp_path / "few.txt", "empty_dir": tmp_path / "d"}[case]
@@ -116,6 +117,7 @@ def test_bad_data_is_refused_before_any_process_starts(tmp_path, case, needle):
     assert not (tmp_path / "run" / "logs").exists()
 
 
+@pytest.mark.slow
 def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
     ids = tmp_path / "ids.bin"
     np.array([1, 2, 3, 70_000 % 65536, 5] * 400, dtype=np.uint16).tofile(ids)

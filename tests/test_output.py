@@ -44,6 +44,7 @@ def test_every_value_is_checked_before_anything_starts(overrides, needle):
     (["trainer.max_steps=many"], "trainer.max_steps=many: expected integer"),
     (["model.hidn=3"], "did you mean model.hidden"),
 ])
+@pytest.mark.slow
 def test_refusals_are_one_line_with_exit_code_2(tmp_path, args, needle):
     out = cli(["model.num_layers=2", "model.hidden=32", "model.heads=2", "model.seq_len=16", *args,
                f"hydra.run.dir={tmp_path}/run"], tmp_path)

@@ -56,6 +56,7 @@ def test_wrong_layer_count_and_rank_count_are_refused():
         check_world_size(plan_with([[0, 1, 2], [3]]), 3)
 
 
+@pytest.mark.slow
 def test_a_plan_file_runs_as_written_or_is_refused_before_anything_starts(tmp_path):
     out = cli(["dry_run=true", f"hydra.run.dir={tmp_path / 'a'}", *TINY_GPT], tmp_path)
     assert out.returncode == 0, out.stderr

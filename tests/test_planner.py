@@ -85,6 +85,7 @@ def test_search_finds_the_exhaustive_optimum(seed):
         assert best.iteration_s == pytest.approx(exhaustive, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_twelve_layers_on_eight_devices_is_optimal():
     rng = random.Random(99)
     profile = random_profile(rng, 12)

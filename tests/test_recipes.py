@@ -41,6 +41,7 @@ def data_for(recipe: str, tmp_path: Path) -> list[str]:
     return [f"data.path={path}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_plans_in_a_dry_run(tmp_path, recipe):
     run = tmp_path / "run"
@@ -51,6 +52,7 @@ def test_every_recipe_plans_in_a_dry_run(tmp_path, recipe):
     assert "nothing started" in out.stdout
 
 
+@pytest.mark.slow
 def test_the_vgg_recipe_is_dapples_uneven_split(tmp_path):
     out = cli(["+recipe=vgg19-15-1-v100-16x1", "dry_run=true", f"hydra.run.dir={tmp_path}/v"], tmp_path)
     assert out.returncode == 0, out.stderr
