@@ -39,36 +39,47 @@ from tests.multiproc import run_ranks  # noqa: E402
 
 WORLD, WIDTH, BATCH = 4, 1024, 4
 T_F, T_I, T_W = 0.020, 0.020, 0.020
-COMPUTE_WIDTH, COMPUTE_BATCH = 512, 32
+COMPUTE_WIDTH, COMPUTE_BATCH = 1024, 64
 
 
-class _SplitSleep(torch.autograd.Function):
+class _SleepInput(torch.autograd.Function):
+    """On the input's path: the forward's cost, and in backward the input gradient's (I)."""
+
     @staticmethod
-    def forward(ctx, x, w):
+    def forward(ctx, x):
         time.sleep(T_F)
-        ctx.save_for_backward(x, w)
-        return x * w
+        return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        dx = dw = None
-        if ctx.needs_input_grad[0]:
-            time.sleep(T_I)
-            dx = g * w
-        if ctx.needs_input_grad[1]:
-            time.sleep(T_W)
-            dw = (g * x).sum(0)
-        return dx, dw
+        time.sleep(T_I)
+        return g
+
+
+class _SleepWeight(torch.autograd.Function):
+    """On the weight's branch: in backward the weight gradient's cost (W). I never runs it."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(T_W)
+        return g
 
 
 class SplitSleepLayer(nn.Module):
+    """x * w with a known cost for F, I and W: a whole backward sleeps T_I + T_W, a split one T_I in I
+    and T_W in W (a custom autograd.Function computes every input's gradient whenever it runs, so the
+    two costs sit on separate branches, as a matmul's input and weight gradients do)."""
+
     def __init__(self):
         super().__init__()
         self.w = nn.Parameter(torch.ones(WIDTH))
 
     def forward(self, x):
-        return _SplitSleep.apply(x, self.w)
+        return _SleepInput.apply(x) * _SleepWeight.apply(self.w)
 
 
 def _loss(y, t):
@@ -84,6 +95,14 @@ def _run(rank, world, kind, schedule_name, micro_batches, iterations):
     n, width = (BATCH, WIDTH) if kind == "sleep" else (COMPUTE_BATCH, COMPUTE_WIDTH)
     batch = (torch.randn(n * micro_batches, width, generator=torch.Generator().manual_seed(1)),
              torch.zeros(n * micro_batches))
+    # what one micro-batch's forward keeps for backward on this stage (the last: its loss's too)
+    one = SavedBytes(list(layers.parameters()))
+    with one.hooks():
+        x = batch[0][:n].clone().requires_grad_(rank > 0)
+        y = layers(x)
+        kept = _loss(y, batch[1][:n]).sum() if rank == world - 1 else y
+        one_micro_batch = one.live
+    del x, y, kept
     walls, cpus, counter = [], [], SavedBytes(list(layers.parameters()))
     for i in range(iterations + 1):  # the first iteration connects peers and learns shapes
         dist.barrier()
@@ -94,9 +113,8 @@ def _run(rank, world, kind, schedule_name, micro_batches, iterations):
         if i:
             walls.append(time.perf_counter() - w0)
             cpus.append(time.process_time() - c0)
-    one = n * width * 4  # what one micro-batch's forward saves on a stage (x of the sleep layer)
     return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_saved_bytes": counter.peak,
-            "micro_batch_saved_bytes": one}
+            "micro_batch_saved_bytes": one_micro_batch}
 
 
 def sleep_costs() -> list[StageCosts]:
@@ -118,7 +136,7 @@ def main() -> None:
                 res = run_ranks(WORLD, _run, ("sleep", name, m, iters), tmp)
                 sim = simulate(build_schedule(name, WORLD, m), sleep_costs())
                 measured = max(r["wall_s"] for r in res)
-                predicted_saved = [p * res[0]["micro_batch_saved_bytes"] for p in sim.peak_in_flight]
+                predicted_saved = [p * r["micro_batch_saved_bytes"] for p, r in zip(sim.peak_in_flight, res)]
                 rows.append({"kind": "sleep", "schedule": name, "micro_batches": m, "measured_s": measured,
                              "simulated_s": sim.iteration_s, "simulator_error": measured / sim.iteration_s - 1,
                              "saved_bytes": [r["peak_saved_bytes"] for r in res], "simulated_saved_bytes": predicted_saved})

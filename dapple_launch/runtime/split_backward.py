@@ -89,9 +89,14 @@ class PendingWeights:
 
 
 def _accumulate(params, grads) -> None:
+    """Into .grad in place, as autograd's own accumulation does (a new tensor per micro-batch
+    would cost an allocation and a copy of every weight gradient)."""
     for p, g in zip(params, grads):
         if g is not None:
-            p.grad = g if p.grad is None else p.grad + g
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
 
 
 def backward_input(outputs, grad_outputs, inputs, params) -> tuple[list, PendingWeights]:
