@@ -138,19 +138,22 @@ def test_pipelined_equals_reference(tmp_path):
         assert names == everything, (replicas, schedule, m, n)
 
 
-@pytest.mark.parametrize("replicas,warmup_depth", [((1, 1, 1, 1), 2), ((2, 1, 1), 3)])
-def test_a_deeper_warmup_equals_reference_and_keeps_what_it_planned(tmp_path, replicas, warmup_depth):
-    """A plan with a deeper 1F1B warm-up (k × DAPPLE's in-flight micro-batches per stage) runs as
-    written: same loss and gradients, and each stage keeps exactly min(M, warm-up + 1) alive."""
+@pytest.mark.parametrize("replicas,warmup_depth,schedule", [((1, 1, 1, 1), 2, "1f1b"), ((2, 1, 1), 3, "1f1b"),
+                                                         ((1, 1, 1, 1), 2, "zb_h1")])
+def test_a_deeper_warmup_equals_reference_and_keeps_what_it_planned(tmp_path, replicas, warmup_depth, schedule):
+    """A plan with a deeper warm-up (k × DAPPLE's in-flight micro-batches per stage) runs as written:
+    same loss and gradients, and each stage keeps exactly what the cost model charges it (1F1B:
+    min(M, warm-up + 1); ZB-H1: min(M, warm-up + 1 + s), its held-back W's)."""
+    from dapple_launch.planner.cost import in_flight
     model = tiny_model()
-    plan = make_plan(model, replicas, "1f1b", 8, 8 * max(replicas), warmup_depth=warmup_depth)
+    plan = make_plan(model, replicas, schedule, 8, 8 * max(replicas), warmup_depth=warmup_depth)
     S = len(replicas)
     assert plan.warmup == tuple(min(8, warmup_depth * (S - s)) - 1 if s < S - 1 else 0 for s in range(S))
-    results = run_ranks(sum(replicas), _compare, ("gpt", replicas, "1f1b", 8, 17, plan.to_json()), tmp_path)
+    results = run_ranks(sum(replicas), _compare, ("gpt", replicas, schedule, 8, 17, plan.to_json()), tmp_path)
     for r in results:
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
         assert r["worst_grad_rel"] < 1e-4
-        assert r["saved_peak"] == min(8, plan.warmup[r["stage"]] + 1)
+        assert r["saved_peak"] == in_flight(schedule, r["stage"], S, 8, plan.warmup)
 
 
 def test_ranks_follow_the_planned_devices(tmp_path):

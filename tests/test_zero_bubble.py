@@ -163,3 +163,29 @@ def test_zero_bubble_alone_is_refused_when_none_of_the_kept_layouts_fits():
     assert one.schedule == "1f1b" and one.num_stages == 4
     with pytest.raises(ValueError, match=r"no plan fits under strategy.schedules=\['zb_h1'\].*allow 1f1b"):
         plan(profile, topo, 4, Limits(schedules=("zb_h1",), micro_batch_size=1, max_warmup_depth=1))
+
+
+def test_a_deeper_zero_bubble_warmup_is_valid_and_keeps_what_the_cost_model_charges():
+    """ZB-H1 with k × the minimal warm-up (k = 2: the paper's ZB-H2 warm-up) on a grid: valid, and the
+    peak the simulator counts is the cost model's in_flight (warm-up + 1 + the s held-back W's)."""
+    from dapple_launch.planner.cost import in_flight
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    for S in range(1, 7):
+        for M in range(S, 3 * S + 2):
+            for depth in (1, 2, 3):
+                warmup = deeper_warmup(S, M, depth)
+                schedule = build_schedule("zb_h1", S, M, warmup)
+                sim = simulate(schedule, [StageCosts(1.0, 2.0)] * S)
+                assert sim.peak_in_flight == [in_flight("zb_h1", s, S, M, warmup) for s in range(S)]
+    with pytest.raises(ValueError, match=r"ZB-H1 warm-up \[1, 2, 0\] is not valid"):
+        zb_h1(3, 4, (1, 2, 0))
+
+
+def test_a_deeper_warmup_hides_a_slow_link_for_zero_bubble_too():
+    """Slow links on the steady cycle: ZB-H1 at twice the minimal warm-up beats its minimal one."""
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    S, M = 4, 16
+    costs = [StageCosts(1.0, 2.0, 1.5, 1.5 if s else 0.0) for s in range(S)]
+    shallow = simulate(zb_h1(S, M), costs).iteration_s
+    deep = simulate(zb_h1(S, M, deeper_warmup(S, M, 2)), costs).iteration_s
+    assert deep < shallow

@@ -99,9 +99,10 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
         devices = [[next(it) for _ in range(r)] for r in replicas]
     starts, stops = [0, *cuts], [*cuts, L]
     layout = tuple(StageSpec(a, z, tuple(ds)) for a, z, ds in zip(starts, stops, devices))
-    if warmup_depth < 1 or (warmup_depth > 1 and limits.schedule != "1f1b"):
-        raise ValueError(f"strategy.warmup_depth={warmup_depth}: must be >= 1 (1 = DAPPLE's minimal warm-up, k = k times "
-                         f"as many micro-batches in flight per stage), and deeper than 1 only with strategy.schedule=1f1b")
+    if warmup_depth < 1 or (warmup_depth > 1 and limits.schedule not in ("1f1b", "zb_h1")):
+        raise ValueError(f"strategy.warmup_depth={warmup_depth}: must be >= 1 (1 = the minimal warm-up, k = k times "
+                         f"as many micro-batches in flight per stage), and deeper than 1 only with strategy.schedule=1f1b "
+                         f"or zb_h1")
     c = evaluate(profile, topology, layout, b, num_micro_batches, limits, warmup_depth=warmup_depth)
     validate(build_schedule(limits.schedule, num_stages, num_micro_batches, c.warmup))
     if not c.fits:

@@ -106,8 +106,8 @@ def speed_ratio(profile: ModelProfile, topology: Topology) -> float:
 def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()) -> int:
     if schedule == "gpipe":
         return num_micro_batches
-    if schedule == "zb_h1":  # F to W: S - s - 1 warm-up, one in the steady pair, s W's held back
-        return min(num_stages, num_micro_batches)
+    if schedule == "zb_h1":  # F to W: the warm-up, one in the steady pair, s W's held back
+        return zero_bubble.in_flight(stage, num_stages, num_micro_batches, warmup or None)
     if warmup:
         return min(warmup[stage] + 1, num_micro_batches)
     return min(num_stages - stage, num_micro_batches)
@@ -209,14 +209,13 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
     S = len(layout)
     warmup = ()
     if warmup_depth > 1:
-        if limits.schedule != "1f1b":
-            raise ValueError(f"warm-up depth {warmup_depth} needs the 1f1b schedule, not {limits.schedule}")
+        if limits.schedule not in SIMULATED:
+            raise ValueError(f"warm-up depth {warmup_depth} needs a schedule with a warm-up ({sorted(SIMULATED)}), "
+                             f"not {limits.schedule}")
         warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
     memory = memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
-    if warmup:
-        iteration_s = iteration_time(_warmup_orders(S, num_micro_batches, warmup), costs, num_micro_batches)
-    elif limits.schedule in SIMULATED:
-        iteration_s = iteration_time(SIMULATED[limits.schedule](S, num_micro_batches), costs, num_micro_batches)
+    if warmup or limits.schedule != "1f1b" and limits.schedule in SIMULATED:
+        iteration_s = iteration_time(SIMULATED[limits.schedule](S, num_micro_batches, warmup), costs, num_micro_batches)
     else:
         iteration_s = formula_iteration_s(costs, num_micro_batches, limits.schedule)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
@@ -225,12 +224,8 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
 
 
 @lru_cache(maxsize=64)
-def _zb_h1_orders(num_stages: int, num_micro_batches: int):
-    return zero_bubble.compute_orders(num_stages, num_micro_batches)
-
-
-# schedules without a closed form: the simulator of their compute orders costs every candidate
-SIMULATED = {"zb_h1": _zb_h1_orders}
+def _zb_h1_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()):
+    return zero_bubble.compute_orders(num_stages, num_micro_batches, warmup or None)
 
 
 @lru_cache(maxsize=64)
@@ -238,6 +233,11 @@ def _warmup_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, .
     """A deeper warm-up's compute orders, shared by every layout of that shape (deeper_warmup's
     warm-ups are valid by construction; iteration_time refuses orders that deadlock)."""
     return compute_orders(num_stages, num_micro_batches, warmup)
+
+
+# the simulator of their compute orders costs every candidate: ZB-H1 always (no closed form), 1F1B
+# when its warm-up is deeper than DAPPLE's (the closed form's windows do not model it)
+SIMULATED = {"zb_h1": _zb_h1_orders, "1f1b": _warmup_orders}
 
 
 def simulate_costed(c: Costed):

@@ -7,16 +7,17 @@ from .one_f_one_b import one_f_one_b
 from .zero_bubble import zb_h1
 
 SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe, "zb_h1": zb_h1}
+WARMUP_SCHEDULES = ("1f1b", "zb_h1")  # those whose warm-up may be deeper than the minimum
 
 
 def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()) -> Schedule:
-    """`warmup` (1F1B only): forwards each stage runs before its first backward; () = DAPPLE's minimum."""
+    """`warmup` (1F1B and ZB-H1): forwards each stage runs before its first backward; () = the minimum."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}")
     if warmup:
-        if name != "1f1b":
-            raise ValueError(f"a warm-up depth is a 1F1B setting; schedule {name!r} takes none")
-        return one_f_one_b(num_stages, num_micro_batches, tuple(warmup))
+        if name not in WARMUP_SCHEDULES:
+            raise ValueError(f"a warm-up depth is a setting of {sorted(WARMUP_SCHEDULES)}; schedule {name!r} takes none")
+        return SCHEDULES[name](num_stages, num_micro_batches, tuple(warmup))
     return SCHEDULES[name](num_stages, num_micro_batches)
 
 

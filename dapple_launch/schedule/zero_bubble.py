@@ -16,20 +16,32 @@ from collections import deque
 from .actions import Action, Kind, Schedule, with_communication
 
 
-def zb_h1(num_stages: int, num_micro_batches: int) -> Schedule:
+def zb_h1(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> Schedule:
+    """`warmup[s]`: forwards stage s runs before its first I (default S - s - 1, as 1F1B; deeper, as
+    one_f_one_b.deeper_warmup, lets a stage run ahead of slow links for warmup[s] + 1 + s micro-batches
+    of memory: with twice the minimum this is the paper's ZB-H2 warm-up)."""
     if num_micro_batches < 1:
         raise ValueError(f"ZB-H1 needs at least 1 micro-batch, got {num_micro_batches}")
-    return with_communication("zb_h1", compute_orders(num_stages, num_micro_batches), num_micro_batches)
+    S, M = num_stages, num_micro_batches
+    if warmup is not None:
+        warmup = tuple(warmup)
+        least = [min(S - s - 1, M) for s in range(S)]
+        if len(warmup) != S or any(not least[s] <= w <= M for s, w in enumerate(warmup)) \
+                or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
+            raise ValueError(f"ZB-H1 warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
+                             f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage; "
+                             f"e.g. {least}")
+    return with_communication("zb_h1", compute_orders(S, M, warmup), M)
 
 
-def compute_orders(num_stages: int, num_micro_batches: int) -> list[list[Action]]:
+def compute_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> list[list[Action]]:
     S, M = num_stages, num_micro_batches
     forward = [Action(Kind.FORWARD, m) for m in range(M)]
     input_grad = [Action(Kind.INPUT_GRAD, m) for m in range(M)]
     weight_grad = [Action(Kind.WEIGHT_GRAD, m) for m in range(M)]
     orders = []
     for s in range(S):
-        warm = min(S - s - 1, M)
+        warm = min(S - s - 1, M) if warmup is None else warmup[s]
         order = forward[:warm]
         pending: deque[int] = deque()
         next_f, next_i = warm, 0
@@ -49,6 +61,8 @@ def compute_orders(num_stages: int, num_micro_batches: int) -> list[list[Action]
     return orders
 
 
-def in_flight(stage: int, num_stages: int, num_micro_batches: int) -> int:
-    """Most micro-batches whose activations stage `stage` holds at once (F to W)."""
-    return min(num_stages, num_micro_batches)
+def in_flight(stage: int, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> int:
+    """Most micro-batches whose activations stage `stage` holds at once (F to W): its warm-up, the
+    one of the steady pair, and the s W's it holds back."""
+    warm = min(num_stages - stage - 1, num_micro_batches) if not warmup else warmup[stage]
+    return min(warm + 1 + stage, num_micro_batches)
