@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -22,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from dapple_launch.models import build_model  # noqa: E402
 from dapple_launch.plan_config import shipped_topology  # noqa: E402
-from dapple_launch.planner.cost import Limits, simulate_costed  # noqa: E402
+from dapple_launch.planner.cost import Limits, simulate_costed, speed_ratio  # noqa: E402
+from dapple_launch.planner.schedules import choose  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
 from dapple_launch.profile import analytic_profile, read_profile_file  # noqa: E402
@@ -49,13 +51,22 @@ def load_profile(file: str, pbs: int, scale: float):
 def row(name, profile, topo, G, limits):
     gc.collect()  # each row from a collected heap, as a fresh `python -m dapple_launch` plans
     t0 = time.perf_counter()
-    best, _, baselines, stats = search(profile, topo, G, limits)
+    best, runners_up, baselines, stats = search(profile, topo, G, replace(limits, schedule="1f1b"))
+    one_f_one_b = best
+    if best is not None and limits.schedules:  # then the schedule, as plan() chooses it (planner/schedules.py)
+        best, _ = choose(profile, topo, G, limits, [best, *runners_up])
     wall = time.perf_counter() - t0
     if best is None:
         return {"model": name, "cluster": topo.name, "G": G, "plan": "none fits", "wall_s": wall}
     sim = simulate_costed(best).iteration_s
+    # the compute bound: every layer's forward and backward over the global batch, shared by every
+    # device, no communication and no bubble
+    bound = sum(x.forward_s + x.backward_s for x in profile.layers) * speed_ratio(profile, topo) * G \
+        / profile.batch_size / topo.num_devices
     return {
         "model": name, "cluster": topo.name, "G": G, "plan": best.summary(), "iteration_s": best.iteration_s,
+        "schedule": best.schedule, "speedup_over_1f1b": one_f_one_b.iteration_s / best.iteration_s,
+        "compute_bound_share": bound / best.iteration_s, "compute_bound_share_1f1b": bound / one_f_one_b.iteration_s,
         "speedup": {SHORT[k]: (v.iteration_s / best.iteration_s if v else None) for k, v in baselines.items()},
         "sim_error": best.iteration_s / sim - 1, "proven": stats.proven_optimal, "proven_gap": stats.proven_gap, "nodes": stats.nodes,
         "wall_s": wall,
@@ -76,12 +87,13 @@ def main() -> None:
     ap.add_argument("--long-budget", type=int, default=1_000_000,
                     help="re-plan the rows the default budget did not prove with this many candidates (0: skip)")
     args = ap.parse_args()
-    limits = Limits()
+    limits = Limits(schedules=("1f1b", "zb_h1"))
     rows = []
     clusters = ["v100x16", "a100x64"] if args.quick else CLUSTERS
     batches = [128] if args.quick else BATCHES
-    print("| model | cluster | G | chosen plan | iter ms | × DP | × GPipe | × PipeDream | × P:Q | × straight | sim err | proven | plan s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | cluster | G | chosen plan | iter ms | × 1F1B only | share of compute bound | × DP | × GPipe | × PipeDream "
+          "| × P:Q | × straight | sim err | proven (1F1B) | plan s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, file, pbs, scale in PROFILES:
         profile = load_profile(file, pbs, scale)
         for c in clusters:
@@ -90,14 +102,22 @@ def main() -> None:
                 r = row(name, profile, topo, G, limits)
                 rows.append(r)
                 if "iteration_s" not in r:
-                    print(f"| {name} | {c} | {G} | none fits | | | | | | | | | {r['wall_s']:.2f} |")
+                    print(f"| {name} | {c} | {G} | none fits | | | | | | | | | | | {r['wall_s']:.2f} |")
                     continue
                 sp = " | ".join(f"{r['speedup'][k]:.2f}" if r["speedup"].get(k) else "n/a"
                                 for k in ("DP", "GPipe", "PipeDream", "P:Q", "straight"))
-                print(f"| {name} | {c} | {G} | {r['plan']} | {r['iteration_s'] * 1e3:.1f} | {sp} | "
+                print(f"| {name} | {c} | {G} | {r['plan']} | {r['iteration_s'] * 1e3:.1f} | {r['speedup_over_1f1b']:.3f} | "
+                      f"{r['compute_bound_share']:.3f} | {sp} | "
                       f"{r['sim_error']:+.1%} | {proven(r)} | {r['wall_s']:.2f} |", flush=True)
                 r["profile"], r["cluster_conf"] = (file, pbs, scale), c
                 Path(args.out).write_text(json.dumps(rows, indent=2))
+    sixteen = [r for r in rows if r["G"] == 128 and "iteration_s" in r and topology(r["cluster_conf"]).num_devices == 16]
+    if sixteen:
+        geo = {k: math.exp(sum(math.log(r[k]) for r in sixteen) / len(sixteen))
+               for k in ("compute_bound_share", "compute_bound_share_1f1b")}
+        print(f"\n16-device rows at G=128 ({len(sixteen)}): geometric-mean share of the compute bound "
+              f"{geo['compute_bound_share']:.3f} (1F1B alone {geo['compute_bound_share_1f1b']:.3f})")
+        rows.append({"summary": "16-device rows at G=128", **geo})
     open_rows = [r for r in rows if r.get("proven_gap")]
     if args.long_budget and open_rows:
         print(f"\nrows the default budget ({limits.search_nodes} candidates) did not prove, re-planned with "
