@@ -7,7 +7,7 @@
 2. saved activation bytes per stage (saved-tensor hooks, exact) against the simulator's peak
    in-flight count × one micro-batch's saved bytes.
 3. compute rows: real layers (Linear + GELU): CPU seconds per rank per iteration, ZB-H1 / 1F1B: what
-   splitting the backward into I and W costs (runtime/split_backward.py).
+   splitting the backward into I and W costs (models/split_backward.py).
 
     python benchmarks/zero_bubble.py [--quick] [--iterations N] [--out zero_bubble.json]
 

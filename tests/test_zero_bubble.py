@@ -189,3 +189,31 @@ def test_a_deeper_warmup_hides_a_slow_link_for_zero_bubble_too():
     shallow = simulate(zb_h1(S, M), costs).iteration_s
     deep = simulate(zb_h1(S, M, deeper_warmup(S, M, 2)), costs).iteration_s
     assert deep < shallow
+
+
+def test_a_measured_weight_share_sets_each_stages_split_and_the_first_stage_is_all_w():
+    """Profiles that time W (measured ones) give each stage W = its backward × the stage's measured W
+    share; without it the rule is half; the first stage's split backward is all W either way."""
+    from dataclasses import replace as dc_replace
+
+    from dapple_launch.planner.cost import StageSpec, stage_costs
+    from dapple_launch.profile import LayerProfile, chain
+    layers = [LayerProfile(f"l{i}", 1e-3, 4e-3, 1e6, 1e6, weight_grad_s=w) for i, w in enumerate([1e-3, 3e-3, 1e-3, 2e-3])]
+    profile = chain("m", layers, batch_size=2)
+    topo = Topology("t", 1, 2, 8e9, 10, 20e9, 5e9)
+    layout = (StageSpec(0, 2, (0,)), StageSpec(2, 4, (1,)))
+    first, second = stage_costs(profile, topo, layout, 2)
+    assert first.weight_s == first.backward_s
+    assert second.weight_s == pytest.approx(second.backward_s * 3e-3 / 8e-3)
+    unmeasured = chain("m", [dc_replace(x, weight_grad_s=None) for x in layers], batch_size=2)
+    assert stage_costs(unmeasured, topo, layout, 2)[1].weight_s == pytest.approx(second.backward_s / 2)
+
+
+def test_the_measuring_profiler_times_the_split_backward():
+    from dapple_launch.models import build_model
+    from dapple_launch.profile.measure import measure_profile
+    model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=8, vocab_size=40)
+    profile = measure_profile(model, 2, use_cache=False, repeats=1)
+    for layer in profile.layers:
+        assert layer.weight_grad_s is not None and 0.0 <= layer.weight_grad_s <= layer.backward_s
+    assert profile.weight_share(1, profile.num_layers) is not None

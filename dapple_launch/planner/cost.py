@@ -149,11 +149,12 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
             params = profile.span(st.start, st.stop)[3]
             f, b = profile.seconds(st.start, st.stop, n)
             memo[key] = (f * speed, b * speed, topology.allreduce_s(st.devices, params),
-                         profile.kept_bytes(st.start, st.stop, n))
-        f, b, allreduce, activation = memo[key]
-        # the first stage's input needs no gradient: its split backward is all W (runtime/split_backward.py)
+                         profile.kept_bytes(st.start, st.stop, n), profile.weight_share(st.start, st.stop))
+        f, b, allreduce, activation, share = memo[key]
+        # the first stage's input needs no gradient: its split backward is all W (models/split_backward.py);
+        # elsewhere W's measured share of the backward, or the simulator's rule (half) when not measured
         costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation,
-                                weight_grad_s=None if s else b))
+                                weight_grad_s=b if s == 0 else None if share is None else b * share))
     for layers, nbytes in profile.tied:
         # A weight several stages hold (a tied embedding): after their own all-reduces, the stages
         # holding a copy sum its gradient among all their devices (runtime/tied.py).

@@ -18,6 +18,7 @@ import torch
 
 from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer
 from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
+from ..models.split_backward import backward_input
 from .model_profile import LayerProfile, ModelProfile, chain
 
 
@@ -45,7 +46,8 @@ def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str
     # "saved": from before parameters were left out of the saved bytes
     from ..models import identity
     ident = json.dumps({"model": identity(model), "batch": batch_size, "device": device, "fit": "per-call",
-                        "precision": precision, "saved": "no-parameters, fixed part"}, sort_keys=True, default=str)
+                        "precision": precision, "saved": "no-parameters, fixed part", "split": "I and W"},
+                       sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
@@ -56,7 +58,9 @@ def _sync(device: torch.device) -> None:
 
 def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int,
                  precision: str = "32") -> list[tuple]:
-    """Per layer: (name, forward s, backward s, output bytes, parameter bytes, saved bytes) on one batch."""
+    """Per layer: (name, forward s, backward s, output bytes, parameter bytes, saved bytes, W s) on one
+    batch; W s: the weight gradients' part of a split backward (models/split_backward.py), timed on a
+    second forward of the same repetition."""
     x, _ = model.batch(batch_size, torch.Generator().manual_seed(seed), device=dev)
     x = as_tuple(x)
     out = []
@@ -64,7 +68,7 @@ def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repea
         layer = build_layer(spec, i, seed).to(dev)
         params = sum(nbytes(p) for p in layer.parameters())
         owned = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-        fwd, bwd = [], []
+        fwd, bwd, wgt = [], [], []
         for rep in range(repeats + 1):
             x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
             saved = []
@@ -84,11 +88,28 @@ def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repea
                 torch.autograd.backward(roots, ones)
             _sync(dev)
             t2 = time.perf_counter()
+            # the same backward split: I to the layer's inputs, then W from where the weights join
+            with autocast(dev.type, precision):
+                y2 = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+            roots2, ones2 = backward_roots(y2)
+            _sync(dev)
+            t3 = t4 = t5 = time.perf_counter()
+            if roots2:
+                _, weights = backward_input(roots2, ones2, [t for t in x_in if t.requires_grad],
+                                            list(layer.parameters()))
+                _sync(dev)
+                t4 = time.perf_counter()
+                weights.run()
+                _sync(dev)
+                t5 = time.perf_counter()
             if rep:  # the first run warms up kernels and allocator
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
-        out.append((spec.name, statistics.median(fwd), statistics.median(bwd), float(wire_bytes(y, MIXED.get(precision))),
-                    float(params), float(sum(saved))))
+                if t5 > t3:  # W's share of this split backward (a ratio within one run: robust to noise)
+                    wgt.append((t5 - t4) / (t5 - t3))
+        b = statistics.median(bwd)
+        out.append((spec.name, statistics.median(fwd), b, float(wire_bytes(y, MIXED.get(precision))),
+                    float(params), float(sum(saved)), b * statistics.median(wgt) if wgt else 0.0))
         x = tuple(t.detach() for t in as_tuple(y))
     return out
 
@@ -115,8 +136,8 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
     at_large = _time_layers(model, large, dev, repeats, seed, precision)
     layers = [LayerProfile(name_, f, b, out, params, saved_bytes=saved,
                            forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large),
-                           saved_fixed_bytes=per_call(saved, saved4, small, large))
-              for (name_, f, b, out, params, saved), (_, f4, b4, _o, _p, saved4) in zip(at_small, at_large)]
+                           saved_fixed_bytes=per_call(saved, saved4, small, large), weight_grad_s=w)
+              for (name_, f, b, out, params, saved, w), (_, f4, b4, _o, _p, saved4, _w) in zip(at_small, at_large)]
     profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name, precision=precision)
     if use_cache:
         write_cached(path, profile.to_json())

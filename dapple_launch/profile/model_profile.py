@@ -25,6 +25,9 @@ class LayerProfile:
     # The part of saved_bytes that a call keeps whatever its batch: under mixed precision, the
     # half-precision copies of the weights each micro-batch's forward makes and its backward reads.
     saved_fixed_bytes: float = 0.0
+    # Of backward_s, the weight gradients' part when the backward is split (zero-bubble schedules:
+    # I then W), as measured (profile/measure.py); None: not measured, the cost model's rule applies.
+    weight_grad_s: float | None = None
 
     @property
     def memory_bytes(self) -> float:
@@ -114,6 +117,14 @@ class ModelProfile:
         ff, bf = p["ff"][stop] - p["ff"][start], p["bf"][stop] - p["bf"][start]
         f, b = p["f"][stop] - p["f"][start], p["b"][stop] - p["b"][start]
         return ff + (f - ff) * n, bf + (b - bf) * n
+
+    def weight_share(self, start: int, stop: int) -> float | None:
+        """W's share of the backward of layers [start, stop) when every one was measured split, else None."""
+        layers = self.layers[start:stop]
+        if any(x.weight_grad_s is None for x in layers):
+            return None
+        total = sum(x.backward_s for x in layers)
+        return min(1.0, sum(x.weight_grad_s for x in layers) / total) if total > 0 else None
 
     @property
     def parameter_bytes(self) -> float:

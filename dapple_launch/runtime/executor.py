@@ -21,7 +21,7 @@ from .grid import split_bounds
 from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .precision import MixedPrecision
-from .split_backward import backward_input
+from ..models.split_backward import backward_input
 
 
 class _NoWeights:

@@ -1,5 +1,7 @@
 """The backward split in two for zero-bubble schedules: I (input gradient) now, W (weights) later.
 
+Used by the runtime (runtime/executor.py) and timed per layer by the measuring profiler.
+
 I runs autograd from the stage's outputs to its inputs only; the engine then skips every weight
 gradient (a node computes only the outputs some requested input needs). On the way it records, at
 each node where a weight's branch joins that path (an *anchor*: e.g. the matmul whose other operand
