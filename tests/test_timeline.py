@@ -12,10 +12,11 @@ from dapple_launch.runtime.timeline import COLOURS, measured_iteration, predicte
 from dapple_launch.schedule import build_schedule
 
 
-def _plan():
+def _plan(schedule="1f1b"):
     model = build_model("gpt", "tiny", num_layers=4, hidden=32, heads=2, seq_len=8, vocab_size=40)
     topo = Topology("t", 1, 3, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
-    return fixed_plan(analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 8, 2, [2, 1], 4, Limits())
+    return fixed_plan(analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 8, 2, [2, 1], 4,
+                      Limits(schedule=schedule))
 
 
 def _recorded(plan, t0=1000.0, step_s=0.01):
@@ -54,3 +55,18 @@ def test_timeline_numbers_and_picture(tmp_path):
     forwards += sum(1 for r in pred["ranks"] for e in r["events"] if e["kind"] == "forward")
     assert fills.count(COLOURS["forward"]) == forwards + 1  # + the legend's swatch
     assert fills.count(COLOURS["allreduce"]) >= 2  # measured and predicted all-reduce of the 2-replica stage
+
+
+def test_a_zero_bubble_timeline_draws_input_and_weight_gradients_apart(tmp_path):
+    """ZB-H1: every I and W, measured and predicted, in its own colour, with a legend entry each."""
+    plan = _plan("zb_h1")
+    grid = ProcessGrid.from_plan(plan)
+    its = [measured_iteration(step, _recorded(plan), grid) for step in (2, 3, 4)]
+    pred = predicted(plan)
+    _, svg_path = write_timeline(tmp_path, plan, its)
+    fills = [r.get("fill") for r in ET.parse(svg_path).getroot().iter("{http://www.w3.org/2000/svg}rect")]
+    for kind in ("input", "weight"):
+        drawn = sum(1 for it in (its[0], pred) for r in it["ranks"] for e in r["events"] if e["kind"] == kind)
+        assert drawn >= 2 * plan.num_micro_batches  # (both stages, measured and predicted)
+        assert fills.count(COLOURS[kind]) == drawn + 1  # + the legend's swatch
+    assert fills.count(COLOURS["backward"]) == 1  # only the legend's: no whole backward in ZB-H1
