@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT))
 from dapple_launch.models import build_model  # noqa: E402
 from dapple_launch.plan_config import shipped_topology  # noqa: E402
 from dapple_launch.planner.cost import Limits, simulate_costed, speed_ratio  # noqa: E402
-from dapple_launch.planner.schedules import choose  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
 from dapple_launch.profile import analytic_profile, read_profile_file  # noqa: E402
@@ -51,11 +50,9 @@ def load_profile(file: str, pbs: int, scale: float):
 def row(name, profile, topo, G, limits):
     gc.collect()  # each row from a collected heap, as a fresh `python -m dapple_launch` plans
     t0 = time.perf_counter()
-    best, runners_up, baselines, stats = search(profile, topo, G, replace(limits, schedule="1f1b"))
-    one_f_one_b = best
-    if best is not None and limits.schedules:  # then the schedule, as plan() chooses it (planner/schedules.py)
-        best, _ = choose(profile, topo, G, limits, [best, *runners_up])
+    best, _, baselines, stats = search(profile, topo, G, limits)  # layout and schedule family together
     wall = time.perf_counter() - t0
+    one_f_one_b = search(profile, topo, G, replace(limits, schedules=("1f1b",)))[0] if limits.schedules else best
     if best is None:
         return {"model": name, "cluster": topo.name, "G": G, "plan": "none fits", "wall_s": wall}
     sim = simulate_costed(best).iteration_s
@@ -92,7 +89,7 @@ def main() -> None:
     clusters = ["v100x16", "a100x64"] if args.quick else CLUSTERS
     batches = [128] if args.quick else BATCHES
     print("| model | cluster | G | chosen plan | iter ms | × 1F1B only | share of compute bound | × DP | × GPipe | × PipeDream "
-          "| × P:Q | × straight | sim err | proven (1F1B) | plan s |")
+          "| × P:Q | × straight | sim err | proven | plan s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, file, pbs, scale in PROFILES:
         profile = load_profile(file, pbs, scale)

@@ -28,6 +28,26 @@ def random_profile(rng: random.Random, layers: int):
     return chain("rand", out, batch_size=4)
 
 
+def all_layouts(profile, topology, b, max_stages):
+    """Every layout of the planner's space for micro-batch size b."""
+    L, D, k = profile.num_layers, topology.num_devices, topology.devices_per_node
+
+    def layouts(i, d, acc, b):
+        if i == L:
+            yield tuple(acc)
+            return
+        if len(acc) == max_stages or d >= D:
+            return
+        starts = [d] if d % k == 0 or d // k == (D - 1) // k else [d, (d // k + 1) * k]
+        for start in starts:
+            for r in replica_choices(topology, b):
+                if start + r > D:
+                    break
+                for z in range(i + 1, L + 1):
+                    yield from layouts(z, start + r, [*acc, StageSpec(i, z, tuple(range(start, start + r)))], b)
+    return layouts(0, 0, [], b)
+
+
 def brute_force(profile, topology, G, limits):
     """Every layout of the planner's space with every warm-up depth it may take, scored by the same
     cost model (deeper warm-ups by the simulator): the exhaustive optimum."""

@@ -45,6 +45,7 @@ class SearchStats:
     seconds: float = 0.0
     proven_optimal: bool = True  # False when the node budget ended the search first
     proven_gap: float = 0.0  # the result is at most this fraction above the optimum (a proven bound)
+    gap_without_zero_bubble: float | None = None  # the same over 1F1B plans alone, when ZB-H1 was searched too
 
 
 def replica_choices(topology: Topology, limit: int) -> list[int]:
@@ -297,12 +298,16 @@ class Prefix(NamedTuple):
     down: float  # down_s of the last placed stage
     finish: float  # max over placed stages (and links) of the least end time that implies
     starts: tuple[tuple[float, float, float, float], ...]  # per stage (a_s, F_s, B_s, down_s)
+    # Any schedule, a split backward's included (planner/schedules.py): stage s starts no earlier than
+    # a_s, computes M t_s and all-reduces after its last weight gradient: max over s of a_s + M t_s + AR_s.
+    compute_end: float = 0.0
 
     def then(self, a: int, z: int, devices: tuple[int, ...], f: float, bk: float, link_in: float, ar: float,
              windows: bool, M: int) -> Prefix:
         t = f + bk
         if not self.stages:
-            return Prefix(((a, z, devices),), (t,), (), t, t, f, bk, ar, ar, bk, ar, M * t + ar, ((0.0, f, bk, ar),))
+            return Prefix(((a, z, devices),), (t,), (), t, t, f, bk, ar, ar, bk, ar, M * t + ar, ((0.0, f, bk, ar),),
+                          M * t + ar)
         beta = max(self.beta, t, link_in)
         if windows:  # 1F1B: the windows ending at the new stage (cost.py)
             window, n = t, 1
@@ -319,7 +324,8 @@ class Prefix(NamedTuple):
         return Prefix(self.stages + ((a, z, devices),), self.times + (t,), self.links + (link_in,), beta,
                       self.total + 2 * link_in + t, self.forward + link_in + f, behind + bk,
                       max(self.tail, ar - behind), self.ar0, bk, down, finish,
-                      self.starts + ((self.forward + link_in, f, bk, down),))
+                      self.starts + ((self.forward + link_in, f, bk, down),),
+                      max(self.compute_end, self.forward + link_in + M * t + ar))
 
 
 _EMPTY = Prefix((), (), (), 0.0, 0.0, 0.0, 0.0, -math.inf, 0.0, 0.0, 0.0, 0.0, ())

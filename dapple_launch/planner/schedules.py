@@ -1,73 +1,167 @@
-"""Which schedule runs the chosen layout: 1F1B's layout search, then every other family that applies.
+"""The schedule family, searched with the layout: 1F1B (and its warm-ups) and zero bubble (ZB-H1).
 
-The layout search (branch.py, warmup.py) proves its gap under 1F1B, whose bounds it was built on.
-ZB-H1 runs the same layouts with the backward split (schedule/zero_bubble.py); its bubble is
-smaller but it keeps S micro-batches on every stage where 1F1B keeps S - s, so it may not fit
-where 1F1B does. Every layout the search kept (the best and its runners-up, each at its micro-batch
-size) is costed under each allowed schedule by the simulator at every warm-up depth up to
-strategy.max_warmup_depth, memory checked; local search under the family improves the best few;
-the fastest that fits wins. What is proven is stated as such: the gap is over 1F1B layouts; the schedule is the best
-of the allowed families on the layouts the search kept.
+ZB-H1 (schedule/zero_bubble.py) splits the backward: its bubble is smaller, but it keeps s more
+micro-batches on stage s than 1F1B, and with a split backward the 1F1B bounds (bounds.py,
+warmup.py) do not hold: a stage's last input gradient can leave long before its last weight
+gradient, so its backward round trips are shorter. Its own pass, after the 1F1B passes:
+
+1. starts: every layout the 1F1B search found good, costed under ZB-H1 by the simulator at every
+   warm-up depth that fits, then local search under ZB-H1 from the best few (a strong incumbent);
+2. an exact branch and bound over the same tree (ZeroBubbleSearch), cut by a bound valid for any
+   schedule: stage s cannot start before the first micro-batch reaches it (a_s), computes M t_s
+   and all-reduces after its last weight gradient, so T >= max_s a_s + M t_s + AR_s; the stages
+   still to come are bounded by their least bottleneck after the reach. Each leaf is simulated at
+   every warm-up depth that fits.
+
+The proven gap is then over both families: the least lower bound of anything either pass left.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
+from ..schedule.one_f_one_b import deeper_warmup
+from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime, replica_choices
 from .build import MIN_MICRO_BATCHES
-from .branch import replica_choices
-from .cost import Costed, Limits, evaluate
+from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
-from .warmup import WARMUP_MAX_ACTIONS
+from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS
 
-# families costed on the layouts the 1F1B search keeps (the search itself runs 1F1B or GPipe)
-ON_SEARCHED_LAYOUTS = ("zb_h1",)
-# of the node budget, what local search under such a family may spend (each neighbour is simulated)
+FAMILY = "zb_h1"
+# of the node budget, what local search under ZB-H1 may spend (each neighbour is simulated), and what
+# its exact pass may score on top of the 1F1B passes' budget
 DESCENT_SHARE = 1 / 8
+SWEEP_SHARE = 1 / 4
+
+
+def allowed(limits: Limits) -> tuple[str, ...]:
+    return limits.schedules or (limits.schedule,)
 
 
 def search_family(limits: Limits) -> str:
-    """The schedule the layout search runs under: 1F1B whenever a family sharing its layouts is allowed."""
-    allowed = limits.schedules or (limits.schedule,)
-    return "gpipe" if set(allowed) == {"gpipe"} else "1f1b"
+    """The schedule the layout search runs under: 1F1B whenever ZB-H1 or 1F1B is allowed."""
+    return "gpipe" if set(allowed(limits)) == {"gpipe"} else "1f1b"
 
 
-def choose(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-           kept: list[Costed], starts: int = 3) -> tuple[Costed | None, list[Costed]]:
-    """(best over the allowed schedules, every candidate costed, fastest first)."""
-    allowed = limits.schedules or (limits.schedule,)
-    out = [c for c in kept if c.schedule in allowed]
-    for family in ON_SEARCHED_LAYOUTS:
-        if family not in allowed:
+def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
+    """(depth, warm-up) for depth 1 (the minimal warm-up, ()) up to max_warmup_depth, each distinct."""
+    out, previous = [(1, ())], deeper_warmup(num_stages, num_micro_batches, 1)
+    for depth in range(2, limits.max_warmup_depth + 1):
+        if num_stages * num_micro_batches > WARMUP_MAX_ACTIONS:
+            break
+        warmup = deeper_warmup(num_stages, num_micro_batches, depth)
+        if warmup == previous:
+            break
+        out.append((depth, warmup))
+        previous = warmup
+    return out
+
+
+def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
+           kept: list[Costed], top: int = 3) -> list[Costed]:
+    """ZB-H1 on the layouts found so far, at every depth that fits, and local search from the best few."""
+    fam = replace(limits, schedule=FAMILY)
+    seen, costed = set(), []
+    for c in sorted(kept, key=lambda c: c.iteration_s):
+        key = (c.layout, c.micro_batch_size)
+        if key in seen or c.num_micro_batches < MIN_MICRO_BATCHES[FAMILY](len(c.layout)):
             continue
-        fam = replace(limits, schedule=family)
-        seen, costed = set(), []
-        for c in kept:
-            key = (c.layout, c.micro_batch_size)
-            if key in seen or c.num_micro_batches < MIN_MICRO_BATCHES[family](len(c.layout)):
-                continue
-            seen.add(key)
-            for depth in range(1, limits.max_warmup_depth + 1):  # a deeper warm-up hides slow links, as for 1F1B
-                if depth > 1 and len(c.layout) * c.num_micro_batches > WARMUP_MAX_ACTIONS:
-                    break
-                z = evaluate(profile, topology, c.layout, c.micro_batch_size, c.num_micro_batches, fam,
-                             warmup_depth=depth, costs=c.costs)
-                if z.fits:
-                    z.extra["over"] = c  # the 1F1B candidate of the same layout, for the plan's note
-                    costed.append(z)
-        # The family's own optimum lies elsewhere (a smaller bubble rewards more stages): local
-        # search under it, each neighbour simulated, from its best few starts.
-        from .search import micro_batch_sizes  # (search.py imports this module)
-        allowed_replicas = replica_choices(topology, global_batch)
-        sizes = micro_batch_sizes(global_batch, limits)
-        for z in sorted(costed, key=lambda c: c.iteration_s)[:starts]:
-            if any(s.replicas not in allowed_replicas for s in z.layout) or shape_of(z, topology).layout(topology) != z.layout:
-                continue
-            better, _ = descend(z, profile, topology, global_batch, fam, allowed_replicas, sizes,
-                                cost_budget=limits.search_nodes * DESCENT_SHARE / starts)
-            if better is not z:
-                costed.append(better)
-        out += costed
-    out.sort(key=lambda c: c.iteration_s)
-    return (out[0] if out else None), out
+        seen.add(key)
+        for depth, _ in depths(len(c.layout), c.num_micro_batches, limits):
+            z = evaluate(profile, topology, c.layout, c.micro_batch_size, c.num_micro_batches, fam,
+                         warmup_depth=depth, costs=c.costs)
+            if not z.fits:
+                break  # deeper keeps more
+            if c.schedule != FAMILY:
+                z.extra["over"] = c  # the layout's plan under the family it was found with, for the plan's note
+            costed.append(z)
+    from .search import micro_batch_sizes  # (search.py imports this module)
+    allowed_replicas = replica_choices(topology, global_batch)
+    sizes = micro_batch_sizes(global_batch, limits)
+    out = list(costed)
+    for z in sorted(costed, key=lambda c: c.iteration_s)[:top]:
+        if any(s.replicas not in allowed_replicas for s in z.layout) or shape_of(z, topology).layout(topology) != z.layout:
+            continue
+        better, _ = descend(z, profile, topology, global_batch, fam, allowed_replicas, sizes,
+                            cost_budget=limits.search_nodes * DESCENT_SHARE / top)
+        if better is not z:
+            out.append(better)
+    return out
+
+
+class ZeroBubbleSearch(BranchAndBound):
+    """The branch and bound of one micro-batch size over layouts under ZB-H1 (module doc)."""
+
+    @classmethod
+    def over(cls, base: BranchAndBound) -> "ZeroBubbleSearch":
+        x = cls.__new__(cls)
+        x.__dict__.update(base.__dict__)
+        x.windows, x._root_bound, x.seed = False, None, None
+        x.family = replace(base.limits, schedule=FAMILY)
+        x.max_stages = max(s for s in range(1, x.max_stages + 1) if MIN_MICRO_BATCHES[FAMILY](s) <= x.M or s == 1)
+        return x
+
+    def run(self) -> Costed | None:
+        self._explore()
+        return self.best
+
+    def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
+        placed = placed or _EMPTY
+        if i == self.L:
+            return placed.compute_end
+        left = self.D - d
+        if left == 0 or not math.isfinite(self.suffix[i, d]):
+            return math.inf  # no device left, or no cut of the remaining layers fits in memory
+        out_link = 0.0
+        if placed.stages:  # the transfer out of the last placed stage: its share over the fastest link
+            total = self.p.cut_bytes[i - 1] * self.b / self.pbs
+            out_link = self.fast_lat + total / len(placed.stages[-1][2]) / self.fast_bw
+        reach = placed.forward + out_link  # when the first micro-batch reaches the next stage
+        rest = self.rest_work_per_sample(i) * self.b / left  # some later stage computes at least this per micro-batch
+        # some later stage (or link) takes at least the least bottleneck per micro-batch, M times, after the reach
+        return max(placed.compute_end, reach + self.M * max(rest, float(self.suffix[i, d])))
+
+    def _leaf(self, placed: Prefix) -> None:
+        self.stats.leaves += 1
+        S, M = len(placed.stages), self.M
+        if M < MIN_MICRO_BATCHES[FAMILY](S):
+            return
+        layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
+        costs = stage_costs(self.p, self.t, layout, self.b)
+        for depth, warmup in depths(S, M, self.limits):
+            if max(memory_per_device(self.p, layout, costs, M, self.family, warmup)) > self.cap:
+                return  # a deeper warm-up keeps more micro-batches: it does not fit either
+            self.scored += math.ceil(S * M / CELLS_PER_NODE)
+            if self.scored > self.node_budget:
+                self.open_bound = min(self.open_bound, placed.compute_end)
+                raise _OutOfTime
+            cand = evaluate(self.p, self.t, layout, self.b, M, self.family, warmup_depth=depth, costs=costs)
+            if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
+                self.best_t, self.best = cand.iteration_s, cand
+
+
+def sweep(searches: list[BranchAndBound], incumbent: float, budget: int) -> tuple[list[Costed], dict[int, float], int]:
+    """The exact ZB-H1 pass over every micro-batch size, least root bound first: (best found per size,
+    a lower bound per size on every ZB-H1 plan, candidates scored)."""
+    found, bounds, used = [], {}, 0
+    for x in sorted((ZeroBubbleSearch.over(s) for s in searches), key=lambda x: (x.root_bound(), -x.b)):
+        left = budget - used
+        if left <= 0:
+            bounds[x.b] = x.root_bound()
+            continue
+        x.restart(incumbent * (1 + 1e-9), left, 0.0)
+        if x.root_bound() >= x.cutoff:
+            bounds[x.b] = x.root_bound()
+            continue
+        try:
+            best = x.run()
+        except _OutOfTime:
+            best = x.best
+        bounds[x.b] = min(x.open_bound, x.cutoff)
+        used += x.scored
+        if best is not None:
+            found.append(best)
+            incumbent = min(incumbent, best.iteration_s)
+    return found, bounds, used

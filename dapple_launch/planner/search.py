@@ -28,7 +28,8 @@ from .cost import Costed, Limits, StageSpec, evaluate
 from .explain import human_bytes, human_gap
 from .plan import Plan
 from .polish import descend, shape_of
-from .schedules import choose, search_family
+from . import schedules
+from .schedules import search_family
 from .warmup import deepen_best_layouts, deep_sweep
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
@@ -40,6 +41,8 @@ __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_s
 # lost more than they found).
 DEEP_DESCENT_SHARE = 1 / 8
 DEEP_DESCENT_STARTS = 2
+# layouts found good under 1F1B that zero bubble is costed on before its own exact pass
+ZB_START_LAYOUTS = 6
 
 
 class NoFeasiblePlan(ValueError):
@@ -119,9 +122,30 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
         stats.nodes += scored
         bounds = {b: min(v, deep_bounds.get(b, math.inf)) for b, v in bounds.items()}
         best = min([*found, *per_b], key=lambda c: c.iteration_s)
+    if best is not None and schedules.FAMILY in schedules.allowed(limits):
+        # zero bubble: starts from the layouts found good, then its own exact pass (planner/schedules.py)
+        good = sorted(found + per_b, key=lambda c: c.iteration_s)[:ZB_START_LAYOUTS]
+        per_b += schedules.starts(profile, topology, global_batch, limits, good)
+        admitted = [c for c in found + per_b if c.schedule in schedules.allowed(limits)]
+        incumbent = min((c.iteration_s for c in admitted), default=math.inf)
+        zb_found, zb_bounds, scored = schedules.sweep(searches, incumbent,
+                                                      int(limits.search_nodes * schedules.SWEEP_SHARE))
+        per_b += zb_found
+        stats.nodes += scored
+        if "1f1b" in schedules.allowed(limits):
+            best_1f1b = min((c.iteration_s for c in found + per_b if c.schedule != schedules.FAMILY), default=math.inf)
+            stats.gap_without_zero_bubble = _proven_gap(best_1f1b, bounds) if math.isfinite(best_1f1b) else None
+            bounds = {b: min(v, zb_bounds.get(b, math.inf)) for b, v in bounds.items()}
+        else:
+            bounds, found = zb_bounds, [c for c in found if c.schedule == schedules.FAMILY]
+            per_b = [c for c in per_b if c.schedule == schedules.FAMILY]
+        best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
     stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
-    candidates = sorted(found + per_b, key=lambda c: (c.iteration_s, len(c.layout), c.summary()))
+    # equal times (a link-bound pipeline is as fast under several warm-ups and both families): the
+    # least memory per device, then 1F1B's simpler schedule, then fewer stages
+    candidates = sorted(found + per_b, key=lambda c: (c.iteration_s, c.peak_memory_bytes, c.schedule != "1f1b",
+                                                      len(c.layout), c.summary()))
     unique, seen = [], set()
     for c in candidates:
         if c.summary() not in seen:
@@ -207,15 +231,14 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
             f">= {topology.num_devices} or use a smaller cluster")
     limits = replace(limits, schedule=search_family(limits))
     best, runners_up, baselines, stats = search(profile, topology, global_batch, limits)
-    family = best
-    if best is not None:
-        best, ranked = choose(profile, topology, global_batch, requested, [best, *runners_up])
-        if best is None:
+    if best is None and "1f1b" not in schedules.allowed(requested) and schedules.FAMILY in schedules.allowed(requested):
+        other, *_ = search(profile, topology, global_batch, replace(limits, schedules=("1f1b",)))
+        if other is not None:
             raise NoFeasiblePlan(
-                f"no plan fits under strategy.schedules={list(requested.schedules)}: the layouts the search kept fit "
-                f"under {limits.schedule} ({family.summary()}, {human_bytes(family.peak_memory_bytes)} per device) but "
-                f"not under the schedules allowed; allow 1f1b (strategy.schedules=[1f1b,zb_h1]) or add devices")
-        runners_up = [c for c in ranked if c is not best][:4]
+                f"no plan fits under strategy.schedules={list(requested.schedules)}: {schedules.FAMILY} keeps s more "
+                f"micro-batches on stage s than 1F1B; under 1f1b {other.summary()} fits "
+                f"({human_bytes(other.peak_memory_bytes)} per device); allow 1f1b (strategy.schedules=[1f1b,zb_h1]) "
+                f"or add devices")
     if best is None:
         need, layout = smallest_memory_need(profile, topology, limits)
         raise NoFeasiblePlan(
@@ -230,18 +253,27 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
             c.extra["note"] = name
     dp = baselines.get("data parallel")
     deep = limits.schedule == "1f1b" and limits.max_warmup_depth > 1
-    space = f" over layouts, micro-batches and 1F1B warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
+    names = [label for name, label in (("1f1b", "1F1B"), (schedules.FAMILY, "ZB-H1"))
+             if name in schedules.allowed(requested)]
+    if names == ["1F1B"]:
+        space = f" over layouts, micro-batches and 1F1B warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
+    else:
+        space = (f" over layouts, micro-batches, {' and '.join(names)}"
+                 + (f" with warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""))
     if stats.proven_optimal:
         how = f"auto: optimal under the cost model{space} ({stats.nodes} candidates scored)"
     else:
         how = (f"auto: within {human_gap(stats.proven_gap)} of the optimum under the cost model{space}, proven; the "
                f"budget of {limits.search_nodes} scored candidates ended the search first "
                f"(strategy.search_nodes raises it)")
-    if best.schedule != limits.schedule:
-        over = best.extra.get("over")
-        how += (f"; schedule {best.schedule} (costed by the simulator on the layouts the search kept"
-                + (f": {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
-                   if over is not None else "") + ")")
+        if stats.gap_without_zero_bubble is not None and best.schedule != schedules.FAMILY:
+            # the ZB-H1 pass's bound is weaker than 1F1B's: say what holds over 1F1B plans alone
+            alone = stats.gap_without_zero_bubble
+            how += ("; over 1F1B plans alone: optimal" if alone == 0 else
+                    f"; over 1F1B plans alone: within {human_gap(alone)}")
+    over = best.extra.get("over")
+    if best.schedule == schedules.FAMILY and over is not None:
+        how += f"; {best.schedule} is {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
     if best.warmup_depth > 1:
         how += (f"; its ×{best.warmup_depth} warm-up (costed by the simulator) hides transfers that DAPPLE's "
                 f"minimal warm-up waits on")
