@@ -235,7 +235,7 @@ class AutoStrategyConfig(PlannedStrategyConfig):
     name: StrategyName = StrategyName["auto"]
     max_stages: Optional[int] = None
     micro_batch_size: Optional[int] = None
-    search_nodes: int = 20000  # candidates the planner may score, all passes (the plan says what it proved)
+    search_nodes: int = 20000  # candidates the 1F1B passes may score (ZB-H1: a quarter more); the plan says what it proved
     optimality_gap: float = 0.01  # first pass prunes what cannot win by more than this; then closed exactly
     max_warmup_depth: int = 4  # the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
     # the schedule families the planner may choose; [] = all that apply to `schedule` (1f1b: 1f1b and zb_h1)
