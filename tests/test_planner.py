@@ -51,27 +51,11 @@ def all_layouts(profile, topology, b, max_stages):
 def brute_force(profile, topology, G, limits):
     """Every layout of the planner's space with every warm-up depth it may take, scored by the same
     cost model (deeper warm-ups by the simulator): the exhaustive optimum."""
-    L, D, k = profile.num_layers, topology.num_devices, topology.devices_per_node
     best = math.inf
-    max_stages = min(L, D, limits.max_stages or L)
-
-    def layouts(i, d, acc, b):
-        if i == L:
-            yield tuple(acc)
-            return
-        if len(acc) == max_stages or d >= D:
-            return
-        starts = [d] if d % k == 0 or d // k == (D - 1) // k else [d, (d // k + 1) * k]
-        for start in starts:
-            for r in replica_choices(topology, b):
-                if start + r > D:
-                    break
-                for z in range(i + 1, L + 1):
-                    yield from layouts(z, start + r, [*acc, StageSpec(i, z, tuple(range(start, start + r)))], b)
-
+    max_stages = min(profile.num_layers, topology.num_devices, limits.max_stages or profile.num_layers)
     for b in divisors(G):
         M = G // b
-        for layout in layouts(0, 0, [], b):
+        for layout in all_layouts(profile, topology, b, max_stages):
             if M < MIN_MICRO_BATCHES[limits.schedule](len(layout)):
                 continue
             c = evaluate(profile, topology, layout, b, M, limits)

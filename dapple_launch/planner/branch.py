@@ -277,6 +277,36 @@ class BranchAndBound:
             self.best_t, self.best = cand.iteration_s, cand
 
 
+def exact_sweep(passes: list[BranchAndBound], incumbent: float, budget: int,
+                nothing_to_search=lambda x: False) -> tuple[list[Costed], dict[int, float], int]:
+    """An exact pass (gap 0) over each micro-batch size, least root bound first, sharing `budget`:
+    (best found per size, a lower bound per size on every plan of the pass, candidates scored). A size
+    the budget does not reach keeps its root bound; one with nothing to search bounds nothing (inf)."""
+    found, bounds, used = [], {}, 0
+    for x in sorted(passes, key=lambda x: (x.root_bound(), -x.b)):
+        if nothing_to_search(x):
+            bounds[x.b] = math.inf
+            continue
+        left = budget - used
+        if left <= 0:
+            bounds[x.b] = x.root_bound()
+            continue
+        x.restart(incumbent * (1 + 1e-9), left, 0.0)
+        if x.root_bound() >= x.cutoff:
+            bounds[x.b] = x.root_bound()
+            continue
+        try:
+            best = x.run()
+        except _OutOfTime:
+            best = x.best
+        bounds[x.b] = min(x.open_bound, x.cutoff)
+        used += x.scored
+        if best is not None:
+            found.append(best)
+            incumbent = min(incumbent, best.iteration_s)
+    return found, bounds, used
+
+
 class Prefix(NamedTuple):
     """The stages placed so far and what the bounds need of them, kept as running totals so a
     child's bound costs O(stages) (its windows), not O(stages²). A named tuple: the search builds

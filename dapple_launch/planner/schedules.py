@@ -23,11 +23,11 @@ from dataclasses import replace
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
-from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime, replica_choices
+from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime, exact_sweep, replica_choices
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
-from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS
+from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS, DeepWarmupSearch
 
 FAMILY = "zb_h1"
 # of the node budget, what local search under ZB-H1 may spend (each neighbour is simulated), and what
@@ -91,21 +91,16 @@ def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     return out
 
 
-class ZeroBubbleSearch(BranchAndBound):
-    """The branch and bound of one micro-batch size over layouts under ZB-H1 (module doc)."""
+class ZeroBubbleSearch(DeepWarmupSearch):
+    """The branch and bound of one micro-batch size over layouts under ZB-H1 (module doc): the deeper
+    warm-up pass's tree and tables, its own bound and leaves."""
 
     @classmethod
     def over(cls, base: BranchAndBound) -> "ZeroBubbleSearch":
-        x = cls.__new__(cls)
-        x.__dict__.update(base.__dict__)
-        x.windows, x._root_bound, x.seed = False, None, None
+        x = super().over(base)
         x.family = replace(base.limits, schedule=FAMILY)
         x.max_stages = max(s for s in range(1, x.max_stages + 1) if MIN_MICRO_BATCHES[FAMILY](s) <= x.M or s == 1)
         return x
-
-    def run(self) -> Costed | None:
-        self._explore()
-        return self.best
 
     def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
         placed = placed or _EMPTY
@@ -145,23 +140,4 @@ class ZeroBubbleSearch(BranchAndBound):
 def sweep(searches: list[BranchAndBound], incumbent: float, budget: int) -> tuple[list[Costed], dict[int, float], int]:
     """The exact ZB-H1 pass over every micro-batch size, least root bound first: (best found per size,
     a lower bound per size on every ZB-H1 plan, candidates scored)."""
-    found, bounds, used = [], {}, 0
-    for x in sorted((ZeroBubbleSearch.over(s) for s in searches), key=lambda x: (x.root_bound(), -x.b)):
-        left = budget - used
-        if left <= 0:
-            bounds[x.b] = x.root_bound()
-            continue
-        x.restart(incumbent * (1 + 1e-9), left, 0.0)
-        if x.root_bound() >= x.cutoff:
-            bounds[x.b] = x.root_bound()
-            continue
-        try:
-            best = x.run()
-        except _OutOfTime:
-            best = x.best
-        bounds[x.b] = min(x.open_bound, x.cutoff)
-        used += x.scored
-        if best is not None:
-            found.append(best)
-            incumbent = min(incumbent, best.iteration_s)
-    return found, bounds, used
+    return exact_sweep([ZeroBubbleSearch.over(s) for s in searches], incumbent, budget)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime
+from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime, exact_sweep
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from ..cluster import Topology
@@ -232,27 +232,6 @@ def deep_sweep(searches: list[BranchAndBound], incumbent: float, limits: Limits,
     (best found per size, a lower bound per size on every deeper-warm-up plan, candidates scored)."""
     if limits.schedule != "1f1b" or limits.max_warmup_depth < 2:
         return [], {}, 0
-    found, bounds, used = [], {}, 0
-    deep = sorted((DeepWarmupSearch.over(s) for s in searches), key=lambda x: (x.root_bound(), -x.b))
-    for x in deep:
-        if not any(deeper_depths(S, x.M, limits) for S in range(2, x.max_stages + 1)):
-            bounds[x.b] = math.inf  # (M <= 2: 1F1B already keeps every micro-batch in flight)
-            continue  # no layout of this size has a deeper warm-up: nothing to search
-        left = budget - used
-        if left <= 0:
-            bounds[x.b] = x.root_bound()
-            continue
-        x.restart(incumbent * (1 + 1e-9), left, 0.0)
-        if x.root_bound() >= x.cutoff:
-            bounds[x.b] = x.root_bound()
-            continue
-        try:
-            best = x.run()
-        except _OutOfTime:
-            best = x.best
-        bounds[x.b] = min(x.open_bound, x.cutoff)
-        used += x.scored
-        if best is not None:
-            found.append(best)
-            incumbent = min(incumbent, best.iteration_s)
-    return found, bounds, used
+    # (M <= 2: 1F1B already keeps every micro-batch in flight: no layout of that size has a deeper warm-up)
+    return exact_sweep([DeepWarmupSearch.over(s) for s in searches], incumbent, budget,
+                       lambda x: not any(deeper_depths(S, x.M, limits) for S in range(2, x.max_stages + 1)))
