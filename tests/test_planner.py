@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -194,12 +195,16 @@ def test_a_budget_cut_search_proves_a_true_gap(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("deep", [False, True], ids=["minimal-warmup", "deeper-warmups"])
+@pytest.mark.parametrize("deep", [False, True, "zb_h1"], ids=["minimal-warmup", "deeper-warmups", "zero-bubble"])
 def test_every_lower_bound_is_below_every_completion(seed, deep):
     """The search's bound of a partial plan never exceeds the time of any plan completing it: the
-    minimal-warm-up pass's with DAPPLE's warm-up, the deeper-warm-up pass's with every warm-up."""
+    minimal-warm-up pass's with DAPPLE's warm-up, the deeper-warm-up pass's with every warm-up, the
+    zero-bubble pass's with ZB-H1 at every warm-up."""
     from dapple_launch.planner.branch import BranchAndBound
+    from dapple_launch.planner.schedules import ZeroBubbleSearch
+    from dapple_launch.planner.schedules import depths as zb_depths
     from dapple_launch.planner.warmup import DeepWarmupSearch
+    zb = deep == "zb_h1"
     rng = random.Random(900 + seed)
     profile = random_profile(rng, rng.choice([4, 5]))
     topo = Topology("t", 2, rng.choice([2, 3]), rng.choice([2e9, 8e9]), 10.0, 100e9, rng.choice([1e9, 10e9]),
@@ -212,7 +217,7 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
         M = G // b
         x = BranchAndBound(profile, topo, G, limits, b, math.inf)  # no incumbent: it prunes nothing
         if deep:
-            x = DeepWarmupSearch.over(x)
+            x = ZeroBubbleSearch.over(x) if zb else DeepWarmupSearch.over(x)
         nodes, leaves = [], []
 
         def walk(i, d, placed, x=x):
@@ -221,9 +226,11 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
             if i == x.L:
                 layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
                 if M >= MIN_MICRO_BATCHES[limits.schedule](len(layout)):
-                    depths = [1] + [d for d, _ in deeper_depths(len(layout), M, limits)] if deep else [1]
+                    depths = [d for d, _ in zb_depths(len(layout), M, Limits())] if zb else \
+                        [1] + [d for d, _ in deeper_depths(len(layout), M, limits)] if deep else [1]
                     for depth in depths:
-                        c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=depth)
+                        c = evaluate(profile, topo, layout, b, M, replace(limits, schedule="zb_h1") if zb else limits,
+                                     warmup_depth=depth)
                         if c.fits:
                             leaves.append((placed.stages, c.iteration_s))
                 return

@@ -73,6 +73,8 @@ class SuffixBounds:
     # Valid for any 1F1B warm-up (warmup.py), where a stage may run ahead and hide the stages after it:
     reach_end: np.ndarray  # least max over p of sum_{j<p}(F_j + c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p) + AR_p
     round_end: np.ndarray  # least max over p of sum_{j<p}(t_j + 2 c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p)
+    # Valid for any schedule, a split backward's included (planner/schedules.py):
+    compute_end: np.ndarray | None = None  # least max over p of sum_{j<p}(F_j + c_j) + M t_p + AR_p
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
@@ -97,6 +99,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 backward for the last one's, so it needs F_p + R_p + M B_p and M F_p + R_p + B_p
                 before its all-reduce (warmup.py's bound with every micro-batch in flight): it
                 binds where few micro-batches fill a deep pipeline, or all-reduces are long.
+    compute_end: only that stage p starts after the first micro-batch reached it, computes M t_p
+                and all-reduces after its last weight gradient: what holds when the backward is
+                split (zero bubble), whose input gradients may leave long before the weights'.
     Each table minimises on its own (the least of each is at most what any one completion
     attains), so each is a valid bound.
     """
@@ -113,8 +118,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
     # (always inf), where a stage that would run past the last device points.
     shape = (L + 1, D + 2)
-    bound, pass_sum, pass_tail, stage_end, reach_end, round_end = (np.full(shape, np.inf) for _ in range(6))
-    for table in (bound, pass_sum, pass_tail, stage_end, reach_end, round_end):
+    bound, pass_sum, pass_tail, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(7))
+    for table in (bound, pass_sum, pass_tail, stage_end, reach_end, round_end, compute_end):
         table[L, :D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     starts = np.arange(D)
@@ -145,7 +150,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         sent_all = np.where(z_all < L, cut[np.minimum(z_all, L - 1)] * x.micro_batch / pbs, 0.0)
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
-        sum_at, tail_at, end_at, reach_at, round_at = (np.full(D, np.inf) for _ in range(5))
+        sum_at, tail_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(6))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         for R, nxt, lat, bw, slope, fixed, n_all in chunks:  # arrays laid out (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
@@ -188,6 +193,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             round_trip = np.maximum(np.maximum(M * t, t + slow_side + 2 * link + rest_sum),
                                     per_pass + round_end[z][:, nxt].transpose(1, 0, 2))
             round_at = np.minimum(round_at, round_trip.min(axis=(0, 1)))
+            computed = np.maximum(M * t + ar, forward_in + compute_end[z][:, nxt].transpose(1, 0, 2))
+            compute_at = np.minimum(compute_at, computed.min(axis=(0, 1)))
         fresh = fresh_node_start(starts, k, D)
         s = np.where(best_at[fresh] < best_at, fresh, starts)  # ties: continue on the same node
         bound[i, :D] = best_at[s]
@@ -197,7 +204,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         stage_end[i, :D] = np.minimum(end_at, end_at[fresh])
         reach_end[i, :D] = np.minimum(reach_at, reach_at[fresh])
         round_end[i, :D] = np.minimum(round_at, round_at[fresh])
-    return SuffixBounds(bound, choice, pass_sum, pass_tail, stage_end, reach_end, round_end)
+        compute_end[i, :D] = np.minimum(compute_at, compute_at[fresh])
+    return SuffixBounds(bound, choice, pass_sum, pass_tail, stage_end, reach_end, round_end, compute_end)
 
 
 def _allreduce_factors(t: Topology, r: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,8 +9,9 @@ gradient, so its backward round trips are shorter. Its own pass, after the 1F1B 
    warm-up depth that fits, then local search under ZB-H1 from the best few (a strong incumbent);
 2. an exact branch and bound over the same tree (ZeroBubbleSearch), cut by a bound valid for any
    schedule: stage s cannot start before the first micro-batch reaches it (a_s), computes M t_s
-   and all-reduces after its last weight gradient, so T >= max_s a_s + M t_s + AR_s; the stages
-   still to come are bounded by their least bottleneck after the reach. Each leaf is simulated at
+   and all-reduces after its last weight gradient, so T >= max_s a_s + M t_s + AR_s, for the stages
+   placed and, through a table of the least such end over every completion (bounds.py:
+   compute_end), for the stages still to come. Each leaf is simulated at
    every warm-up depth that fits.
 
 The proven gap is then over both families: the least lower bound of anything either pass left.
@@ -115,8 +116,11 @@ class ZeroBubbleSearch(DeepWarmupSearch):
             out_link = self.fast_lat + total / len(placed.stages[-1][2]) / self.fast_bw
         reach = placed.forward + out_link  # when the first micro-batch reaches the next stage
         rest = self.rest_work_per_sample(i) * self.b / left  # some later stage computes at least this per micro-batch
-        # some later stage (or link) takes at least the least bottleneck per micro-batch, M times, after the reach
-        return max(placed.compute_end, reach + self.M * max(rest, float(self.suffix[i, d])))
+        # some later stage (or link) takes at least the least bottleneck per micro-batch, M times, after the
+        # reach; and each later stage starts after the first micro-batch reached it, computes M times its
+        # stage time and all-reduces (bounds.py: compute_end)
+        return max(placed.compute_end, reach + self.M * max(rest, float(self.suffix[i, d])),
+                   reach + float(self.bounds.compute_end[i, d]))
 
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
