@@ -65,7 +65,7 @@ class SavedBytes:
         n = 0 if t.untyped_storage().data_ptr() in self.weights else t.numel() * t.element_size()
         self.live += n
         self.peak = max(self.peak, self.live)
-        return _Handle(self, t, n)
+        return _Handle(self, t.detach(), n)  # (not t: a saved output would hold its own node: a cycle)
 
     @staticmethod
     def unpack(h):

@@ -290,3 +290,80 @@ def test_a_stalled_peer_ends_the_run_with_stage_rank_and_action(tmp_path, monkey
     plan = make_plan(model, (1, 1), "1f1b", 2, 4)
     out = run_ranks(2, _stalled_peer, (plan.to_json(),), tmp_path)
     assert "stage 0 replica 0 (rank 0) stopped at action RG0" in out[0], out[0]
+
+
+class _SavedBytes:
+    """Bytes autograd keeps for backward that are alive now, and the peak (weights left out: a layer
+    saves its parameters as they are, and they are counted once, as weights)."""
+
+    def __init__(self, params):
+        self.live = self.peak = 0
+        self.weights = {p.untyped_storage().data_ptr() for p in params}
+
+    def pack(self, t):
+        n = 0 if t.untyped_storage().data_ptr() in self.weights else t.numel() * t.element_size()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        return _Held(self, t.detach(), n)  # (not t: a saved output would hold its own node, a cycle autograd keeps)
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda h: h.t)
+
+
+class _Held:
+    def __init__(self, owner, t, n):
+        self.owner, self.t, self.n = owner, t, n
+
+    def __del__(self):
+        self.owner.live -= self.n
+
+
+def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
+    """This stage's peak saved bytes over one iteration, and what one micro-batch's forward saves."""
+    from dapple_launch.models.contract import as_tuple, run_layers
+    from dapple_launch.planner import Plan
+    plan = Plan.from_json(plan_json)
+    model = tiny_model()
+    grid = ProcessGrid.from_plan(plan)
+    stage, replica = grid.position(rank)
+    a, b = plan.stages[stage].layers
+    local = PipelineModule(model).materialize(list(range(a, b)))
+    layers = local.local_stack()
+    n = 2 * num_micro_batches
+    batch = model.batch(n, torch.Generator().manual_seed(1))
+    one = _SavedBytes(local.parameters())
+    with one.hooks():  # one micro-batch's forward as the executor runs it (a later stage's input needs a gradient)
+        x = tuple(t[:2] for t in as_tuple(batch[0]))
+        if stage > 0:
+            with torch.no_grad():
+                earlier = PipelineModule(model).materialize(list(range(0, a)))
+                x = tuple(t.detach().requires_grad_(t.is_floating_point())
+                          for t in as_tuple(run_layers(earlier.local_stack(), x)))
+        y = run_layers(layers, x)
+        kept = model.loss(y, batch[1][:2]).sum() if stage == grid.num_stages - 1 else y
+        per_micro_batch = one.live
+    del x, y, kept
+    counter = _SavedBytes(local.parameters())
+    ex = StageExecutor(layers, model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
+    with counter.hooks():
+        ex.run(plan.build_schedule(), batch)
+    return {"stage": stage, "peak": counter.peak, "per_micro_batch": per_micro_batch}
+
+
+def _saved_bytes_many(rank, world, cases):
+    return [_saved_bytes(rank, world, *case) for case in cases]
+
+
+def test_peak_saved_bytes_per_stage_equal_the_simulators(tmp_path):
+    """Counted exactly (saved-tensor hooks), each stage's peak saved bytes over an iteration are the
+    simulator's peak in-flight micro-batches times what one micro-batch's forward saves there: GPipe,
+    1F1B, ZB-H1 (whose activations live until W) and ZB-H1 with twice the warm-up."""
+    model, M = tiny_model(), 8
+    grid = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("zb_h1", 2)]
+    plans = [make_plan(model, (1, 1, 1, 1), schedule, M, 2 * M, warmup_depth=depth) for schedule, depth in grid]
+    per_rank = run_ranks(4, _saved_bytes_many, ([(s, M, p.to_json()) for (s, _), p in zip(grid, plans)],), tmp_path)
+    for k, (case, plan) in enumerate(zip(grid, plans)):
+        sim = simulate(plan.build_schedule(), [StageCosts(1.0, 2.0)] * 4)
+        for r in (rank[k] for rank in per_rank):
+            assert r["per_micro_batch"] > 0
+            assert r["peak"] == sim.peak_in_flight[r["stage"]] * r["per_micro_batch"], (case, r)
