@@ -33,7 +33,9 @@ Keys set most often:
   trainer.max_steps=N            iterations to train
   trainer.precision=P            auto | 32 | bf16-mixed | 16-mixed
   strategy.stages=S strategy.replicas=[R,..] strategy.num_micro_batches=M   (strategy=fixed)
+  strategy.schedule=1f1b|gpipe|zb_h1 strategy.warmup_depth=K                 (strategy=fixed)
   strategy.max_stages=S strategy.search_nodes=N                             (strategy=auto)
+  strategy.schedules=[1f1b,zb_h1]  the schedule families the planner may choose (strategy=auto)
   model.preset=NAME model.num_layers=N model.hidden=H                       (gpt, bert)
   model.target=PKG.MODULE:CALLABLE model.args={{k:v}}                         (model=custom)
   data.path=PATH data.seq_len=N                                              (data=text_file, tokens)
