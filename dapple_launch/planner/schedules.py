@@ -46,6 +46,12 @@ def search_family(limits: Limits) -> str:
     return "gpipe" if set(allowed(limits)) == {"gpipe"} else "1f1b"
 
 
+def least_stages(limits: Limits) -> int:
+    """On one stage ZB-H1 runs each micro-batch's I and W back to back: 1F1B's time and memory, so
+    where 1F1B is allowed too its one-stage plans are left to it."""
+    return 2 if "1f1b" in allowed(limits) else 1
+
+
 def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
     """(depth, warm-up) for depth 1 (the minimal warm-up, ()) up to max_warmup_depth, each distinct."""
     out, previous = [(1, ())], deeper_warmup(num_stages, num_micro_batches, 1)
@@ -65,9 +71,10 @@ def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     """ZB-H1 on the layouts found so far, at every depth that fits, and local search from the best few."""
     fam = replace(limits, schedule=FAMILY)
     seen, costed = set(), []
+    least = least_stages(limits)
     for c in sorted(kept, key=lambda c: c.iteration_s):
         key = (c.layout, c.micro_batch_size)
-        if key in seen or c.num_micro_batches < MIN_MICRO_BATCHES[FAMILY](len(c.layout)):
+        if key in seen or len(c.layout) < least or c.num_micro_batches < MIN_MICRO_BATCHES[FAMILY](len(c.layout)):
             continue
         seen.add(key)
         for depth, _ in depths(len(c.layout), c.num_micro_batches, limits):
@@ -125,7 +132,7 @@ class ZeroBubbleSearch(DeepWarmupSearch):
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
         S, M = len(placed.stages), self.M
-        if M < MIN_MICRO_BATCHES[FAMILY](S):
+        if M < MIN_MICRO_BATCHES[FAMILY](S) or S < least_stages(self.limits):
             return
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         costs = stage_costs(self.p, self.t, layout, self.b)
