@@ -4,7 +4,7 @@ A SleepLayer sleeps a stated time in forward and backward (per micro-batch, or p
 that splitting a micro-batch across replicas divides it), so schedule timing does not depend
 on how 2 shared cores are scheduled; its `extra_params` adds parameters whose gradient the
 all-reduce must carry (VGG's fully connected layers, in miniature;
-GradientSync all-reduces a parameter without a gradient as zeros). SavedBytes counts the bytes
+GradientSync all-reduces a parameter without a gradient as zeros). SavedBytes (tests/saved_bytes.py) counts the bytes
 of tensors autograd keeps for backward, alive at once, through saved-tensor hooks: exact, not RSS.
 """
 from __future__ import annotations
@@ -19,6 +19,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.saved_bytes import SavedBytes  # noqa: E402,F401  (the benchmarks' exact memory count)
 
 
 class _Sleep(torch.autograd.Function):
@@ -51,33 +53,3 @@ class SleepLayer(nn.Module):
 
     def forward(self, x):
         return _Sleep.apply(x, self.w, self.big, self)
-
-
-class SavedBytes:
-    """Bytes of tensors saved for backward that are alive right now, and the peak. `weights`: the
-    parameters, which a layer saves as they are: counted once as weights, not here."""
-
-    def __init__(self, weights=()):
-        self.live = self.peak = 0
-        self.weights = {p.untyped_storage().data_ptr() for p in weights}
-
-    def pack(self, t):
-        n = 0 if t.untyped_storage().data_ptr() in self.weights else t.numel() * t.element_size()
-        self.live += n
-        self.peak = max(self.peak, self.live)
-        return _Handle(self, t.detach(), n)  # (not t: a saved output would hold its own node: a cycle)
-
-    @staticmethod
-    def unpack(h):
-        return h.t
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-
-class _Handle:
-    def __init__(self, owner, t, n):
-        self.owner, self.t, self.n = owner, t, n
-
-    def __del__(self):
-        self.owner.live -= self.n

@@ -19,6 +19,7 @@ from dapple_launch.schedule import Action, Kind, Schedule, StageCosts, build_sch
 
 from .custom_models.skipnet import build as build_skipnet
 from .multiproc import run_ranks
+from .saved_bytes import SavedBytes
 
 pytestmark = pytest.mark.multiprocess
 
@@ -292,32 +293,6 @@ def test_a_stalled_peer_ends_the_run_with_stage_rank_and_action(tmp_path, monkey
     assert "stage 0 replica 0 (rank 0) stopped at action RG0" in out[0], out[0]
 
 
-class _SavedBytes:
-    """Bytes autograd keeps for backward that are alive now, and the peak (weights left out: a layer
-    saves its parameters as they are, and they are counted once, as weights)."""
-
-    def __init__(self, params):
-        self.live = self.peak = 0
-        self.weights = {p.untyped_storage().data_ptr() for p in params}
-
-    def pack(self, t):
-        n = 0 if t.untyped_storage().data_ptr() in self.weights else t.numel() * t.element_size()
-        self.live += n
-        self.peak = max(self.peak, self.live)
-        return _Held(self, t.detach(), n)  # (not t: a saved output would hold its own node, a cycle autograd keeps)
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda h: h.t)
-
-
-class _Held:
-    def __init__(self, owner, t, n):
-        self.owner, self.t, self.n = owner, t, n
-
-    def __del__(self):
-        self.owner.live -= self.n
-
-
 def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
     """This stage's peak saved bytes over one iteration, and what one micro-batch's forward saves."""
     from dapple_launch.models.contract import as_tuple, run_layers
@@ -331,7 +306,7 @@ def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
     layers = local.local_stack()
     n = 2 * num_micro_batches
     batch = model.batch(n, torch.Generator().manual_seed(1))
-    one = _SavedBytes(local.parameters())
+    one = SavedBytes(local.parameters())
     with one.hooks():  # one micro-batch's forward as the executor runs it (a later stage's input needs a gradient)
         x = tuple(t[:2] for t in as_tuple(batch[0]))
         if stage > 0:
@@ -343,7 +318,7 @@ def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
         kept = model.loss(y, batch[1][:2]).sum() if stage == grid.num_stages - 1 else y
         per_micro_batch = one.live
     del x, y, kept
-    counter = _SavedBytes(local.parameters())
+    counter = SavedBytes(local.parameters())
     ex = StageExecutor(layers, model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
     with counter.hooks():
         ex.run(plan.build_schedule(), batch)

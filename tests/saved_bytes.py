@@ -1,0 +1,35 @@
+"""An exact count of the bytes autograd keeps for backward (saved-tensor hooks), not RSS: used by the
+memory tests and the benchmarks."""
+from __future__ import annotations
+
+import torch
+
+
+class SavedBytes:
+    """Bytes of tensors saved for backward that are alive right now, and the peak. `weights`: the
+    parameters, which a layer saves as they are: counted once as weights, not here."""
+
+    def __init__(self, weights=()):
+        self.live = self.peak = 0
+        self.weights = {p.untyped_storage().data_ptr() for p in weights}
+
+    def pack(self, t):
+        n = 0 if t.untyped_storage().data_ptr() in self.weights else t.numel() * t.element_size()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        return _Handle(self, t.detach(), n)  # (not t: a saved output would hold its own node: a cycle)
+
+    @staticmethod
+    def unpack(h):
+        return h.t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Handle:
+    def __init__(self, owner, t, n):
+        self.owner, self.t, self.n = owner, t, n
+
+    def __del__(self):
+        self.owner.live -= self.n
