@@ -9,6 +9,7 @@ of tensors autograd keeps for backward, alive at once, through saved-tensor hook
 """
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,3 +54,8 @@ class SleepLayer(nn.Module):
 
     def forward(self, x):
         return _Sleep.apply(x, self.w, self.big, self)
+
+
+def median_runs(runs: list[list[dict]]) -> list[dict]:
+    """Per rank, the median of each figure over repeated runs."""
+    return [{k: statistics.median(run[rank][k] for run in runs) for k in runs[0][rank]} for rank in range(len(runs[0]))]

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, SleepLayer  # noqa: E402
+from benchmarks.common import SavedBytes, SleepLayer, median_runs  # noqa: E402
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.planner import Limits  # noqa: E402
 from dapple_launch.planner.cost import StageSpec, evaluate  # noqa: E402
@@ -114,11 +114,6 @@ def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
             sched.step()
         layers.zero_grad(set_to_none=True)
     return _time_iterations(step, iterations, SavedBytes())
-
-
-def _median_runs(runs: list[list[dict]]) -> list[dict]:
-    """Per rank, the median of each figure over repeated runs."""
-    return [{k: statistics.median(run[rank][k] for run in runs) for k in runs[0][rank]} for rank in range(len(runs[0]))]
 
 
 # ---- uneven plans ----------------------------------------------------------------------------
@@ -221,7 +216,7 @@ def main() -> None:
                     repeats = 1 if kind == "sleep" else args.repeats
                     runs = [(run_ranks(WORLD, _ours, (kind, name, m, iters), tmp),
                              run_ranks(WORLD, _theirs, (kind, name, m, iters), tmp)) for _ in range(repeats)]
-                    ours, theirs = _median_runs([o for o, _ in runs]), _median_runs([t for _, t in runs])
+                    ours, theirs = median_runs([o for o, _ in runs]), median_runs([t for _, t in runs])
                     row = {"kind": kind, "schedule": name, "micro_batches": m,
                            "ours_wall_s": max(r["wall_s"] for r in ours), "theirs_wall_s": max(r["wall_s"] for r in theirs),
                            "ours_cpu_s": [r["cpu_s"] for r in ours], "theirs_cpu_s": [r["cpu_s"] for r in theirs],

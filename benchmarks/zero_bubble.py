@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes  # noqa: E402
+from benchmarks.common import SavedBytes, median_runs  # noqa: E402
 from dapple_launch.runtime.executor import StageExecutor  # noqa: E402
 from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
 from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
@@ -149,7 +149,7 @@ def main() -> None:
             for name in runs:
                 runs[name].append(run_ranks(WORLD, _run, ("compute", name, 8, iters), tmp))
         for name, got in runs.items():
-            cpu = [statistics.median(run[rank]["cpu_s"] for run in got) for rank in range(WORLD)]
+            cpu = [r["cpu_s"] for r in median_runs(got)]
             rows.append({"kind": "compute", "schedule": name, "micro_batches": 8, "cpu_s": cpu,
                          "measured_s": statistics.median(max(r["wall_s"] for r in run) for run in got)})
             print(f"  compute {name} M=8: CPU s per rank {[round(c, 3) for c in cpu]}", flush=True)

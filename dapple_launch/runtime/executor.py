@@ -66,6 +66,7 @@ class StageExecutor:
                  replica_group=None, on_last_backward: Callable[[], None] | None = None,
                  precision: MixedPrecision | None = None):
         self.layers, self.loss_fn, self.p2p = list(layers), loss_fn, p2p
+        self.params = [p for layer in self.layers for p in layer.parameters()]  # what a split backward's W computes
         self.stage, self.replica, self.num_stages = p2p.stage, p2p.replica, num_stages
         self.is_first, self.is_last = self.stage == 0, self.stage == num_stages - 1
         self.replicas = p2p.grid.replicas[self.stage]
@@ -180,9 +181,8 @@ class StageExecutor:
             outputs, grads = [t for t, _ in pairs], [g for _, g in pairs]
         wire = () if self.is_first else tuple(w for w in it.received.pop(m) if w.is_floating_point())
         if split:
-            params = [p for layer in self.layers for p in layer.parameters()]
             if outputs:
-                back, it.weights[m] = backward_input(outputs, grads, wire, params)
+                back, it.weights[m] = backward_input(outputs, grads, wire, self.params)
             else:
                 back, it.weights[m] = [None] * len(wire), _NO_WEIGHTS
         else:
