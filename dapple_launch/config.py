@@ -46,6 +46,7 @@ BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
 VGGPreset = choice("VGGPreset", "imagenet", "tiny")
 StrategyName = choice("StrategyName", "auto", "fixed", "file")
 ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1")
+RecomputeName = choice("RecomputeName", "none", "full", "selective", "auto")
 ProfileSource = choice("ProfileSource", "analytic", "measured")
 DeviceKind = choice("DeviceKind", "cpu", "gpu")
 ClusterLauncher = choice("ClusterLauncher", "local", "slurm")
@@ -204,9 +205,22 @@ class PlannedStrategyConfig(StrategyConfig):
     optimizer_factor: float = 4.0  # bytes kept per parameter byte: weight, gradient, Adam m and v
     memory_headroom: float = 0.1  # fraction of device memory kept free (allocator, workspace)
     profile_source: ProfileSource = ProfileSource["analytic"]  # the model profile for estimates and planning
+    # activation recomputation: none | full (every layer) | selective (recompute_layers, or each stage's
+    # first recompute_counts layers) | auto (the planner recomputes a stage's fewest first layers that fit)
+    recompute: RecomputeName = RecomputeName["none"]
+    recompute_layers: List[int] = field(default_factory=list)  # layer positions (selective)
+    recompute_counts: List[int] = field(default_factory=list)  # first layers per stage, or one for all (selective)
 
     def __post_init__(self) -> None:
         _need(self.optimizer_factor > 0, "strategy.optimizer_factor", self.optimizer_factor, "must be > 0")
+        _need(str(self.recompute) == "selective" or not (self.recompute_layers or self.recompute_counts),
+              "strategy.recompute_layers/recompute_counts", list(self.recompute_layers or self.recompute_counts),
+              f"apply with strategy.recompute=selective only (it is {self.recompute})")
+        _need(str(self.recompute) != "selective" or bool(self.recompute_layers) != bool(self.recompute_counts),
+              "strategy.recompute=selective", [list(self.recompute_layers), list(self.recompute_counts)],
+              "needs exactly one of strategy.recompute_layers=[positions] or strategy.recompute_counts=[per stage]")
+        for k in [*self.recompute_layers, *self.recompute_counts]:
+            _need(k >= 0, "strategy.recompute_layers/recompute_counts", k, "must be >= 0")
         _need(0 <= self.memory_headroom < 1, "strategy.memory_headroom", self.memory_headroom,
               "must be in [0, 1): the fraction of device memory kept free")
 

@@ -36,6 +36,8 @@ Keys set most often:
   strategy.schedule=1f1b|gpipe|zb_h1 strategy.warmup_depth=K                 (strategy=fixed)
   strategy.max_stages=S strategy.search_nodes=N                             (strategy=auto)
   strategy.schedules=[1f1b,zb_h1]  the schedule families the planner may choose (strategy=auto)
+  strategy.recompute=none|full|selective|auto  activation recomputation; selective takes
+      strategy.recompute_counts=[first layers per stage] or strategy.recompute_layers=[positions]
   model.preset=NAME model.num_layers=N model.hidden=H                       (gpt, bert)
   model.target=PKG.MODULE:CALLABLE model.args={{k:v}}                         (model=custom)
   data.path=PATH data.seq_len=N                                              (data=text_file, tokens)

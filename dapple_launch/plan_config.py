@@ -135,9 +135,15 @@ def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]
 
 def limits_from_config(s: DictConfig) -> Limits:
     auto = s.name == "auto"
+    if auto and len(s.recompute_counts) > 1:
+        raise ValueError(f"strategy.recompute_counts={list(s.recompute_counts)}: under strategy=auto the planner "
+                         f"chooses the stages, so give one count for every stage (e.g. [{s.recompute_counts[0]}]), "
+                         f"or strategy.recompute=auto to let it choose per stage")
     return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom,
                   max_stages=s.max_stages if auto else None, micro_batch_size=s.micro_batch_size if auto else None,
-                  schedule=str(s.schedule), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
+                  schedule=str(s.schedule), recompute=str(s.recompute),
+                  recompute_layers=tuple(int(i) for i in s.recompute_layers),
+                  recompute_counts=tuple(int(i) for i in s.recompute_counts), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
                                                 "max_warmup_depth": s.max_warmup_depth,
                                                 "schedules": auto_schedules(s)} if auto else {}))
 
@@ -147,7 +153,9 @@ def auto_schedules(s: DictConfig) -> tuple[str, ...]:
     (1f1b: 1F1B and ZB-H1, which runs 1F1B's layouts; gpipe: GPipe alone)."""
     if s.schedules:
         return tuple(str(x) for x in s.schedules)
-    return ("1f1b", "zb_h1") if str(s.schedule) == "1f1b" else (str(s.schedule),)
+    if str(s.schedule) == "1f1b" and str(s.recompute) not in ("full", "selective"):
+        return ("1f1b", "zb_h1")  # (a split backward does not run recomputed layers: 1F1B alone with them)
+    return (str(s.schedule),)
 
 
 def plan_from_config(cfg: DictConfig) -> Plan:

@@ -35,11 +35,12 @@ def tiny_model(name="gpt"):
     return build_model(name, "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40)
 
 
-def make_plan(model, replicas, schedule, num_micro_batches, global_batch, devices=None, warmup_depth=1):
+def make_plan(model, replicas, schedule, num_micro_batches, global_batch, devices=None, warmup_depth=1, **limits):
+    """`limits`: more Limits fields (recompute=..., recompute_counts=...)."""
     topo = Topology("test", 1, sum(replicas), 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
     return fixed_plan(profile, topo, global_batch, len(replicas), list(replicas), num_micro_batches,
-                      Limits(schedule=schedule), devices=devices, warmup_depth=warmup_depth)
+                      Limits(schedule=schedule, **limits), devices=devices, warmup_depth=warmup_depth)
 
 
 def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32",
@@ -68,7 +69,8 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     sync = GradientSync(params, groups[stage], grid.replicas[stage])
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
     ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       on_last_backward=sync.start, precision=MixedPrecision(precision))
+                       on_last_backward=sync.start, precision=MixedPrecision(precision),
+                       recompute=[i - a for i in plan.stages[stage].recompute_layers])
     result = ex.run(hand_made or plan.build_schedule(), batch)
     sync.finish()
     tied.sync()

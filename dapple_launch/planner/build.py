@@ -1,7 +1,7 @@
 """Turning a costed candidate into the Plan contract, and building a Plan from a fixed layout."""
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
@@ -17,8 +17,9 @@ MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1, "
 def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: int, planner: str,
             runners_up: list[Costed] = (), data_parallel_s: float | None = None) -> Plan:
     sim = simulate_costed(c)
+    sets = c.recompute or ((),) * len(c.layout)
     stages = tuple(StagePlan((s.start, s.stop), tuple(profile.layers[i].name for i in range(s.start, s.stop)),
-                             s.replicas, s.devices) for s in c.layout)
+                             s.replicas, s.devices, tuple(marks)) for s, marks in zip(c.layout, sets))
     return Plan(
         model=profile.name, cluster=topology.name, global_batch_size=global_batch,
         micro_batch_size=c.micro_batch_size, num_micro_batches=c.num_micro_batches, schedule=c.schedule,
@@ -112,5 +113,7 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             f"per device but {human_bytes(c.capacity_bytes)} is usable ({human_bytes(topology.device_memory_bytes)} "
             f"less {limits.memory_headroom:.0%} headroom); use more stages, more micro-batches (smaller ones), or "
             f"strategy=auto")
-    dp = data_parallel(profile, topology, global_batch, limits)
+    # the baseline on its own layout: a per-stage recomputation list means nothing there
+    dp = data_parallel(profile, topology, global_batch,
+                       replace(limits, recompute="auto") if limits.recompute == "selective" else limits)
     return to_plan(c, profile, topology, global_batch, "fixed", data_parallel_s=dp.iteration_s if dp else None)

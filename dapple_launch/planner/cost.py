@@ -43,6 +43,13 @@ class Limits:
     max_warmup_depth: int = 4  # deepest 1F1B warm-up searched (1 = DAPPLE's minimum only)
     # the planner's choice of schedule family (planner/schedules.py); () = `schedule` alone
     schedules: tuple[str, ...] = ()
+    # activation recomputation (runtime/recompute.py): "none"; "full" (every layer of every stage);
+    # "selective" (the layer positions `recompute_layers`, or each stage's first `recompute_counts`
+    # layers: one count per stage or one for all); "auto" (per stage, the fewest first layers whose
+    # recomputation makes the candidate fit memory: the least time added, as recomputation only adds)
+    recompute: str = "none"
+    recompute_layers: tuple[int, ...] = ()
+    recompute_counts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
@@ -50,9 +57,21 @@ class Limits:
                              f"a first pass may leave on the table (0 = exact from the start, 0.01 = 1%)")
         if self.search_nodes < 1:
             raise ValueError(f"strategy.search_nodes={self.search_nodes} must be >= 1")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"strategy.recompute={self.recompute!r}: valid choices are {list(RECOMPUTE)}")
+        if self.recompute == "selective" and not (self.recompute_layers or self.recompute_counts):
+            raise ValueError("strategy.recompute=selective needs strategy.recompute_layers=[positions] or "
+                             "strategy.recompute_counts=[first layers per stage]")
+        if self.recompute in ("full", "selective") and "zb_h1" in (self.schedule, *self.schedules):
+            raise ValueError(f"strategy.recompute={self.recompute} with schedule zb_h1: a split backward's W would "
+                             f"run the recomputed forward a second time; use strategy.schedule=1f1b or gpipe (or "
+                             f"strategy.schedules=[1f1b]) with recomputation")
         if self.max_warmup_depth < 1:
             raise ValueError(f"strategy.max_warmup_depth={self.max_warmup_depth} must be >= 1 (1 = DAPPLE's minimum "
                              f"warm-up only)")
+
+
+RECOMPUTE = ("none", "full", "selective", "auto")
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,7 @@ class Costed:
     extra: dict = field(default_factory=dict)
     warmup: tuple[int, ...] = ()  # 1F1B forwards before each stage's first backward; () = DAPPLE's minimum
     warmup_depth: int = 1  # the multiple of DAPPLE's in-flight count that `warmup` keeps (schedule.deeper_warmup)
+    recompute: tuple[tuple[int, ...], ...] = ()  # per stage, the layer positions recomputed; () = none
 
     @property
     def fits(self) -> bool:
@@ -94,7 +114,15 @@ class Costed:
         return (f"{len(self.layout)} stage{'s' if len(self.layout) > 1 else ''} {ratio}"
                 + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}"
                 + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
-                + (f", {self.schedule}" if self.schedule != "1f1b" else ""))
+                + (f", {self.schedule}" if self.schedule != "1f1b" else "")
+                + (f", recompute {recompute_text(self.layout, self.recompute)}" if any(self.recompute) else ""))
+
+
+def recompute_text(layout, recompute) -> str:
+    """"full", or the recomputed layers per stage as counts ("2+0+1": prefix counts, "+"-joined)."""
+    if all(len(r) == st.stop - st.start for r, st in zip(recompute, layout)):
+        return "full"
+    return "+".join(str(len(r)) for r in recompute)
 
 
 def speed_ratio(profile: ModelProfile, topology: Topology) -> float:
@@ -119,8 +147,75 @@ def memory_per_device(profile: ModelProfile, layout: tuple[StageSpec, ...], cost
     activations of the micro-batches the schedule (and warm-up) keeps in flight."""
     S = len(layout)
     return [profile.span(st.start, st.stop)[3] * limits.optimizer_factor
-            + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes
+            + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes + c.recompute_bytes
             for s, (st, c) in enumerate(zip(layout, costs))]
+
+
+def recompute_sets(layout: tuple[StageSpec, ...], limits: Limits) -> tuple[tuple[int, ...], ...]:
+    """Per stage, the layer positions a "full" or "selective" policy recomputes; () for none/auto."""
+    if limits.recompute == "full":
+        return tuple(tuple(range(st.start, st.stop)) for st in layout)
+    if limits.recompute != "selective":
+        return ()
+    if limits.recompute_layers:
+        marks = set(limits.recompute_layers)
+        return tuple(tuple(i for i in range(st.start, st.stop) if i in marks) for st in layout)
+    counts = limits.recompute_counts
+    counts = counts * len(layout) if len(counts) == 1 else counts
+    if len(counts) != len(layout):
+        raise ValueError(f"strategy.recompute_counts={list(limits.recompute_counts)}: one count per stage "
+                         f"({len(layout)}) or one for all")
+    for s, (k, st) in enumerate(zip(counts, layout)):
+        if not 0 <= k <= st.stop - st.start:
+            raise ValueError(f"strategy.recompute_counts={list(limits.recompute_counts)}: stage {s} has "
+                             f"{st.stop - st.start} layers, so its count must be in 0..{st.stop - st.start}")
+    return tuple(tuple(range(st.start, st.start + k)) for k, st in zip(counts, layout))
+
+
+def recomputed_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs: list[StageCosts],
+                     micro_batch_size: int, sets) -> list[StageCosts]:
+    """The stages' costs with their recomputed layers: the backward runs their forward again, a
+    micro-batch keeps less (ModelProfile.recompute_bytes) and holds one segment's more during its backward."""
+    out = list(costs)
+    speed = speed_ratio(profile, topology)
+    for s, (st, marks) in enumerate(zip(layout, sets)):
+        if not marks:
+            continue
+        n = math.ceil(micro_batch_size / st.replicas)
+        kept, extra = profile.recompute_bytes(st.start, st.stop, marks, n)
+        again = profile.recompute_seconds(st.start, st.stop, marks, n) * speed
+        c = out[s]
+        out[s] = replace(c, backward_s=c.backward_s + again, activation_bytes=kept, recompute_bytes=extra)
+    return out
+
+
+def fit_by_recomputation(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
+                         costs: list[StageCosts], micro_batch_size: int, num_micro_batches: int, limits: Limits,
+                         warmup: tuple[int, ...], capacity: float):
+    """strategy.recompute=auto: each stage over `capacity` recomputes its fewest first layers that make
+    it fit (the least forward added to its backward); a stage no count fits takes its least memory.
+    (sets, costs, memory)."""
+    S = len(layout)
+    memory = memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
+    sets = [()] * S
+    costs = list(costs)
+    for s, st in enumerate(layout):
+        if memory[s] <= capacity:
+            continue
+        best = None
+        for k in range(1, st.stop - st.start + 1):
+            marks = tuple(range(st.start, st.start + k))
+            c = recomputed_costs(profile, topology, (st,), [costs[s]], micro_batch_size, (marks,))[0]
+            m = (profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+                 + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes + c.recompute_bytes)
+            if best is None or m < best[2]:
+                best = (marks, c, m)
+            if m <= capacity:
+                best = (marks, c, m)
+                break
+        if best[2] < memory[s]:
+            sets[s], costs[s], memory[s] = best
+    return tuple(sets) if any(sets) else (), costs, memory
 
 
 def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
@@ -214,14 +309,20 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
             raise ValueError(f"warm-up depth {warmup_depth} needs a schedule with a warm-up ({sorted(SIMULATED)}), "
                              f"not {limits.schedule}")
         warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
+    sets = recompute_sets(layout, limits)
+    if sets:
+        costs = recomputed_costs(profile, topology, layout, costs, micro_batch_size, sets)
     memory = memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
+    if limits.recompute == "auto" and max(memory) > capacity and limits.schedule != "zb_h1":
+        sets, costs, memory = fit_by_recomputation(profile, topology, layout, costs, micro_batch_size,
+                                                   num_micro_batches, limits, warmup, capacity)
     if warmup or limits.schedule != "1f1b" and limits.schedule in SIMULATED:
         iteration_s = iteration_time(SIMULATED[limits.schedule](S, num_micro_batches, warmup), costs, num_micro_batches)
     else:
         iteration_s = formula_iteration_s(costs, num_micro_batches, limits.schedule)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
-                  topology.device_memory_bytes * (1 - limits.memory_headroom), warmup=warmup,
-                  warmup_depth=warmup_depth)
+                  capacity, warmup=warmup, warmup_depth=warmup_depth, recompute=tuple(sets))
 
 
 @lru_cache(maxsize=64)

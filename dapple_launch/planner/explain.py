@@ -29,6 +29,27 @@ def _names(names: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]}"
 
 
+def _recomputed(stage) -> str:
+    marks = stage.recompute_layers
+    if not marks:
+        return "none"
+    if len(marks) == stage.layers[1] - stage.layers[0]:
+        return "all (full)"
+    return f"{len(marks)}: " + _spans(marks)
+
+
+def _spans(marks) -> str:
+    runs, out = [], []
+    for i in sorted(marks):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    for a, z in runs:
+        out.append(str(a) if a == z else f"{a}-{z}")
+    return ",".join(out)
+
+
 def explain(plan) -> str:
     e = plan.estimate
     header = (f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
@@ -36,10 +57,12 @@ def explain(plan) -> str:
               + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
               + f", global batch {plan.global_batch_size} = "
               f"{plan.num_micro_batches} micro-batches × {plan.micro_batch_size}")
-    rows = [("stage", "layers", "names", "replicas", "devices", "memory/device")]
+    rows = [("stage", "layers", "names", "replicas", "devices", "memory/device")
+            + (("recomputed",) if plan.recomputes else ())]
     for i, (s, mem) in enumerate(zip(plan.stages, e.peak_memory_bytes)):
         rows.append((str(i), f"{s.layers[0]}-{s.layers[1] - 1}", _names(s.layer_names), str(s.replicas),
-                     _devices(s.devices), human_bytes(mem)))
+                     _devices(s.devices), human_bytes(mem))
+                    + ((_recomputed(s),) if plan.recomputes else ()))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     lines = [header]
     for j, r in enumerate(rows):

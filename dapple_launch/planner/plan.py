@@ -12,6 +12,9 @@ class StagePlan:
     layer_names: tuple[str, ...]
     replicas: int
     devices: tuple[int, ...]  # one per replica: node × devices_per_node + local index
+    # positions (as in `layers`) whose activations are recomputed in the backward rather than kept:
+    # () = none, every position of the stage = full (runtime/recompute.py)
+    recompute_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class Plan:
     def num_layers(self) -> int:
         return self.stages[-1].layers[1]
 
+    @property
+    def recomputes(self) -> bool:
+        return any(s.recompute_layers for s in self.stages)
+
     def layout(self) -> str:
         return ":".join(str(s.replicas) for s in self.stages)
 
@@ -71,6 +78,7 @@ class Plan:
         d = asdict(self)
         for s in d["stages"]:
             s["layers"], s["layer_names"], s["devices"] = list(s["layers"]), list(s["layer_names"]), list(s["devices"])
+            s["recompute_layers"] = list(s["recompute_layers"])
         d["estimate"]["peak_memory_bytes"] = list(d["estimate"]["peak_memory_bytes"])
         d["estimate"]["stage_costs"] = [dict(c) for c in d["estimate"]["stage_costs"]]
         d["runners_up"] = [dict(r) for r in d["runners_up"]]
@@ -93,7 +101,8 @@ class Plan:
     def from_dict(cls, d: dict) -> "Plan":
         d = dict(d)
         d["stages"] = tuple(
-            StagePlan(tuple(s["layers"]), tuple(s["layer_names"]), int(s["replicas"]), tuple(s["devices"]))
+            StagePlan(tuple(s["layers"]), tuple(s["layer_names"]), int(s["replicas"]), tuple(s["devices"]),
+                      tuple(int(i) for i in s.get("recompute_layers", ())))
             for s in d["stages"])
         e = dict(d["estimate"])
         e["peak_memory_bytes"] = tuple(e["peak_memory_bytes"])
@@ -103,6 +112,14 @@ class Plan:
         d["warmup"] = tuple(int(w) for w in d.get("warmup", ()))
         orders = d.pop("orders", None)  # derived from schedule and warm-up: checked, never trusted
         plan = cls(**d)
+        for k, st in enumerate(plan.stages):
+            outside = [i for i in st.recompute_layers if not st.layers[0] <= i < st.layers[1]]
+            if outside:
+                raise ValueError(f"stage {k}'s recompute_layers {outside} are not among its layers "
+                                 f"[{st.layers[0]}, {st.layers[1]}): list positions of the stage's own layers")
+        if plan.recomputes and plan.schedule == "zb_h1":
+            raise ValueError("recompute_layers with schedule zb_h1: a split backward's W would run the recomputed "
+                             "forward a second time; use schedule 1f1b or gpipe, or empty recompute_layers")
         # (their devices follow `stages`: an edited placement is checked against the cluster elsewhere)
         if orders is not None and [o.get("actions") for o in orders] != [o["actions"] for o in plan.orders()]:
             raise ValueError(f"its orders are not what schedule {plan.schedule!r} (warm-up {list(plan.warmup)}) runs "

@@ -110,6 +110,47 @@ class ModelProfile:
         received = self.cut_bytes[start - 1] if start > 0 else 0.0
         return fixed + (p["m"][stop] - p["m"][start] - fixed + received) * samples / self.batch_size
 
+    def layer_bytes(self, i: int, samples: float) -> float:
+        """What layer i saves for backward on `samples` samples (its fixed part once)."""
+        layer = self.layers[i]
+        fixed = min(layer.saved_fixed_bytes, layer.memory_bytes)
+        return fixed + (layer.memory_bytes - fixed) * samples / self.batch_size
+
+    def recompute_bytes(self, start: int, stop: int, recomputed, samples: float) -> tuple[float, float]:
+        """(kept, extra) for one micro-batch of `samples` on layers [start, stop) when the layers at
+        positions `recomputed` keep nothing but each segment's input (runtime/recompute.py):
+        kept = kept_bytes with the recomputed layers' saves replaced by the inputs of the segments
+        that start inside the stage (a segment at the stage's start reuses the received input);
+        extra = the most the micro-batch holds above `kept` during its backward: segments are
+        recomputed last to first, each when the layers after it have freed theirs, alongside the
+        saves of the layers before it and the kept inputs of the segments up to it."""
+        marks = sorted(i for i in set(recomputed) if start <= i < stop)
+        received = self.cut_bytes[start - 1] * samples / self.batch_size if start > 0 else 0.0
+        if not marks:
+            return self.kept_bytes(start, stop, samples), 0.0
+        runs: list[list[int]] = []
+        for i in marks:
+            if runs and runs[-1][1] == i:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+        mark = set(marks)
+        kept = received + sum(self.layer_bytes(i, samples) for i in range(start, stop) if i not in mark)
+        inputs = [self.cut_bytes[a - 1] * samples / self.batch_size if a > start else 0.0 for a, _ in runs]
+        kept += sum(inputs)
+        peak, before, held = kept, received, 0.0
+        i = start
+        for (a, z), inp in zip(runs, inputs):
+            before += sum(self.layer_bytes(j, samples) for j in range(i, a))
+            held += inp
+            peak = max(peak, before + held + sum(self.layer_bytes(j, samples) for j in range(a, z)))
+            i = z
+        return kept, peak - kept
+
+    def recompute_seconds(self, start: int, stop: int, recomputed, samples: float) -> float:
+        """The forward the backward runs again: of the recomputed layers among [start, stop)."""
+        return sum(self.seconds(i, i + 1, samples)[0] for i in set(recomputed) if start <= i < stop)
+
     def seconds(self, start: int, stop: int, samples: float) -> tuple[float, float]:
         """(forward, backward) seconds of layers [start, stop) on `samples` samples: each layer's
         fixed part once, the rest in proportion to the samples."""

@@ -22,6 +22,7 @@ from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .precision import MixedPrecision
 from ..models.split_backward import backward_input
+from .recompute import with_recomputation
 
 
 class _NoWeights:
@@ -64,9 +65,13 @@ class _Iteration:
 class StageExecutor:
     def __init__(self, layers: Iterable[nn.Module], loss_fn: Callable, p2p: PointToPoint, num_stages: int,
                  replica_group=None, on_last_backward: Callable[[], None] | None = None,
-                 precision: MixedPrecision | None = None):
+                 precision: MixedPrecision | None = None, recompute: Iterable[int] = ()):
+        """`recompute`: indices into `layers` whose activations the backward recomputes (the plan's
+        recompute_layers, local): consecutive ones run as one segment (runtime/recompute.py)."""
         self.layers, self.loss_fn, self.p2p = list(layers), loss_fn, p2p
         self.params = [p for layer in self.layers for p in layer.parameters()]  # what a split backward's W computes
+        self.recompute = tuple(sorted(set(recompute)))
+        self.blocks = with_recomputation(self.layers, self.recompute)  # what the forward runs
         self.stage, self.replica, self.num_stages = p2p.stage, p2p.replica, num_stages
         self.is_first, self.is_last = self.stage == 0, self.stage == num_stages - 1
         self.replicas = p2p.grid.replicas[self.stage]
@@ -156,7 +161,7 @@ class StageExecutor:
             # back to the dtypes the previous stage computed in (the wire carried the compute dtype)
             x = tuple(w.to(dt) if w.dtype != dt else w for w, dt in zip(wire, it.logical.pop(m)))
         with torch.set_grad_enabled(it.train), self.precision.autocast():
-            y = run_layers(self.layers, x)
+            y = run_layers(self.blocks, x)
             if self.is_last:
                 loss = self.loss_fn(y, self._slice(it.batch[1], it.micro[m])).sum() / it.n_total
                 it.loss_sum = it.loss_sum + loss.detach().float()
@@ -181,6 +186,8 @@ class StageExecutor:
             outputs, grads = [t for t, _ in pairs], [g for _, g in pairs]
         wire = () if self.is_first else tuple(w for w in it.received.pop(m) if w.is_floating_point())
         if split:
+            if self.recompute:
+                raise RuntimeError("a split backward (I/W) cannot run recomputed layers: plan with schedule 1f1b or gpipe")
             if outputs:
                 back, it.weights[m] = backward_input(outputs, grads, wire, self.params)
             else:

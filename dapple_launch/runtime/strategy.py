@@ -126,8 +126,10 @@ class DappleStrategy(DDPStrategy):
         # a tied weight's gradient norm counts once: on the first stage holding it
         self._norm_excluded = {id(tied[g.owner]) for g in self._tied_groups if self.stage in g.stages
                                and self.stage != g.stages[0]}
+        first = self.plan.stages[self.stage].layers[0]
         self._executor = StageExecutor(module.local_stack(), module.model.loss, p2p, self.grid.num_stages,
-                                       on_last_backward=self._sync.start, precision=module.mixed_precision())
+                                       on_last_backward=self._sync.start, precision=module.mixed_precision(),
+                                       recompute=[i - first for i in self.plan.stages[self.stage].recompute_layers])
 
     # ---- one iteration ---------------------------------------------------------------------
     def _broadcast_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:

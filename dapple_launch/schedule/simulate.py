@@ -26,6 +26,10 @@ class StageCosts:
     # the backward whole (a matmul's weight gradient costs what its input gradient costs). A micro-batch's
     # activations stay saved until its W: the weight gradients need them.
     weight_grad_s: float | None = None
+    # activation recomputation (runtime/recompute.py): backward_s includes the forward run again;
+    # this is what a micro-batch holds above activation_bytes while its backward runs (the
+    # recomputed activations of one segment), once per stage at a time
+    recompute_bytes: float = 0.0
 
     @property
     def weight_s(self) -> float:
@@ -140,6 +144,7 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
     arrived_gradient: dict[tuple[int, int], float] = {}
     in_flight = [0] * S
     peak = [0] * S
+    peak_bytes = [0.0] * S  # in-flight micro-batches' activations, and a backward's recomputed ones
     last_backward_end = [0.0] * S
     timeline: list[Event] = []
     duration = {Kind.FORWARD: [c.forward_s for c in costs], Kind.BACKWARD: [c.backward_s for c in costs],
@@ -158,7 +163,11 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
                 in_flight[s] += 1
                 if in_flight[s] > peak[s]:
                     peak[s] = in_flight[s]
+                peak_bytes[s] = max(peak_bytes[s], in_flight[s] * costs[s].activation_bytes)
             elif kind.frees_activations:
+                if costs[s].recompute_bytes:
+                    peak_bytes[s] = max(peak_bytes[s], in_flight[s] * costs[s].activation_bytes
+                                        + costs[s].recompute_bytes)
                 in_flight[s] -= 1
                 last_backward_end[s] = end
         elif kind is SA or kind is SG:
@@ -187,6 +196,6 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
         iteration_s=max(ends),
         stage_end_s=ends,
         peak_in_flight=peak,
-        peak_activation_bytes=[p * c.activation_bytes for p, c in zip(peak, costs)],
+        peak_activation_bytes=peak_bytes,
         timeline=timeline,
     )

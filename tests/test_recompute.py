@@ -1,0 +1,251 @@
+"""Activation recomputation: gradients equal the whole backward; what a micro-batch keeps, counted
+exactly, is what the cost model charges; plans carry `recompute_layers`; the planner recomputes
+the fewest layers that fit; the pipelined runs equal the single-process reference."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dapple_launch.cluster import Topology
+from dapple_launch.models import build_model
+from dapple_launch.models.contract import as_tuple, run_layers
+from dapple_launch.planner import Limits, Plan, fixed_plan
+from dapple_launch.planner.search import NoFeasiblePlan, plan as auto_plan
+from dapple_launch.profile import analytic_profile
+from dapple_launch.runtime.module import PipelineModule
+from dapple_launch.runtime.recompute import segments, with_recomputation
+from dapple_launch.schedule import StageCosts, simulate
+
+from .saved_bytes import SavedBytes
+from .test_pipeline_numerics import make_plan, run_cases, tiny_model
+
+
+def _grads(module, stack, model, batch, seed=0):
+    torch.manual_seed(seed)
+    module.zero_grad(set_to_none=True)
+    loss = model.loss(run_layers(stack, batch[0]), batch[1]).sum()
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in module.named_parameters(remove_duplicate=False)}
+
+
+@pytest.mark.parametrize("name", ["gpt-dropout", "skipnet", "vgg19"])
+def test_recomputed_segments_give_the_whole_backwards_gradients(name):
+    """Any set of recomputed layers (one segment, several, the stage's first, its last): the same loss
+    and every gradient bit for bit, dropout included (the recomputed forward draws the same masks),
+    a tied weight and integer members of the carry included."""
+    model = (build_model("gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40, dropout=0.2)
+             if name == "gpt-dropout" else tiny_model(name))
+    module = PipelineModule(model).materialize().train()
+    batch = model.batch(4, torch.Generator().manual_seed(1))
+    layers = module.local_stack()
+    L = len(layers)
+    loss, ref = _grads(module, layers, model, batch)
+    for marks in [range(L), [0], [0, 1], [1, 2], [L - 1], [0, 2, 3], range(1, L, 2)]:
+        got_loss, got = _grads(module, with_recomputation(layers, list(marks)), model, batch)
+        assert got_loss == loss, (name, list(marks))
+        for n, g in ref.items():
+            assert torch.equal(got[n], g), (name, list(marks), n)
+
+
+def test_segments_group_consecutive_layers_and_refuse_strangers():
+    assert segments([3, 0, 1, 5], 6) == [(0, 2), (3, 4), (5, 6)]
+    assert segments([], 4) == []
+    with pytest.raises(ValueError, match="not all among"):
+        segments([4], 4)
+
+
+@pytest.mark.parametrize("name", ["gpt", "skipnet", "vgg19"])
+def test_kept_and_backward_bytes_counted_exactly_equal_the_cost_model(name):
+    """On a measured profile (per-layer saves counted by the same hooks), what one micro-batch keeps
+    after its forward and the most it holds above that in its backward equal
+    ModelProfile.recompute_bytes exactly, for none, full and selective sets, on stages that neither
+    start nor end the model (the last stage also keeps the loss's own saves, which a layer profile does
+    not list; the first layer's measured saves differ from its run on a batch by its input's bytes)."""
+    from dapple_launch.profile.measure import measure_profile
+    model = tiny_model(name)
+    profile = measure_profile(model, 2, repeats=1, use_cache=False)
+    full = PipelineModule(model).materialize()
+    batch = model.batch(2, torch.Generator().manual_seed(1))
+    L = profile.num_layers
+    checked = 0
+    for a, z in [(1, L - 1), (1, L - 2), (2, L - 1)]:
+        with torch.no_grad():
+            x = as_tuple(run_layers(full.local_stack()[:a], batch[0])) if a else as_tuple(batch[0])
+        x = tuple(t.detach().requires_grad_(t.is_floating_point() and a > 0) for t in x)
+        for marks in [(), tuple(range(a, z)), (a,), (a + 1, a + 2), tuple(range(a, z, 2)), (z - 1,)]:
+            marks = tuple(i for i in marks if i < z)
+            blocks = with_recomputation(full.local_stack()[a:z], [i - a for i in marks])
+            counter = SavedBytes(full.parameters())
+            with counter.hooks():
+                y = run_layers(blocks, x if len(x) > 1 else x[0])
+                kept = counter.live
+                out = sum(t.float().sum() for t in as_tuple(y) if t.is_floating_point())
+                out.backward()
+            model_kept, model_extra = profile.recompute_bytes(a, z, marks, 2)
+            received = profile.cut_bytes[a - 1] if a else 0.0  # the wire tensors: held, never saved
+            assert (kept, counter.peak - kept) == (model_kept - received, model_extra), (name, (a, z), marks)
+            checked += 1
+    assert checked == 18
+
+
+def _plan(recompute="none", schedule="1f1b", replicas=(1, 1), **kw):
+    return make_plan(tiny_model(), replicas, schedule, 4, 8, recompute=recompute, **kw)
+
+
+def test_fixed_plans_carry_recompute_layers_and_cost_them():
+    """none / full / selective (counts per stage, one count for all, positions): plan.json lists the
+    positions per stage; each recomputed stage keeps less per micro-batch and its backward costs
+    its recomputed forward more."""
+    none, full = _plan(), _plan("full")
+    counts, one, positions = _plan("selective", recompute_counts=(2, 1)), _plan("selective", recompute_counts=(1,)), \
+        _plan("selective", recompute_layers=(1, 4))
+    assert [s.recompute_layers for s in none.stages] == [(), ()]
+    assert [s.recompute_layers for s in full.stages] == [tuple(range(*s.layers)) for s in full.stages]
+    a, b = counts.stages[0].layers[0], counts.stages[1].layers[0]
+    assert [s.recompute_layers for s in counts.stages] == [(a, a + 1), (b,)]
+    assert [s.recompute_layers for s in one.stages] == [(a,), (b,)]
+    assert [s.recompute_layers for s in positions.stages] == [(1,), (4,)]
+    base = none.estimate.stage_costs
+    for p in (full, counts, positions):
+        for s, c in enumerate(p.estimate.stage_costs):
+            assert c["activation_bytes"] < base[s]["activation_bytes"]
+            assert c["backward_s"] > base[s]["backward_s"]
+        assert p.estimate.iteration_s > none.estimate.iteration_s
+        d = json.loads(p.to_json())
+        assert [s["recompute_layers"] for s in d["stages"]] == [list(s.recompute_layers) for s in p.stages]
+        assert Plan.from_json(p.to_json()) == p
+    assert "recomputed" in full.explain() and "all (full)" in full.explain()
+
+
+def test_recomputation_refusals_name_the_rule():
+    with pytest.raises(ValueError, match="zb_h1"):
+        Limits(schedule="zb_h1", recompute="full")
+    with pytest.raises(ValueError, match="needs strategy.recompute_layers"):
+        Limits(recompute="selective")
+    with pytest.raises(ValueError, match="stage 1 has 2 layers"):
+        _plan("selective", recompute_counts=(1, 3))
+    d = json.loads(_plan("full").to_json())
+    d["stages"][0]["recompute_layers"] = [d["stages"][1]["layers"][0]]
+    with pytest.raises(ValueError, match="not among its layers"):
+        Plan.from_dict(d)
+
+
+def test_auto_recomputes_the_fewest_layers_that_fit():
+    """A card too small for any plan without recomputation: recompute=none says no plan fits;
+    recompute=auto finds one whose recomputed stages recompute their first layers, the fewest that fit
+    (one fewer on a recomputed stage does not fit), and its memory is within the card."""
+    from dapple_launch.planner.search import smallest_memory_need
+    model = build_model("gpt", "tiny", num_layers=6, hidden=64, heads=2, seq_len=256, vocab_size=64)
+    probe = Topology("probe", 1, 2, 64e9, 1.0, 1e9, 1e9, device_kind="cpu")
+    profile = analytic_profile(model, 2, probe.device_tflops, "cpu")
+    limits = Limits(memory_headroom=0.0, max_warmup_depth=1, schedules=("1f1b",))
+    tight = smallest_memory_need(profile, probe, limits)[0] * 0.7
+    topo = Topology("small", 1, 2, tight, 1.0, 1e9, 1e9, device_kind="cpu")
+    with pytest.raises(NoFeasiblePlan, match="recomputation"):
+        auto_plan(profile, topo, 8, limits)
+    fitted = auto_plan(profile, topo, 8, Limits(memory_headroom=0.0, max_warmup_depth=1, schedules=("1f1b",),
+                                                recompute="auto"))
+    assert fitted.recomputes and max(fitted.estimate.peak_memory_bytes) <= tight
+    for s, st in enumerate(fitted.stages):
+        k = len(st.recompute_layers)
+        assert st.recompute_layers == tuple(range(st.layers[0], st.layers[0] + k))
+        if k:
+            fewer = fixed_plan(profile, Topology("big", 1, 2, 64e9, 1.0, 1e9, 1e9, device_kind="cpu"), 8,
+                               fitted.num_stages, [x.replicas for x in fitted.stages], fitted.num_micro_batches,
+                               Limits(recompute="selective", recompute_layers=tuple(
+                                   i for j, x in enumerate(fitted.stages) for i in x.recompute_layers
+                                   if j != s or i < x.layers[0] + k - 1)),
+                               boundaries=[x.layers[0] for x in fitted.stages[1:]])
+            assert fewer.estimate.peak_memory_bytes[s] > tight, (s, k)
+
+
+def test_simulator_charges_a_backwards_recomputed_activations():
+    """Peak bytes: in-flight micro-batches × what each keeps, plus one backward's recomputed segment."""
+    from dapple_launch.schedule import build_schedule
+    costs = [StageCosts(1.0, 3.0, activation_bytes=10.0, recompute_bytes=25.0), StageCosts(1.0, 3.0, activation_bytes=4.0)]
+    sim = simulate(build_schedule("1f1b", 2, 4), costs)
+    assert sim.peak_in_flight == [2, 1]
+    assert sim.peak_activation_bytes == [2 * 10.0 + 25.0, 4.0]
+
+
+# ---- several processes ---------------------------------------------------------------------------
+GRID = [  # (replicas, recompute, Limits fields), micro-batches 4, batch 8
+    ((1, 1), "full", {}), ((1, 1), "selective", {"recompute_counts": (1,)}),
+    ((1, 1), "selective", {"recompute_layers": (1, 3)}),
+    ((1, 1, 1, 1), "full", {}), ((1, 1, 1, 1), "selective", {"recompute_counts": (1, 0, 1, 1)}),
+    ((2, 2), "full", {}), ((2, 1, 1), "selective", {"recompute_counts": (2, 1, 0)}),
+]
+
+
+@pytest.mark.multiprocess
+def test_recomputed_pipelines_equal_the_reference(tmp_path):
+    """2 and 4 stages, full and selective (counts, positions), uneven replication: loss and every
+    gradient equal one process's."""
+    model = tiny_model()
+    cases = [("gpt", replicas, "1f1b", 4, 9, make_plan(model, replicas, "1f1b", 4, 4 * max(replicas),
+                                                       recompute=rc, **kw).to_json())
+             for replicas, rc, kw in GRID]
+    for case, results in zip(GRID, run_cases(cases, tmp_path)):
+        for r in results:
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
+            assert r["worst_grad_rel"] < 1e-4, case
+
+
+def _peak_with_recompute(rank, world, plan_json):
+    """This stage's peak saved bytes over an iteration of its plan, and one micro-batch's kept and
+    backward-extra bytes measured alone."""
+    from dapple_launch.planner import Plan
+    from dapple_launch.runtime.executor import StageExecutor
+    from dapple_launch.runtime.grid import ProcessGrid
+    from dapple_launch.runtime.p2p import PointToPoint
+    plan = Plan.from_json(plan_json)
+    model = tiny_model()
+    grid = ProcessGrid.from_plan(plan)
+    stage, replica = grid.position(rank)
+    a, b = plan.stages[stage].layers
+    local = PipelineModule(model).materialize(list(range(a, b)))
+    marks = [i - a for i in plan.stages[stage].recompute_layers]
+    batch = model.batch(2 * plan.num_micro_batches, torch.Generator().manual_seed(1))
+    one = SavedBytes(local.parameters())
+    x = tuple(t[:2] for t in as_tuple(batch[0]))
+    if stage > 0:
+        with torch.no_grad():
+            earlier = PipelineModule(model).materialize(list(range(0, a)))
+            x = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in as_tuple(run_layers(earlier.local_stack(), x)))
+    with one.hooks():  # one micro-batch as the executor runs it
+        y = run_layers(with_recomputation(local.local_stack(), marks), x if len(x) > 1 else x[0])
+        out = (model.loss(y, batch[1][:2]).sum() if stage == grid.num_stages - 1
+               else sum(t.float().sum() for t in as_tuple(y) if t.is_floating_point()))
+        kept = one.live
+        out.backward()
+    counter = SavedBytes(local.parameters())
+    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
+                       recompute=marks)
+    with counter.hooks():
+        ex.run(plan.build_schedule(), batch)
+    return {"stage": stage, "peak": counter.peak, "kept": kept, "extra": one.peak - kept}
+
+
+def _peaks_many(rank, world, plans):
+    return [_peak_with_recompute(rank, world, p) for p in plans]
+
+
+@pytest.mark.multiprocess
+def test_peak_saved_bytes_with_recomputation_equal_the_simulators(tmp_path):
+    """Counted exactly over an iteration on 4 stages (1F1B and GPipe, none / selective / full): each
+    stage's peak is the simulator's, fed what one micro-batch keeps and holds above that in its backward."""
+    from .multiproc import run_ranks
+    model = tiny_model()
+    grid = [("1f1b", "none", {}), ("1f1b", "full", {}), ("1f1b", "selective", {"recompute_counts": (1, 1, 0, 1)}),
+            ("gpipe", "full", {})]
+    plans = [make_plan(model, (1, 1, 1, 1), sch, 6, 12, recompute=rc, **kw) for sch, rc, kw in grid]
+    per_rank = run_ranks(4, _peaks_many, ([p.to_json() for p in plans],), tmp_path)
+    for k, (case, plan) in enumerate(zip(grid, plans)):
+        results = sorted((rank[k] for rank in per_rank), key=lambda r: r["stage"])
+        costs = [StageCosts(1.0, 2.0, activation_bytes=r["kept"], recompute_bytes=r["extra"]) for r in results]
+        sim = simulate(plan.build_schedule(), costs)
+        assert [r["peak"] for r in results] == sim.peak_activation_bytes, case
+        if case[1] != "none":
+            assert any(r["extra"] > 0 for r in results), case
