@@ -47,6 +47,8 @@ VGGPreset = choice("VGGPreset", "imagenet", "tiny")
 StrategyName = choice("StrategyName", "auto", "fixed", "file")
 ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1")
 RecomputeName = choice("RecomputeName", "none", "full", "selective", "auto")
+Objective = choice("Objective", "time", "memory", "pareto")
+DevicesChoice = choice("DevicesChoice", "all", "auto")
 ProfileSource = choice("ProfileSource", "analytic", "measured")
 DeviceKind = choice("DeviceKind", "cpu", "gpu")
 ClusterLauncher = choice("ClusterLauncher", "local", "slurm")
@@ -254,11 +256,34 @@ class AutoStrategyConfig(PlannedStrategyConfig):
     max_warmup_depth: int = 4  # the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
     # the schedule families the planner may choose; [] = all that apply to `schedule` (1f1b: 1f1b and zb_h1)
     schedules: List[ScheduleName] = field(default_factory=list)
+    # auto: recompute only where nothing fits otherwise (objective=time); a lever on the frontier
+    recompute: RecomputeName = RecomputeName["auto"]
+    # time: the fastest plan; memory: the least memory per device within max_slowdown of the fastest;
+    # pareto: the frontier of time against memory (pareto.json, pareto.svg), the fastest in budget chosen
+    objective: Objective = Objective["time"]
+    max_slowdown: float = 0.1  # objective=memory: how much slower than the fastest a plan may be
+    memory_budget_gib: Optional[float] = None  # memory per device to plan within, below the card's (usable) memory
+    frontier_step: float = 0.05  # relative memory step between frontier searches (0 = exact; see planner/frontier.py)
+    # all: plan for the whole cluster; auto: the frontier over device counts (1 .. a node, then whole
+    # nodes), choosing the cheapest that meets deadline_s_per_iteration, else the fastest within max_devices
+    devices: DevicesChoice = DevicesChoice["all"]
+    deadline_s_per_iteration: Optional[float] = None
+    max_devices: Optional[int] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("strategy", max_stages=self.max_stages, micro_batch_size=self.micro_batch_size,
-                  search_nodes=self.search_nodes, max_warmup_depth=self.max_warmup_depth)
+                  search_nodes=self.search_nodes, max_warmup_depth=self.max_warmup_depth, max_devices=self.max_devices)
+        _need(self.max_slowdown >= 0, "strategy.max_slowdown", self.max_slowdown, "must be >= 0 (0.1 = 10% slower)")
+        _need(self.memory_budget_gib is None or self.memory_budget_gib > 0, "strategy.memory_budget_gib",
+              self.memory_budget_gib, "must be > 0 GiB per device")
+        _need(0 <= self.frontier_step < 1, "strategy.frontier_step", self.frontier_step,
+              "must be in [0, 1): the relative memory step between frontier searches (0 = exact)")
+        _need(self.deadline_s_per_iteration is None or self.deadline_s_per_iteration > 0,
+              "strategy.deadline_s_per_iteration", self.deadline_s_per_iteration, "must be > 0 seconds")
+        _need(str(self.devices) == "auto" or (self.deadline_s_per_iteration is None and self.max_devices is None),
+              "strategy.deadline_s_per_iteration/max_devices",
+              [self.deadline_s_per_iteration, self.max_devices], "apply with strategy.devices=auto only")
         _need(0 <= self.optimality_gap < 0.5, "strategy.optimality_gap", self.optimality_gap,
               "must be in [0, 0.5): the fraction a first pass may leave on the table (0 = exact from the start)")
 
@@ -268,6 +293,7 @@ class FileStrategyConfig(StrategyConfig):
     """Run a plan made elsewhere (a dry run's plan.json, edited or not) as written."""
     name: StrategyName = StrategyName["file"]
     plan_file: Optional[str] = None
+    plan_index: Optional[int] = None  # for a file holding a list of plans (pareto.json): which one (0 = fastest)
 
 
 STRATEGY_SCHEMAS = {"fixed": FixedStrategyConfig, "auto": AutoStrategyConfig, "file": FileStrategyConfig}

@@ -163,7 +163,7 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     topology = topology_from_config(cfg.cluster, precision)
     s = cfg.strategy
     if s.name == "file":
-        return plan_from_file(s.plan_file, topology, num_layers(cfg), cfg.global_batch_size)
+        return plan_from_file(s.plan_file, topology, num_layers(cfg), cfg.global_batch_size, s.plan_index)
     if s.profile_source == "measured" and topology.device_kind == "cpu":
         topology = measured_cpu_links(topology)
     profile = profile_from_config(cfg, topology)
@@ -176,8 +176,37 @@ def plan_from_config(cfg: DictConfig) -> Plan:
             replicas = [topology.num_devices // s.stages]
         return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, replicas, s.num_micro_batches,
                           limits_from_config(s), boundaries=list(s.boundaries) or None, warmup_depth=s.warmup_depth)
-    from .planner.search import plan
-    return plan(profile, topology, cfg.global_batch_size, limits_from_config(s))
+    return choice_for(cfg, profile, topology).plan
+
+
+def choice_for(cfg: DictConfig, profile: ModelProfile, topology: Topology):
+    """strategy=auto: the plans its objective chooses among (one, a frontier, or one per device count)
+    and its choice (planner/frontier.py)."""
+    from .planner.frontier import plan_choice
+    s = cfg.strategy
+    budget = s.memory_budget_gib * GIB if s.memory_budget_gib is not None else None
+    return plan_choice(profile, topology, cfg.global_batch_size, limits_from_config(s), objective=str(s.objective),
+                       budget_bytes=budget, max_slowdown=s.max_slowdown, step=s.frontier_step,
+                       devices=str(s.devices), deadline_s=s.deadline_s_per_iteration, max_devices=s.max_devices)
+
+
+def frontier_from_config(cfg: DictConfig):
+    """The Frontier behind an auto plan that chose among several (objective pareto or memory, or
+    devices=auto), for the dry run's table, pareto.json and pareto.svg; None otherwise."""
+    s = cfg.strategy
+    if s.name != "auto" or (str(s.objective) == "time" and str(s.devices) == "all"):
+        return None
+    return _choice_for(_plan_key(cfg))
+
+
+@lru_cache(maxsize=8)
+def _choice_for(key: str):
+    cfg = OmegaConf.create(key)
+    precision = run_precision(cfg)
+    topology = topology_from_config(cfg.cluster, precision)
+    if cfg.strategy.profile_source == "measured" and topology.device_kind == "cpu":
+        topology = measured_cpu_links(topology)
+    return choice_for(cfg, profile_from_config(cfg, topology), topology)
 
 
 def num_layers(cfg: DictConfig) -> int:
@@ -189,15 +218,17 @@ def num_layers(cfg: DictConfig) -> int:
     return len(model_from_config(cfg.model).layers())
 
 
-def plan_from_file(path: str | None, topology, num_layers: int, global_batch: int) -> Plan:
-    """A plan made elsewhere (a dry run's plan.json, edited or not): run as written, once it is
-    checked against this cluster and model."""
+def plan_from_file(path: str | None, topology, num_layers: int, global_batch: int, index: int | None = None) -> Plan:
+    """A plan made elsewhere (a dry run's plan.json, edited or not, or one point of its pareto.json
+    with `index`): run as written, once it is checked against this cluster and model."""
     from .runtime.placement import check_plan_runs_on
     if not path or not Path(path).is_file():
         raise ValueError(f"strategy=file needs strategy.plan_file=PATH to a plan.json; {path!r} is not a file "
                          f"(make one with dry_run=true)")
     try:
-        plan = Plan.load(path)
+        plan = _one_plan(path, index)
+    except IndexError as exc:
+        raise ValueError(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path} is not a readable plan ({type(exc).__name__}: {exc}); write it with dry_run=true "
                          f"and edit it, keeping every field") from None
@@ -210,6 +241,19 @@ def plan_from_file(path: str | None, topology, num_layers: int, global_batch: in
     except ValueError as exc:  # a ScheduleError (deadlock) is one too
         raise ValueError(f"{path}: its schedule cannot run: {exc}") from None
     return plan
+
+
+def _one_plan(path: str, index: int | None) -> Plan:
+    import json
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, list):  # pareto.json: plans fastest first
+        if index is None or not 0 <= index < len(data):
+            raise IndexError(f"{path} holds {len(data)} plans (a frontier, fastest first): pick one with "
+                             f"strategy.plan_index=K, K in 0..{len(data) - 1}")
+        return Plan.from_dict(data[index])
+    if index not in (None, 0):
+        raise IndexError(f"{path} holds one plan: strategy.plan_index={index} must be 0 or left out")
+    return Plan.from_dict(data)
 
 
 def measured_cpu_share(model: PipelineModel, topology: Topology, precision: str = "32") -> ModelProfile:
@@ -262,14 +306,21 @@ def measured_cpu_links(topology: Topology) -> Topology:
 _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")
 
 
-def cached_plan(cfg: DictConfig) -> Plan:
-    """The resolver runs on every access to `plan`; the planner runs once per distinct input."""
+def _plan_key(cfg: DictConfig) -> str:
     inputs = {k: OmegaConf.to_container(cfg[k], enum_to_str=True) if k != "global_batch_size" else cfg[k]
               for k in _PLAN_INPUTS}
     inputs["trainer"] = {"precision": str(cfg.trainer.precision)}
-    return _plan_for(OmegaConf.to_yaml(OmegaConf.create(inputs)))
+    return OmegaConf.to_yaml(OmegaConf.create(inputs))
+
+
+def cached_plan(cfg: DictConfig) -> Plan:
+    """The resolver runs on every access to `plan`; the planner runs once per distinct input."""
+    return _plan_for(_plan_key(cfg))
 
 
 @lru_cache(maxsize=16)
 def _plan_for(key: str) -> Plan:
-    return plan_from_config(OmegaConf.create(key))
+    cfg = OmegaConf.create(key)
+    if frontier_from_config(cfg) is not None:  # planned once: the frontier's choice
+        return _choice_for(key).plan
+    return plan_from_config(cfg)

@@ -249,3 +249,19 @@ def test_peak_saved_bytes_with_recomputation_equal_the_simulators(tmp_path):
         assert [r["peak"] for r in results] == sim.peak_activation_bytes, case
         if case[1] != "none":
             assert any(r["extra"] > 0 for r in results), case
+
+
+def test_the_planners_prefix_shortcut_equals_the_general_count():
+    """first_layers_recomputed (O(1), what recompute=auto scans) equals recompute_bytes and
+    recompute_seconds of the same first layers, on every stage and count of a profile with fixed parts."""
+    from dapple_launch.profile import LayerProfile, chain
+    layers = [LayerProfile(f"l{i}", 1e-3 * (i + 1), 2e-3, 1e5 * (i % 3 + 1), 1e6, saved_bytes=3e5 * (i % 2 + 1),
+                           forward_fixed_s=1e-4, saved_fixed_bytes=1e4 * i) for i in range(7)]
+    profile = chain("p", layers, batch_size=4)
+    for a in range(7):
+        for z in range(a + 1, 8):
+            for k in range(1, z - a + 1):
+                kept, extra, again = profile.first_layers_recomputed(a, z, k, 3)
+                marks = range(a, a + k)
+                assert (kept, extra) == pytest.approx(profile.recompute_bytes(a, z, marks, 3), rel=1e-12)
+                assert again == pytest.approx(profile.recompute_seconds(a, z, marks, 3), rel=1e-12)

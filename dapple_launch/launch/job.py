@@ -38,6 +38,27 @@ def check_data(cfg: DictConfig, plan: Plan, model) -> None:
     check(d, model, G, widest)
 
 
+def write_frontier(cfg: DictConfig, run_dir: Path, log) -> None:
+    """When the plan was chosen among several (objective pareto or memory, devices=auto): the table,
+    pareto.json (the plans, fastest first, each in plan.json's schema) and pareto.svg."""
+    from ..plan_config import frontier_from_config
+    from ..planner.frontier import describe, frontier_to_json
+    from ..planner.frontier_svg import frontier_svg
+    from ..run_dir import storage_refusal
+    f = frontier_from_config(cfg)
+    if f is None:
+        return
+    log.info(describe(f))
+    try:
+        for name, text in (("pareto.json", frontier_to_json(f)), ("pareto.svg", frontier_svg(f))):
+            tmp = run_dir / f"{name}.tmp"
+            tmp.write_text(text)
+            tmp.replace(run_dir / name)
+    except OSError as exc:
+        raise storage_refusal(exc, run_dir) from None
+    log.info(f"frontier: {run_dir / 'pareto.json'} ({len(f.points)} plans), picture {run_dir / 'pareto.svg'}")
+
+
 def run(cfg: DictConfig) -> int:
     from ..log import get_logger
     from ..models import identity
@@ -51,6 +72,7 @@ def run(cfg: DictConfig) -> int:
     lock = RunLock(run_dir).acquire()  # one launch per run directory, before anything of ours is written
     try:
         log.info(plan.explain())
+        write_frontier(cfg, run_dir, log)
         model = model_from_config(cfg.model) if cfg.model.name != "from_profile" else None
         if model is not None:
             check_data(cfg, plan, model)

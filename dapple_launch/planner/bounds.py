@@ -35,6 +35,9 @@ class BoundInputs:
     # A stage slower than this is in no plan that beats the incumbent (T >= M × any stage's time),
     # so the tables leave it out: they bound every plan that could still win, at a fraction of the work.
     stage_time_cap: float = math.inf
+    # recomputation may shrink what a micro-batch keeps (strategy.recompute=auto: a stage's recomputed
+    # segment and the rest never live at once), so only the parameters bound a stage's memory
+    activations_may_shrink: bool = False
 
 
 def fresh_node_start(d, devices_per_node: int, devices: int):
@@ -163,7 +166,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             stage_param_bytes, stage_params = stage_param_bytes_all[:useful], stage_params_all[:useful]
             stage_kept, sent = stage_kept_all[:useful], sent_all[:useful]
             stage_kept_fixed = stage_kept_fixed_all[:useful]
-            t = np.where(stage_params[None, :] + stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None]
+            kept_scale = 0.0 if x.activations_may_shrink else 1.0
+            t = np.where(stage_params[None, :] + kept_scale * (stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None])
                          > x.capacity_bytes, np.inf,
                          stage_fixed[None, :] + stage_work[None, :] * n[:, None])[:, :, None]
             link = np.where((z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0)

@@ -72,6 +72,8 @@ class BranchAndBound:
         self.best_t, self.best = incumbent, None
         self.gap = gap  # prune branches that cannot beat the incumbent by more than this fraction
         self.cap = topology.device_memory_bytes * (1 - limits.memory_headroom)
+        # with recompute=auto a micro-batch's activations may shrink below one's whole: parameters bound memory
+        self.keeps_activations = 0.0 if limits.recompute == "auto" else 1.0
         self.R = replica_choices(topology, b)
         self.fast_bw = max(topology.intra_node_bandwidth, topology.inter_node_bandwidth)
         self.fast_lat = min(topology.intra_node_latency_s, topology.inter_node_latency_s)
@@ -92,7 +94,8 @@ class BranchAndBound:
         self.work = pre  # prefix sums of forward+backward per profile batch, the part that scales with samples
         self.fixed = fixed  # and of the part each call costs whatever its batch
         self.bound_inputs = BoundInputs(profile, topology, b, self.M, tuple(self.R), self.speed, self.cap,
-                                        limits.optimizer_factor, stage_time_cap=incumbent / self.M)
+                                        limits.optimizer_factor, stage_time_cap=incumbent / self.M,
+                                        activations_may_shrink=limits.recompute == "auto")
         self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
         self.suffix = self.bounds.bottleneck
 
@@ -252,7 +255,7 @@ class BranchAndBound:
                     if z < self.L and (count + 1 == self.max_stages or start + r >= self.D):
                         continue  # no stage or device left for the rest
                     f, bk, act, params = self.stage_time(i, z, r)
-                    if params * self.limits.optimizer_factor + act > self.cap:
+                    if params * self.limits.optimizer_factor + act * self.keeps_activations > self.cap:
                         break  # more layers only need more memory
                     if (self.M - 1) * max(beta_placed, f + bk) + f + bk >= self.cutoff:
                         break  # a longer stage is only slower

@@ -28,7 +28,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts, build_schedule, simulate, zero_bubble
 from ..schedule.one_f_one_b import compute_orders, deeper_warmup
-from ..schedule.simulate import iteration_time
+from ..schedule.simulate import iteration_time, program
 
 
 @dataclass(frozen=True)
@@ -203,16 +203,20 @@ def fit_by_recomputation(profile: ModelProfile, topology: Topology, layout: tupl
         if memory[s] <= capacity:
             continue
         best = None
+        n = math.ceil(micro_batch_size / st.replicas)
+        params = profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+        count = in_flight(limits.schedule, s, S, num_micro_batches, warmup)
+        speed = speed_ratio(profile, topology)
         for k in range(1, st.stop - st.start + 1):
-            marks = tuple(range(st.start, st.start + k))
-            c = recomputed_costs(profile, topology, (st,), [costs[s]], micro_batch_size, (marks,))[0]
-            m = (profile.span(st.start, st.stop)[3] * limits.optimizer_factor
-                 + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes + c.recompute_bytes)
-            if best is None or m < best[2]:
-                best = (marks, c, m)
+            kept, extra, again = profile.first_layers_recomputed(st.start, st.stop, k, n)
+            m = params + count * kept + extra
+            if best is None or m < best[2] or m <= capacity:
+                best = (tuple(range(st.start, st.start + k)), (kept, extra, again * speed), m)
             if m <= capacity:
-                best = (marks, c, m)
                 break
+        marks, (kept, extra, again), m = best
+        best = (marks, replace(costs[s], backward_s=costs[s].backward_s + again, activation_bytes=kept,
+                               recompute_bytes=extra), m)
         if best[2] < memory[s]:
             sets[s], costs[s], memory[s] = best
     return tuple(sets) if any(sets) else (), costs, memory
@@ -342,6 +346,15 @@ def _warmup_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, .
 SIMULATED = {"zb_h1": _zb_h1_orders, "1f1b": _warmup_orders}
 
 
+@lru_cache(maxsize=32)
+def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]):
+    """A shape's schedule and its validated program: shared by every plan of that shape (a frontier's
+    points and a plan's runners-up share shapes; validating 16 stages × 128 micro-batches takes a second)."""
+    sched = build_schedule(schedule, num_stages, num_micro_batches, warmup)
+    return sched, program(sched)
+
+
 def simulate_costed(c: Costed):
     """Run the discrete-event simulator on the schedule this candidate would execute."""
-    return simulate(build_schedule(c.schedule, len(c.layout), c.num_micro_batches, c.warmup), c.costs)
+    sched, steps = _program(c.schedule, len(c.layout), c.num_micro_batches, tuple(c.warmup))
+    return simulate(sched, c.costs, steps=steps)

@@ -246,8 +246,11 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
             f"{human_bytes(topology.device_memory_bytes * (1 - limits.memory_headroom))} is usable on "
             f"{topology.name} ({human_bytes(topology.device_memory_bytes)} less {limits.memory_headroom:.0%} headroom). "
             f"To fit: more devices (cluster.nodes > {topology.nodes}), a smaller micro-batch "
-            f"(strategy.micro_batch_size=1), a lower optimizer_factor (now {limits.optimizer_factor}: e.g. SGD), or "
-            f"activation recomputation")
+            f"(strategy.micro_batch_size=1), " + (
+                f"or a lower optimizer_factor (now {limits.optimizer_factor}: e.g. SGD); activation recomputation "
+                f"was tried (recompute=auto)" if limits.recompute == "auto" else
+                f"a lower optimizer_factor (now {limits.optimizer_factor}: e.g. SGD), or activation recomputation "
+                f"(strategy.recompute=auto)"))
     for name, c in baselines.items():
         if c is not None:
             c.extra["note"] = name

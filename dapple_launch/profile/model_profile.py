@@ -147,6 +147,21 @@ class ModelProfile:
             i = z
         return kept, peak - kept
 
+    def bytes_between(self, start: int, stop: int, samples: float) -> float:
+        """Σ layer_bytes over [start, stop), from prefix sums."""
+        p = self._prefix
+        fixed = p["mf"][stop] - p["mf"][start]
+        return fixed + (p["m"][stop] - p["m"][start] - fixed) * samples / self.batch_size
+
+    def first_layers_recomputed(self, start: int, stop: int, k: int, samples: float) -> tuple[float, float, float]:
+        """recompute_bytes and recompute_seconds for the stage's first k layers, in O(1): the
+        planner's choice (recompute=auto). One segment at the stage's start keeps no input of its
+        own, so kept = received + the rest's saves and extra = max(0, the segment's saves - the rest's)."""
+        received = self.cut_bytes[start - 1] * samples / self.batch_size if start > 0 else 0.0
+        head = self.bytes_between(start, start + k, samples)
+        tail = self.bytes_between(start + k, stop, samples)
+        return received + tail, max(0.0, head - tail), self.seconds(start, start + k, samples)[0]
+
     def recompute_seconds(self, start: int, stop: int, recomputed, samples: float) -> float:
         """The forward the backward runs again: of the recomputed layers among [start, stop)."""
         return sum(self.seconds(i, i + 1, samples)[0] for i in set(recomputed) if start <= i < stop)
