@@ -263,7 +263,7 @@ class AutoStrategyConfig(PlannedStrategyConfig):
     objective: Objective = Objective["time"]
     max_slowdown: float = 0.1  # objective=memory: how much slower than the fastest a plan may be
     memory_budget_gib: Optional[float] = None  # memory per device to plan within, below the card's (usable) memory
-    frontier_step: float = 0.05  # relative memory step between frontier searches (0 = exact; see planner/frontier.py)
+    frontier_step: float = 0.1  # relative memory step between frontier searches (0 = exact; see planner/frontier.py)
     # all: plan for the whole cluster; auto: the frontier over device counts (1 .. a node, then whole
     # nodes), choosing the cheapest that meets deadline_s_per_iteration, else the fastest within max_devices
     devices: DevicesChoice = DevicesChoice["all"]

@@ -14,7 +14,7 @@ from .planner.plan import Plan
 from .plan_config import model_from_config, run_precision
 from .runtime import DappleStrategy, PipelineModule
 from .runtime.checkpointing import Checkpointing
-from .runtime.placement import PlannedEnvironment
+from .runtime.placement import PlannedEnvironment, job_shape
 from .runtime.progress import Progress
 from .runtime.signals import SIGNAL, StopOnSignal
 
@@ -70,8 +70,10 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
                                 profile_steps=profile_window(t) if t.profile_pipeline else None,
                                 timeline_dir=run_dir),
         accelerator="gpu" if gpu else "cpu",
-        devices=plan.world_size if not gpu else cfg.cluster.devices_per_node,
-        num_nodes=1 if not gpu else cfg.cluster.nodes,
+        # on GPUs, the job's shape: the nodes and tasks per node the plan uses (devices=auto may use fewer
+        # than the cluster has; the Slurm launcher submits exactly these)
+        devices=plan.world_size if not gpu else job_shape(plan, cfg.cluster.devices_per_node)[1],
+        num_nodes=1 if not gpu else job_shape(plan, cfg.cluster.devices_per_node)[0],
         max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
         limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps, num_sanity_val_steps=0,
         logger=logger, callbacks=callbacks, use_distributed_sampler=False, enable_progress_bar=False,

@@ -33,3 +33,19 @@ def test_generated_script_matches_the_recorded_copy(compose_cfg):
     assert text == GOLDEN.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=8" in text and "--gpus-per-node=8" in text
     assert "module load cuda/12.4" in text and "#SBATCH --partition=gpu" in text and "#SBATCH --account=ml-team" in text
+
+
+@pytest.mark.skipif(shutil.which("srun") is None, reason="submitit renders the script only where srun exists (a Slurm "
+                    "client; the Slurm tier installs one)")
+def test_devices_auto_submits_exactly_the_nodes_and_tasks_its_plan_uses(compose_cfg):
+    """strategy.devices=auto chose fewer devices than the cluster has: the job asks for those nodes,
+    tasks and GPUs only (what the user pays for)."""
+    from dapple_launch.runtime.placement import job_shape
+    cfg = compose_cfg(["model=bert", "cluster=v100x16", "strategy=auto", "strategy.devices=auto",
+                       "strategy.max_devices=3", "global_batch_size=64", "cluster.partition=gpu"])
+    plan = plan_from_config(cfg)
+    assert plan.world_size <= 3
+    nodes, tasks = job_shape(plan, 8)
+    text = submission_script(cfg, plan, RUN_DIR)
+    assert f"#SBATCH --nodes={nodes}" in text and f"#SBATCH --ntasks-per-node={tasks}" in text
+    assert f"--gpus-per-node={tasks}" in text and nodes == 1 and tasks == plan.world_size

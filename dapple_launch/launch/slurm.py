@@ -127,8 +127,8 @@ def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
     ex = submitit.AutoExecutor(folder=str(run_dir / "slurm"), cluster="slurm", slurm_max_num_timeout=c.max_num_timeout)
     params = dict(nodes=nodes, tasks_per_node=tasks_per_node, cpus_per_task=c.cpus_per_task,
                   timeout_min=c.time_min, name=f"dapple-{plan.model}", slurm_setup=list(c.setup))
-    if c.device_kind == "gpu":
-        params["gpus_per_node"] = c.devices_per_node
+    if c.device_kind == "gpu":  # the GPUs the plan's tasks sit on, no more (strategy.devices=auto may use few)
+        params["gpus_per_node"] = tasks_per_node
     for key, value in (("slurm_partition", c.partition), ("slurm_account", c.account), ("slurm_qos", c.qos),
                        ("slurm_constraint", c.constraint), ("mem_gb", c.mem_gb)):
         if value:

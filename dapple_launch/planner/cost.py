@@ -202,18 +202,36 @@ def fit_by_recomputation(profile: ModelProfile, topology: Topology, layout: tupl
     for s, st in enumerate(layout):
         if memory[s] <= capacity:
             continue
-        best = None
         n = math.ceil(micro_batch_size / st.replicas)
         params = profile.span(st.start, st.stop)[3] * limits.optimizer_factor
         count = in_flight(limits.schedule, s, S, num_micro_batches, warmup)
-        speed = speed_ratio(profile, topology)
-        for k in range(1, st.stop - st.start + 1):
-            kept, extra, again = profile.first_layers_recomputed(st.start, st.stop, k, n)
-            m = params + count * kept + extra
-            if best is None or m < best[2] or m <= capacity:
-                best = (tuple(range(st.start, st.start + k)), (kept, extra, again * speed), m)
-            if m <= capacity:
-                break
+        received = profile.cut_bytes[st.start - 1] * n / profile.batch_size if st.start > 0 else 0.0
+        total = profile.bytes_between(st.start, st.stop, n)
+        # memory(k) = params + count (received + tail_k) + max(0, head_k - tail_k) >= params + count
+        # received + total / 2 (head_k + tail_k = total): when even that is over, no count fits
+        if params + count * received + total / 2 > capacity:
+            continue
+        layers = st.stop - st.start
+
+        def need(k: int) -> float:
+            kept, extra, _ = profile.first_layers_recomputed(st.start, st.stop, k, n)
+            return params + count * kept + extra
+
+        if count >= 2:  # memory(k) never rises with k: the fewest that fit, by bisection
+            lo, hi = 1, layers
+            if need(hi) > capacity:
+                k = min(range(1, layers + 1), key=need)
+            else:
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if need(mid) <= capacity else (mid + 1, hi)
+                k = lo
+        else:  # one micro-batch in flight: max(head, tail) falls, then rises
+            fitting = [k for k in range(1, layers + 1) if need(k) <= capacity]
+            k = fitting[0] if fitting else min(range(1, layers + 1), key=need)
+        kept, extra, again = profile.first_layers_recomputed(st.start, st.stop, k, n)
+        best = (tuple(range(st.start, st.start + k)), (kept, extra, again * speed_ratio(profile, topology)),
+                params + count * kept + extra)
         marks, (kept, extra, again), m = best
         best = (marks, replace(costs[s], backward_s=costs[s].backward_s + again, activation_bytes=kept,
                                recompute_bytes=extra), m)
@@ -351,7 +369,7 @@ def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tup
     """A shape's schedule and its validated program: shared by every plan of that shape (a frontier's
     points and a plan's runners-up share shapes; validating 16 stages × 128 micro-batches takes a second)."""
     sched = build_schedule(schedule, num_stages, num_micro_batches, warmup)
-    return sched, program(sched)
+    return sched, program(sched, validated=True)  # a shipped generator's lists (validated when a plan is read)
 
 
 def simulate_costed(c: Costed):

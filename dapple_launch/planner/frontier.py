@@ -25,6 +25,7 @@ from .cost import Limits
 from .plan import Plan
 
 EXACT = 1e-12  # a cap "just below" a peak, for step 0
+LATER_SHARE = 0.25  # of strategy.search_nodes, what each search below the first may score
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def non_dominated(plans: list[Plan]) -> list[Plan]:
     return out
 
 
-def frontier(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, step: float = 0.05,
+def frontier(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, step: float = 0.1,
              max_points: int = 64) -> tuple[list[Plan], int]:
     """(non-dominated plans fastest first, searches run). Searches use `limits` with recompute=auto
     unless recomputation is switched off (none) or fixed (full / selective)."""
@@ -90,7 +91,9 @@ def frontier(profile: ModelProfile, topology: Topology, global_batch: int, limit
         capped = replace(topology, device_memory_bytes=cap / keep)
         searches += 1
         try:
-            p = plan(profile, capped, global_batch, limits)
+            # below the card, each search gets a share of the node budget (each point states its own gap)
+            p = plan(profile, capped, global_batch,
+                     limits if not found else replace(limits, search_nodes=max(1, int(limits.search_nodes * LATER_SHARE))))
         except NoFeasiblePlan:
             break
         found.append(replace(p, device_memory_bytes=topology.device_memory_bytes))
@@ -140,7 +143,7 @@ def sub_cluster(topology: Topology, devices: int) -> Topology:
 
 def plan_choice(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
                 objective: str = "time", budget_bytes: float | None = None, max_slowdown: float = 0.1,
-                step: float = 0.05, devices: str = "all", deadline_s: float | None = None,
+                step: float = 0.1, devices: str = "all", deadline_s: float | None = None,
                 max_devices: int | None = None) -> Frontier:
     """The plans an objective chooses among, and its choice (see choose)."""
     from .explain import human_bytes, human_seconds
@@ -175,6 +178,14 @@ def plan_choice(profile: ModelProfile, topology: Topology, global_batch: int, li
                 raise last  # its message says what would fit
         points += [replace(p, device_memory_bytes=topology.device_memory_bytes,
                            devices_per_node=topology.devices_per_node) for p in found]
+    if not points and budget_bytes is not None and objective == "time":
+        # nothing within the budget: the frontier under the card says what the least memory is
+        for n in counts:
+            found, k = frontier(profile, sub_cluster(topology, n) if n != topology.num_devices else topology,
+                                global_batch, limits, step)
+            searches += k
+            points += [replace(p, device_memory_bytes=topology.device_memory_bytes,
+                               devices_per_node=topology.devices_per_node) for p in found]
     # one order for the table, pareto.json and strategy.plan_index: fastest first
     points.sort(key=lambda p: (p.estimate.iteration_s, p.world_size, max(p.estimate.peak_memory_bytes)))
     chosen = choose(points, objective, budget_bytes, max_slowdown, deadline_s) if points else None

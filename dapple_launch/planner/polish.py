@@ -139,7 +139,8 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
                 costed += 1  # screened out by memory or by its bound: no simulation
                 continue
             cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs)
-            costed += -(-len(layout) * M // CELLS_PER_NODE) if d > 1 else 1
+            # a simulated candidate (a deeper warm-up, or ZB-H1 at any depth) costs its schedule's size
+            costed += -(-len(layout) * M // CELLS_PER_NODE) if d > 1 or limits.schedule == "zb_h1" else 1
             if cand.fits and cand.iteration_s < (step or best).iteration_s * (1 - 1e-12):
                 step, step_shape, step_depth = cand, n, d
             if costed >= cost_budget:
