@@ -38,6 +38,9 @@ Keys set most often:
   strategy.schedules=[1f1b,zb_h1]  the schedule families the planner may choose (strategy=auto)
   strategy.recompute=none|full|selective|auto  activation recomputation; selective takes
       strategy.recompute_counts=[first layers per stage] or strategy.recompute_layers=[positions]
+  strategy.objective=time|memory|pareto strategy.memory_budget_gib=G       (strategy=auto; pareto writes
+      pareto.json and pareto.svg: run a point with strategy=file strategy.plan_file=... strategy.plan_index=K)
+  strategy.devices=auto strategy.deadline_s_per_iteration=T | strategy.max_devices=N   the cheapest allocation
   model.preset=NAME model.num_layers=N model.hidden=H                       (gpt, bert)
   model.target=PKG.MODULE:CALLABLE model.args={{k:v}}                         (model=custom)
   data.path=PATH data.seq_len=N                                              (data=text_file, tokens)
