@@ -212,9 +212,17 @@ class PlannedStrategyConfig(StrategyConfig):
     recompute: RecomputeName = RecomputeName["none"]
     recompute_layers: List[int] = field(default_factory=list)  # layer positions (selective)
     recompute_counts: List[int] = field(default_factory=list)  # first layers per stage, or one for all (selective)
+    # TeraPipe: none | auto (the planner's dynamic programme, when it helps a causal model) | [l1, l2, ...]
+    # (token slice lengths summing to the sequence length; the plan runs schedule terapipe)
+    token_slices: Any = "none"
 
     def __post_init__(self) -> None:
         _need(self.optimizer_factor > 0, "strategy.optimizer_factor", self.optimizer_factor, "must be > 0")
+        t = self.token_slices
+        listed = isinstance(t, (list, tuple)) or OmegaConf.is_list(t)
+        _need(t in ("none", "auto") or (listed and len(t) > 0 and all(isinstance(n, int) and n >= 1 for n in t)),
+              "strategy.token_slices", t, "must be none, auto, or a list of token counts >= 1 summing to the sequence "
+              "length, e.g. [512,256,256]")
         _need(str(self.recompute) == "selective" or not (self.recompute_layers or self.recompute_counts),
               "strategy.recompute_layers/recompute_counts", list(self.recompute_layers or self.recompute_counts),
               f"apply with strategy.recompute=selective only (it is {self.recompute})")
@@ -258,6 +266,7 @@ class AutoStrategyConfig(PlannedStrategyConfig):
     schedules: List[ScheduleName] = field(default_factory=list)
     # auto: recompute only where nothing fits otherwise (objective=time); a lever on the frontier
     recompute: RecomputeName = RecomputeName["auto"]
+    token_slices: Any = "auto"  # TeraPipe for causal models, where the planner finds it faster
     # time: the fastest plan; memory: the least memory per device within max_slowdown of the fastest;
     # pareto: the frontier of time against memory (pareto.json, pareto.svg), the fastest in budget chosen
     objective: Objective = Objective["time"]

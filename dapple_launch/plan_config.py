@@ -133,15 +133,20 @@ def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]
     return out
 
 
-def limits_from_config(s: DictConfig) -> Limits:
+def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
+    """`seq_len`: the sequence length of a model that supports token slicing (else None)."""
     auto = s.name == "auto"
     if auto and len(s.recompute_counts) > 1:
         raise ValueError(f"strategy.recompute_counts={list(s.recompute_counts)}: under strategy=auto the planner "
                          f"chooses the stages, so give one count for every stage (e.g. [{s.recompute_counts[0]}]), "
                          f"or strategy.recompute=auto to let it choose per stage")
+    slices = s.get("token_slices", "none")
+    listed = not isinstance(slices, str)
     return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom,
                   max_stages=s.max_stages if auto else None, micro_batch_size=s.micro_batch_size if auto else None,
                   schedule=str(s.schedule), recompute=str(s.recompute),
+                  token_slices=tuple(int(n) for n in slices) if listed else (),
+                  auto_token_slices=slices == "auto", seq_len=seq_len,
                   recompute_layers=tuple(int(i) for i in s.recompute_layers),
                   recompute_counts=tuple(int(i) for i in s.recompute_counts), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
                                                 "max_warmup_depth": s.max_warmup_depth,
@@ -167,6 +172,7 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     if s.profile_source == "measured" and topology.device_kind == "cpu":
         topology = measured_cpu_links(topology)
     profile = profile_from_config(cfg, topology)
+    seq_len = slicing_seq_len(cfg)
     if s.name == "fixed":
         replicas = list(s.replicas)
         if not replicas:  # fill the cluster: the same count on every stage
@@ -175,7 +181,8 @@ def plan_from_config(cfg: DictConfig) -> Plan:
                                  f"not divide into {s.stages} equal stages; list strategy.replicas per stage")
             replicas = [topology.num_devices // s.stages]
         return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, replicas, s.num_micro_batches,
-                          limits_from_config(s), boundaries=list(s.boundaries) or None, warmup_depth=s.warmup_depth)
+                          limits_from_config(s, seq_len), boundaries=list(s.boundaries) or None,
+                          warmup_depth=s.warmup_depth)
     return choice_for(cfg, profile, topology).plan
 
 
@@ -185,7 +192,8 @@ def choice_for(cfg: DictConfig, profile: ModelProfile, topology: Topology):
     from .planner.frontier import plan_choice
     s = cfg.strategy
     budget = s.memory_budget_gib * GIB if s.memory_budget_gib is not None else None
-    return plan_choice(profile, topology, cfg.global_batch_size, limits_from_config(s), objective=str(s.objective),
+    return plan_choice(profile, topology, cfg.global_batch_size, limits_from_config(s, slicing_seq_len(cfg)),
+                       objective=str(s.objective),
                        budget_bytes=budget, max_slowdown=s.max_slowdown, step=s.frontier_step,
                        devices=str(s.devices), deadline_s=s.deadline_s_per_iteration, max_devices=s.max_devices)
 
@@ -207,6 +215,31 @@ def _choice_for(key: str):
     if cfg.strategy.profile_source == "measured" and topology.device_kind == "cpu":
         topology = measured_cpu_links(topology)
     return choice_for(cfg, profile_from_config(cfg, topology), topology)
+
+
+def slicing_seq_len(cfg: DictConfig) -> int | None:
+    """The sequence length token slices cut, for a model that supports slicing (models/token_slices.py);
+    None when slicing is off (or auto on a model without it). Asked for on another model: refused."""
+    from .models.token_slices import supports_slicing
+    slices = cfg.strategy.get("token_slices", "none")
+    if slices == "none" or cfg.model.name == "from_profile":
+        return None
+    model = model_from_config(cfg.model)
+    if not supports_slicing(model):
+        if slices == "auto":
+            return None
+        raise ValueError(f"strategy.token_slices={list(slices)} but model {model.name} does not support token "
+                         f"slicing (a causal model whose contract has slice_loss and whose attention reads the "
+                         f"slice's cache: models/token_slices.py); drop strategy.token_slices or use model=gpt")
+    L = model.seq_len
+    if not isinstance(slices, str):
+        if sum(slices) != L:
+            raise ValueError(f"strategy.token_slices={list(slices)} sum to {sum(slices)} tokens but model "
+                             f"{model.name}'s sequences have {L}; give lengths summing to {L}")
+        if cfg.strategy.recompute in ("full", "selective"):
+            raise ValueError("strategy.token_slices with strategy.recompute=" + str(cfg.strategy.recompute)
+                             + ": a recomputed forward would not see the slice's cached keys and values; use one")
+    return L
 
 
 def num_layers(cfg: DictConfig) -> int:

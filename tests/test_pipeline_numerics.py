@@ -70,7 +70,8 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
     ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
                        on_last_backward=sync.start, precision=MixedPrecision(precision),
-                       recompute=[i - a for i in plan.stages[stage].recompute_layers])
+                       recompute=[i - a for i in plan.stages[stage].recompute_layers],
+                       slice_loss_fn=getattr(model, "slice_loss", None))
     result = ex.run(hand_made or plan.build_schedule(), batch)
     sync.finish()
     tied.sync()

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .contract import LayerSpec, PipelineModel
+from .token_slices import current
 
 IGNORE = -100
 
@@ -51,7 +52,9 @@ class Embedding(nn.Module):
         nn.init.normal_(self.position.weight, std=0.01)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(ids.shape[1], device=ids.device)
+        piece = current()  # a token slice: its absolute positions
+        start = piece.start if piece is not None else 0
+        pos = torch.arange(start, start + ids.shape[1], device=ids.device)
         return self.drop(self.token(ids) + self.position(pos))
 
 
@@ -72,8 +75,12 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        piece = current() if self.causal else None
+        if piece is not None:  # a token slice: the earlier slices' keys and values from the stage's cache
+            a = piece.attend(self, q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                               dropout_p=self.dropout if self.training else 0.0)
         x = x + self.drop(self.proj(a.transpose(1, 2).reshape(n, t, h)))
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
 
@@ -132,6 +139,14 @@ class _Transformer(PipelineModel):
 
 class GPT(_Transformer):
     causal = True
+
+    def slice_loss(self, output: torch.Tensor, target: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Token slicing: tokens [start, stop)'s share of loss(whole output, target), per sample (the
+        slices' shares sum to it): their summed cross-entropy over the sequence's counted tokens."""
+        part = target[:, start:stop]
+        token = F.cross_entropy(output.flatten(0, 1), part.flatten(), ignore_index=IGNORE, reduction="none")
+        counted = (target != IGNORE).sum(1).clamp(min=1)
+        return token.view(part.shape).sum(1) / counted
 
     def batch(self, n, generator=None, device="cpu"):
         s = self.shape

@@ -11,7 +11,8 @@ from .cost import Costed, Limits, StageSpec, evaluate, simulate_costed
 from .explain import human_bytes
 from .plan import Estimate, Plan, RunnerUp, StagePlan
 
-MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1, "zb_h1": lambda stages: stages}
+MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1, "zb_h1": lambda stages: stages,
+                     "terapipe": lambda stages: 1}
 
 
 def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: int, planner: str,
@@ -33,6 +34,7 @@ def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: 
         runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
                          for r in runners_up),
         planner=planner, devices_per_node=topology.devices_per_node, warmup=c.warmup,
+        token_slices=tuple(c.extra.get("token_slices", ())),
     )
 
 
@@ -87,7 +89,7 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             f"a micro-batch of {b} samples (global_batch_size {global_batch} / {num_micro_batches} micro-batches) "
             f"cannot be split across {max(replicas)} replicas; need micro_batch_size >= {max(replicas)}: lower "
             f"strategy.num_micro_batches to <= {global_batch // max(replicas)} or raise global_batch_size")
-    check_micro_batches(limits.schedule, num_stages, num_micro_batches)
+    check_micro_batches("terapipe" if limits.token_slices else limits.schedule, num_stages, num_micro_batches)
     if devices:
         if [len(d) for d in devices] != replicas:
             raise ValueError(f"strategy.devices={devices} must list {replicas} devices per stage")
@@ -104,8 +106,17 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
         raise ValueError(f"strategy.warmup_depth={warmup_depth}: must be >= 1 (1 = the minimal warm-up, k = k times "
                          f"as many micro-batches in flight per stage), and deeper than 1 only with strategy.schedule=1f1b "
                          f"or zb_h1")
-    c = evaluate(profile, topology, layout, b, num_micro_batches, limits, warmup_depth=warmup_depth)
-    validate(build_schedule(limits.schedule, num_stages, num_micro_batches, c.warmup))
+    if limits.token_slices:  # TeraPipe on the stated layout, with the stated slices
+        from .terapipe import evaluate_sliced
+        c = evaluate_sliced(profile, topology, layout, b, num_micro_batches, limits.token_slices, limits)
+    else:
+        c = evaluate(profile, topology, layout, b, num_micro_batches, limits, warmup_depth=warmup_depth)
+        if limits.auto_token_slices and limits.seq_len and profile.slices_tokens:
+            from .terapipe import best_slicing
+            sliced = best_slicing(profile, topology, layout, b, num_micro_batches, limits.seq_len, limits)
+            if sliced is not None and len(sliced.extra["token_slices"]) > 1 and sliced.iteration_s < c.iteration_s:
+                c = sliced
+    validate(build_schedule(c.schedule, num_stages, num_micro_batches, c.warmup, c.extra.get("token_slices", ())))
     if not c.fits:
         worst = max(range(num_stages), key=lambda s: c.memory_bytes[s])
         raise ValueError(

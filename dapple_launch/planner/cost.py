@@ -50,6 +50,11 @@ class Limits:
     recompute: str = "none"
     recompute_layers: tuple[int, ...] = ()
     recompute_counts: tuple[int, ...] = ()
+    # token slices (TeraPipe, schedule "terapipe"): stated lengths, or chosen by the planner
+    # (auto_token_slices) for a model whose sequences of `seq_len` tokens it may slice
+    token_slices: tuple[int, ...] = ()
+    auto_token_slices: bool = False
+    seq_len: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
@@ -66,6 +71,11 @@ class Limits:
             raise ValueError(f"strategy.recompute={self.recompute} with schedule zb_h1: a split backward's W would "
                              f"run the recomputed forward a second time; use strategy.schedule=1f1b or gpipe (or "
                              f"strategy.schedules=[1f1b]) with recomputation")
+        if self.token_slices and (min(self.token_slices) < 1):
+            raise ValueError(f"strategy.token_slices={list(self.token_slices)}: every slice needs at least one token")
+        if (self.token_slices or self.auto_token_slices) and self.recompute in ("full", "selective"):
+            raise ValueError(f"strategy.recompute={self.recompute} with token slices: a recomputed forward would not "
+                             f"see the slice's cached keys and values; use strategy.recompute=none (or auto) with them")
         if self.max_warmup_depth < 1:
             raise ValueError(f"strategy.max_warmup_depth={self.max_warmup_depth} must be >= 1 (1 = DAPPLE's minimum "
                              f"warm-up only)")
@@ -115,7 +125,8 @@ class Costed:
                 + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}"
                 + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
                 + (f", {self.schedule}" if self.schedule != "1f1b" else "")
-                + (f", recompute {recompute_text(self.layout, self.recompute)}" if any(self.recompute) else ""))
+                + (f", recompute {recompute_text(self.layout, self.recompute)}" if any(self.recompute) else "")
+                + (f", token slices {list(self.extra['token_slices'])}" if "token_slices" in self.extra else ""))
 
 
 def recompute_text(layout, recompute) -> str:
@@ -374,5 +385,11 @@ def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tup
 
 def simulate_costed(c: Costed):
     """Run the discrete-event simulator on the schedule this candidate would execute."""
+    if c.schedule == "terapipe":  # its per-slice costs: planner/terapipe.py
+        from .terapipe import stage_scales
+        lengths = c.extra["token_slices"]
+        sched = build_schedule("terapipe", len(c.layout), c.num_micro_batches, token_slices=lengths)
+        return simulate(sched, c.costs, steps=program(sched, validated=True),
+                        scale=stage_scales(c.extra["profile"], c.layout, lengths, c.num_micro_batches))
     sched, steps = _program(c.schedule, len(c.layout), c.num_micro_batches, tuple(c.warmup))
     return simulate(sched, c.costs, steps=steps)

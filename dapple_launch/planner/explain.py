@@ -55,6 +55,7 @@ def explain(plan) -> str:
     header = (f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
               f"layout {plan.layout()}, schedule {plan.schedule}"
               + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
+              + (f", token slices {list(plan.token_slices)}" if plan.token_slices else "")
               + f", global batch {plan.global_batch_size} = "
               f"{plan.num_micro_batches} micro-batches × {plan.micro_batch_size}")
     rows = [("stage", "layers", "names", "replicas", "devices", "memory/device")

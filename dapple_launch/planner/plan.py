@@ -53,6 +53,8 @@ class Plan:
     devices_per_node: int = 0  # of the cluster it was planned for (device id = node × this + local); 0 = unstated
     # 1F1B: forwards each stage runs before its first backward; () = DAPPLE's minimum, S - s - 1
     warmup: tuple[int, ...] = ()
+    # TeraPipe (schedule "terapipe"): the lengths of the token slices each sequence is cut into
+    token_slices: tuple[int, ...] = ()
 
     @property
     def num_stages(self) -> int:
@@ -83,6 +85,7 @@ class Plan:
         d["estimate"]["stage_costs"] = [dict(c) for c in d["estimate"]["stage_costs"]]
         d["runners_up"] = [dict(r) for r in d["runners_up"]]
         d["warmup"] = list(d["warmup"])
+        d["token_slices"] = list(d["token_slices"])
         d["orders"] = self.orders()
         return d
 
@@ -93,6 +96,11 @@ class Plan:
         backward), "I" or "W" (split); `stage` indexes `stages`. Transfers are implied: a stage's F
         needs the previous stage's F of that micro-batch, its B or I the next stage's B or I."""
         schedule = self.build_schedule()
+        K = schedule.num_slices
+        if K > 1:  # token slices: [kind, stage, micro_batch, slice]
+            return [{"devices": list(st.devices),
+                     "actions": [[a.kind.value, s, *divmod(a.micro_batch, K)] for a in schedule.compute_order(s)]}
+                    for s, st in enumerate(self.stages)]
         return [{"devices": list(st.devices),
                  "actions": [[a.kind.value, s, a.micro_batch] for a in schedule.compute_order(s)]}
                 for s, st in enumerate(self.stages)]
@@ -110,6 +118,7 @@ class Plan:
         d["estimate"] = Estimate(**e)
         d["runners_up"] = tuple(RunnerUp(**r) for r in d.get("runners_up", ()))
         d["warmup"] = tuple(int(w) for w in d.get("warmup", ()))
+        d["token_slices"] = tuple(int(n) for n in d.get("token_slices", ()))
         orders = d.pop("orders", None)  # derived from schedule and warm-up: checked, never trusted
         plan = cls(**d)
         for k, st in enumerate(plan.stages):
@@ -117,6 +126,9 @@ class Plan:
             if outside:
                 raise ValueError(f"stage {k}'s recompute_layers {outside} are not among its layers "
                                  f"[{st.layers[0]}, {st.layers[1]}): list positions of the stage's own layers")
+        if plan.token_slices and plan.recomputes:
+            raise ValueError("recompute_layers with token_slices: a recomputed forward would not see the slice's "
+                             "cached keys and values; use one or the other")
         if plan.recomputes and plan.schedule == "zb_h1":
             raise ValueError("recompute_layers with schedule zb_h1: a split backward's W would run the recomputed "
                              "forward a second time; use schedule 1f1b or gpipe, or empty recompute_layers")
@@ -131,7 +143,7 @@ class Plan:
     def build_schedule(self):
         """The action lists every reader of this plan uses: runtime, simulator, timeline."""
         from ..schedule import build_schedule
-        return build_schedule(self.schedule, self.num_stages, self.num_micro_batches, self.warmup)
+        return build_schedule(self.schedule, self.num_stages, self.num_micro_batches, self.warmup, self.token_slices)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

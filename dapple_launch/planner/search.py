@@ -280,5 +280,13 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
     if best.warmup_depth > 1:
         how += (f"; its ×{best.warmup_depth} warm-up (costed by the simulator) hides transfers that DAPPLE's "
                 f"minimal warm-up waits on")
+    if limits.auto_token_slices:  # TeraPipe on the best layouts found (planner/terapipe.py)
+        from .terapipe import improve_with_slices
+        sliced = improve_with_slices([best, *runners_up], profile, topology, global_batch, limits)
+        if sliced is not None and sliced.iteration_s < best.iteration_s:
+            how += (f"; token slices {list(sliced.extra['token_slices'])} (TeraPipe's dynamic programme on the best "
+                    f"layouts, costed by the simulator) make it {best.iteration_s / sliced.iteration_s:.2f}× faster "
+                    f"than its best unsliced plan")
+            runners_up, best = [best, *runners_up][:len(runners_up) or 1], sliced
     return to_plan(best, profile, topology, global_batch, how, runners_up,
                    data_parallel_s=dp.iteration_s if dp else None)

@@ -88,6 +88,59 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
             x = tuple(t.detach() for t in as_tuple(y))
 
 
+def _trace_call(layer, x, owned: set, precision: str) -> tuple[float, float]:
+    """(forward + backward flops, saved bytes) of one call on carry x."""
+    saved = []
+
+    def pack(t):
+        if id(t) not in owned and (t._base is None or id(t._base) not in owned):
+            saved.append(nbytes(t))
+        return t
+    x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
+    counter = FlopCounterMode(display=False)
+    with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+        roots, ones = backward_roots(y)
+        if roots:
+            torch.autograd.backward(roots, ones, retain_graph=True)
+    return float(counter.get_total_flops()), float(sum(saved))
+
+
+def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "32") -> list[tuple[float, float, float]]:
+    """Per layer of a model that supports token slicing (models/token_slices.py), how its cost grows
+    with a slice's context: (compute share that is causal attention, l·(2c + l)/L² of it per slice; saved-bytes share that grows
+    with c + l (the keys and values attended to), saved-bytes share that grows with l·(c + l)), all
+    fractions of the whole sequence's (schedule/terapipe.py). Fitted exactly from three traced
+    calls per layer on the meta device: the whole sequence (L, 0), its first half (L/2, 0) and its
+    second half after the first (L/2, L/2)."""
+    from ..models.token_slices import KVCache, TokenSlice, running
+    real, _ = model.batch(batch_size, torch.Generator().manual_seed(0))
+    x = tuple(t.to("meta") for t in as_tuple(real))
+    L = x[0].shape[1]
+    half = L // 2
+    out = []
+    for spec in model.layers():
+        with torch.device("meta"):
+            layer = spec.build()
+        owned = {id(p) for p in layer.parameters()}
+        whole_f, whole_m = _trace_call(layer, x, owned, precision)
+        first = tuple(t[:, :half] for t in x)
+        second = tuple(t[:, half:] for t in x)
+        cache = KVCache()
+        with running(TokenSlice(0, 0, half, cache)):
+            head_f, head_m = _trace_call(layer, first, owned, precision)
+        with running(TokenSlice(1, half, L, cache)):
+            _, tail_m = _trace_call(layer, second, owned, precision)
+        r = head_f / whole_f if whole_f else 0.5
+        r2, r3 = (head_m / whole_m, tail_m / whole_m) if whole_m else (0.5, 0.5)
+        clamp = lambda v: min(max(v, 0.0), 1.0)  # noqa: E731
+        out.append((clamp(2 - 4 * r), clamp(2 * r3 - 1), clamp(2 - 4 * r2)))
+        with torch.no_grad():
+            y = call_layer(layer, x if len(x) > 1 else x[0])
+        x = tuple(t.detach() for t in as_tuple(y))
+    return out
+
+
 def analytic_profile(model: PipelineModel, batch_size: int, device_tflops: float, device: str,
                      efficiency: float = 0.4, precision: str = "32") -> ModelProfile:
     """`device_tflops`: the device's speed at the run's precision."""
@@ -102,5 +155,10 @@ def analytic_profile(model: PipelineModel, batch_size: int, device_tflops: float
         fixed = min(max(0.0, 2.0 * saved - saved2), float(saved))
         layers.append(LayerProfile(name, fwd / rate, bwd / rate, float(out), float(params), saved_bytes=float(saved),
                                    saved_fixed_bytes=fixed))
+    from ..models.token_slices import supports_slicing
+    if supports_slicing(model) and precision not in MIXED:
+        from dataclasses import replace
+        layers = [replace(layer, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
+                  for layer, (c, kv, att) in zip(layers, trace_slice_shares(model, batch_size, precision))]
     return chain(model.name, layers, batch_size, source="analytic", device=device, device_tflops=device_tflops,
                  precision=precision)

@@ -28,6 +28,12 @@ class LayerProfile:
     # Of backward_s, the weight gradients' part when the backward is split (zero-bubble schedules:
     # I then W), as measured (profile/measure.py); None: not measured, the cost model's rule applies.
     weight_grad_s: float | None = None
+    # Token slicing (schedule/terapipe.py), for a causal model that supports it: of the whole sequence's
+    # time, the share that is causal attention (a slice of l tokens after c costs l·(2c + l)/L² of it); of its
+    # saved bytes, the share that grows with c + l (the keys and values attended to) and with l·(c + l)
+    slice_compute: float = 0.0
+    slice_memory_kv: float = 0.0
+    slice_memory_att: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -181,6 +187,22 @@ class ModelProfile:
             return None
         total = sum(x.backward_s for x in layers)
         return min(1.0, sum(x.weight_grad_s for x in layers) / total) if total > 0 else None
+
+    def slice_shares(self, start: int, stop: int) -> tuple[float, float, float]:
+        """Layers [start, stop)'s token-slicing shares (LayerProfile.slice_*): compute weighted by
+        each layer's time, memory by its saved bytes."""
+        layers = self.layers[start:stop]
+        time = sum(x.forward_s + x.backward_s for x in layers)
+        kept = sum(x.memory_bytes for x in layers)
+        c = sum((x.forward_s + x.backward_s) * x.slice_compute for x in layers) / time if time > 0 else 0.0
+        kv = sum(x.memory_bytes * x.slice_memory_kv for x in layers) / kept if kept > 0 else 0.0
+        att = sum(x.memory_bytes * x.slice_memory_att for x in layers) / kept if kept > 0 else 0.0
+        return c, kv, att
+
+    @property
+    def slices_tokens(self) -> bool:
+        """Whether any layer's cost grows with a token slice's context (a sliceable causal model)."""
+        return any(x.slice_compute > 0 for x in self.layers)
 
     @property
     def parameter_bytes(self) -> float:

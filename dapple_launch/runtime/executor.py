@@ -22,6 +22,7 @@ from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .precision import MixedPrecision
 from ..models.split_backward import backward_input
+from ..models.token_slices import KVCache, TokenSlice, running
 from .recompute import with_recomputation
 
 
@@ -55,6 +56,26 @@ class _Iteration:
     back: dict  # m -> gradient to send for the input's floating members
     loss_sum: torch.Tensor
     weights: dict = None  # m -> what its W needs (split backward: between I and W)
+    # token slicing (schedule/terapipe.py): actions name units u = m·K + i; per sequence micro-batch,
+    # the stage's cache of keys and values (models/token_slices.py)
+    slices: int = 1
+    tokens: tuple = ()  # (start, stop) of each slice
+    caches: dict = None
+
+    def unit(self, u: int) -> tuple[int, int]:
+        """(micro-batch, slice) of unit u."""
+        return divmod(u, self.slices)
+
+    def rows(self, u: int) -> int:
+        lo, hi = self.micro[u // self.slices]
+        return hi - lo
+
+    def variant(self, u: int) -> int | None:
+        """What besides rows fixes a transfer's shapes: the slice's length."""
+        if self.slices == 1:
+            return None
+        a, b = self.tokens[u % self.slices]
+        return b - a
 
     @property
     def saved(self) -> int:
@@ -65,12 +86,14 @@ class _Iteration:
 class StageExecutor:
     def __init__(self, layers: Iterable[nn.Module], loss_fn: Callable, p2p: PointToPoint, num_stages: int,
                  replica_group=None, on_last_backward: Callable[[], None] | None = None,
-                 precision: MixedPrecision | None = None, recompute: Iterable[int] = ()):
+                 precision: MixedPrecision | None = None, recompute: Iterable[int] = (),
+                 slice_loss_fn: Callable | None = None):
         """`recompute`: indices into `layers` whose activations the backward recomputes (the plan's
         recompute_layers, local): consecutive ones run as one segment (runtime/recompute.py)."""
         self.layers, self.loss_fn, self.p2p = list(layers), loss_fn, p2p
         self.params = [p for layer in self.layers for p in layer.parameters()]  # what a split backward's W computes
         self.recompute = tuple(sorted(set(recompute)))
+        self.slice_loss_fn = slice_loss_fn  # the model's slice_loss, for token-sliced schedules
         self.blocks = with_recomputation(self.layers, self.recompute)  # what the forward runs
         self.stage, self.replica, self.num_stages = p2p.stage, p2p.replica, num_stages
         self.is_first, self.is_last = self.stage == 0, self.stage == num_stages - 1
@@ -88,14 +111,25 @@ class StageExecutor:
         """One iteration over the global batch. Backward populates .grad of this stage's parameters;
         the last stage backpropagates its loss times `loss_scale` (16-mixed)."""
         n_total = as_tuple(batch[0])[0].shape[0]
-        micro = split_bounds(n_total, schedule.num_micro_batches)
+        K = schedule.num_slices
+        micro = split_bounds(n_total, schedule.sequences)
+        tokens = ()
+        if K > 1:
+            from ..schedule.terapipe import bounds
+            tokens = tuple(bounds(schedule.slice_lengths))
+            width = as_tuple(batch[0])[0].shape[1]
+            if width != tokens[-1][1]:
+                raise ValueError(f"token slices {list(schedule.slice_lengths)} cover {tokens[-1][1]} tokens but the "
+                                 f"batch's sequences have {width}: the slices must sum to the sequence length")
+            if self.is_last and self.slice_loss_fn is None:
+                raise ValueError("token slicing needs the model's slice_loss (models/token_slices.py)")
         if min(hi - lo for lo, hi in micro) < max(self.p2p.grid.replicas):
             raise ValueError(
                 f"a batch of {n_total} samples split into {schedule.num_micro_batches} micro-batches leaves fewer "
                 f"samples per micro-batch than a stage has replicas ({max(self.p2p.grid.replicas)})")
         device = as_tuple(batch[0])[0].device
         it = _Iteration(batch, n_total, micro, not schedule.forward_only, {}, {}, {}, {}, {},
-                        torch.zeros((), device=device), {})
+                        torch.zeros((), device=device), {}, K, tokens, {})
         actions = schedule.stage_actions[self.stage]
         # the stage's gradients are complete after its last B or W: the all-reduce may start
         last_backward = max((i for i, a in enumerate(actions) if a.kind.frees_activations), default=-1)
@@ -103,11 +137,11 @@ class StageExecutor:
         for i, a in enumerate(actions):
             try:
                 for r in ahead.get(i, ()):  # the next compute's inputs arrive while this one runs
-                    n_r = micro[r.micro_batch][1] - micro[r.micro_batch][0]
+                    n_r, v_r = it.rows(r.micro_batch), it.variant(r.micro_batch)
                     if r.kind is Kind.RECV_ACTIVATION:
-                        self.p2p.post_activation(n_r, r.micro_batch, eval_=not it.train)
+                        self.p2p.post_activation(n_r, r.micro_batch, eval_=not it.train, variant=v_r)
                     else:
-                        self.p2p.post_gradient(n_r, r.micro_batch)
+                        self.p2p.post_gradient(n_r, r.micro_batch, variant=v_r)
                 start = time.time()
                 BEAT.action(str(a))
                 self._act(a, it, loss_scale)
@@ -126,11 +160,11 @@ class StageExecutor:
 
     def _act(self, a, it: _Iteration, loss_scale: float) -> None:
         """Carry out one action on the iteration's state."""
-        m = a.micro_batch
-        n = it.micro[m][1] - it.micro[m][0]
+        m = a.micro_batch  # (a unit when the schedule slices tokens)
+        n, variant = it.rows(m), it.variant(m)
         kind = a.kind
         if kind is Kind.RECV_ACTIVATION:
-            got = self.p2p.recv_activation(n, m, eval_=not it.train)
+            got = self.p2p.recv_activation(n, m, eval_=not it.train, variant=variant)
             it.received[m] = tuple(t.requires_grad_(it.train and t.is_floating_point()) for t in got.wire)
             it.logical[m] = got.logical
         elif kind is Kind.FORWARD:
@@ -138,11 +172,12 @@ class StageExecutor:
         elif kind is Kind.SEND_ACTIVATION:
             self.p2p.reap()
             out = it.outputs[m]
-            self.p2p.send_activation(tuple(t.detach() for t in out), it.logical.pop(m), n, m, eval_=not it.train)
+            self.p2p.send_activation(tuple(t.detach() for t in out), it.logical.pop(m), n, m, eval_=not it.train,
+                                     variant=variant)
             if not it.train:
                 del it.outputs[m]
         elif kind is Kind.RECV_GRADIENT:
-            it.grads[m] = self.p2p.recv_gradient(n, m)
+            it.grads[m] = self.p2p.recv_gradient(n, m, variant=variant)
         elif kind is Kind.BACKWARD:
             self._backward(m, it)
         elif kind is Kind.INPUT_GRAD:
@@ -151,19 +186,28 @@ class StageExecutor:
             it.weights.pop(m).run()
         elif kind is Kind.SEND_GRADIENT:
             self.p2p.reap()
-            self.p2p.send_gradient(it.back.pop(m), n, m)
+            self.p2p.send_gradient(it.back.pop(m), n, m, variant=variant)
 
     def _forward(self, m: int, it: _Iteration, loss_scale: float) -> None:
+        seq, i = it.unit(m)
+        piece = None
+        if it.slices > 1:
+            start, stop = it.tokens[i]
+            piece = TokenSlice(i, start, stop, it.caches.setdefault(seq, KVCache()))
         if self.is_first:
-            x = self._slice(it.batch[0], it.micro[m])
+            x = self._slice(it.batch[0], it.micro[seq])
+            if piece is not None:
+                x = carry_map(lambda t: t[:, piece.start:piece.stop], x)
         else:
             wire = it.received[m] if it.train else it.received.pop(m)
             # back to the dtypes the previous stage computed in (the wire carried the compute dtype)
             x = tuple(w.to(dt) if w.dtype != dt else w for w, dt in zip(wire, it.logical.pop(m)))
-        with torch.set_grad_enabled(it.train), self.precision.autocast():
+        with torch.set_grad_enabled(it.train), self.precision.autocast(), running(piece):
             y = run_layers(self.blocks, x)
             if self.is_last:
-                loss = self.loss_fn(y, self._slice(it.batch[1], it.micro[m])).sum() / it.n_total
+                target = self._slice(it.batch[1], it.micro[seq])
+                loss = (self.loss_fn(y, target) if piece is None else
+                        self.slice_loss_fn(y, target, piece.start, piece.stop)).sum() / it.n_total
                 it.loss_sum = it.loss_sum + loss.detach().float()
                 if it.train:
                     it.outputs[m] = loss * loss_scale if loss_scale != 1.0 else loss
@@ -185,6 +229,14 @@ class StageExecutor:
             pairs = [(t, g) for t, g in zip(floating, got) if t.requires_grad]
             outputs, grads = [t for t, _ in pairs], [g for _, g in pairs]
         wire = () if self.is_first else tuple(w for w in it.received.pop(m) if w.is_floating_point())
+        if it.slices > 1:  # what later slices sent into this slice's cached keys and values
+            seq, i = it.unit(m)
+            roots, cached = it.caches[seq].cache_gradients(i)
+            if outputs and grads is None:
+                grads = [None] * len(outputs)
+            outputs, grads = outputs + roots, (grads or []) + cached
+            if i == 0:
+                del it.caches[seq]  # the sequence's first slice: its cache is done with
         if split:
             if self.recompute:
                 raise RuntimeError("a split backward (I/W) cannot run recomputed layers: plan with schedule 1f1b or gpipe")

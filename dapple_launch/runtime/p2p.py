@@ -115,12 +115,12 @@ class PointToPoint:
     bytes_sent: int = 0  # payload bytes this rank has sent (activations and gradients), headers aside
 
     def _send_pieces(self, carry: tuple, logical: tuple, n: int, peer_stage: int, space: str,
-                     micro_batch: int) -> None:
+                     micro_batch: int, variant: int | None = None) -> None:
         my_lo = split_bounds(n, self.grid.replicas[self.stage])[self.replica][0]
         peer_ranks = self.grid.stage_ranks(peer_stage)
         for _, k, lo, hi in overlaps(n, self.grid.replicas[self.stage], self.grid.replicas[peer_stage], src=self.replica):
             pieces = tuple(t[lo - my_lo:hi - my_lo].contiguous() for t in carry)
-            key = (space, peer_ranks[k], hi - lo)
+            key = (space, peer_ranks[k], hi - lo, variant)
             layout = tuple((tuple(p.shape[1:]), p.dtype, dt) for p, dt in zip(pieces, logical))
             tag = _tag(space, micro_batch, 0)
             known = self.sent_layouts.get(key)
@@ -138,13 +138,13 @@ class PointToPoint:
                 self.pending.append((dist.isend(piece, peer_ranks[k], tag=tag + 1 + i), piece))
                 self.bytes_sent += piece.numel() * piece.element_size()
 
-    def _post(self, n: int, peer_stage: int, space: str, micro_batch: int) -> None:
+    def _post(self, n: int, peer_stage: int, space: str, micro_batch: int, variant: int | None = None) -> None:
         if (space, micro_batch) in self.posted:
             return
         peer_ranks = self.grid.stage_ranks(peer_stage)
         posted = []
         for j, _, lo, hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
-            key, tag = (space, peer_ranks[j], hi - lo), _tag(space, micro_batch, 0)
+            key, tag = (space, peer_ranks[j], hi - lo, variant), _tag(space, micro_batch, 0)
             piece = _PostedPiece(None, None, None, [], peer_ranks[j], tag, key)
             if key not in self.header_expected:  # this key's first transfer: its header comes too
                 self.header_expected.add(key)
@@ -162,8 +162,9 @@ class PointToPoint:
             p.payloads.append(buf)
             p.works.append(dist.irecv(buf, p.peer, tag=p.tag + 1 + i))
 
-    def _recv_pieces(self, n: int, peer_stage: int, space: str, micro_batch: int) -> Received:
-        self._post(n, peer_stage, space, micro_batch)
+    def _recv_pieces(self, n: int, peer_stage: int, space: str, micro_batch: int,
+                     variant: int | None = None) -> Received:
+        self._post(n, peer_stage, space, micro_batch, variant)
         pieces, layout = [], ()
         for p in self.posted.pop((space, micro_batch)):
             if p.header is not None:
@@ -178,27 +179,30 @@ class PointToPoint:
         members = tuple(ps[0] if len(pieces) == 1 else torch.cat(ps) for ps in zip(*pieces)) if pieces else ()
         return Received(members, tuple(dt for _, _, dt in layout))
 
-    def post_activation(self, n: int, micro_batch: int, eval_: bool = False) -> None:
-        self._post(n, self.stage - 1, "eval" if eval_ else "activation", micro_batch)
+    # `variant`: what else fixes a transfer's shapes besides its rows (a token slice's length): each
+    # (rows, variant) learns its member layout once
+    def post_activation(self, n: int, micro_batch: int, eval_: bool = False, variant: int | None = None) -> None:
+        self._post(n, self.stage - 1, "eval" if eval_ else "activation", micro_batch, variant)
 
-    def post_gradient(self, n: int, micro_batch: int) -> None:
-        self._post(n, self.stage + 1, "gradient", micro_batch)
+    def post_gradient(self, n: int, micro_batch: int, variant: int | None = None) -> None:
+        self._post(n, self.stage + 1, "gradient", micro_batch, variant)
 
     def reap(self) -> None:
         """Drop the sends that completed: a sent activation is not kept longer than its transfer."""
         self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
 
-    def send_activation(self, carry: tuple, logical: tuple, n: int, micro_batch: int, eval_: bool = False) -> None:
-        self._send_pieces(carry, logical, n, self.stage + 1, "eval" if eval_ else "activation", micro_batch)
+    def send_activation(self, carry: tuple, logical: tuple, n: int, micro_batch: int, eval_: bool = False,
+                        variant: int | None = None) -> None:
+        self._send_pieces(carry, logical, n, self.stage + 1, "eval" if eval_ else "activation", micro_batch, variant)
 
-    def recv_activation(self, n: int, micro_batch: int, eval_: bool = False) -> Received:
-        return self._recv_pieces(n, self.stage - 1, "eval" if eval_ else "activation", micro_batch)
+    def recv_activation(self, n: int, micro_batch: int, eval_: bool = False, variant: int | None = None) -> Received:
+        return self._recv_pieces(n, self.stage - 1, "eval" if eval_ else "activation", micro_batch, variant)
 
-    def send_gradient(self, grads: tuple, n: int, micro_batch: int) -> None:
-        self._send_pieces(grads, tuple(g.dtype for g in grads), n, self.stage - 1, "gradient", micro_batch)
+    def send_gradient(self, grads: tuple, n: int, micro_batch: int, variant: int | None = None) -> None:
+        self._send_pieces(grads, tuple(g.dtype for g in grads), n, self.stage - 1, "gradient", micro_batch, variant)
 
-    def recv_gradient(self, n: int, micro_batch: int) -> tuple:
-        return self._recv_pieces(n, self.stage + 1, "gradient", micro_batch).wire
+    def recv_gradient(self, n: int, micro_batch: int, variant: int | None = None) -> tuple:
+        return self._recv_pieces(n, self.stage + 1, "gradient", micro_batch, variant).wire
 
     def wait_sends(self) -> None:
         for work, _ in self.pending:

@@ -129,7 +129,8 @@ class DappleStrategy(DDPStrategy):
         first = self.plan.stages[self.stage].layers[0]
         self._executor = StageExecutor(module.local_stack(), module.model.loss, p2p, self.grid.num_stages,
                                        on_last_backward=self._sync.start, precision=module.mixed_precision(),
-                                       recompute=[i - first for i in self.plan.stages[self.stage].recompute_layers])
+                                       recompute=[i - first for i in self.plan.stages[self.stage].recompute_layers],
+                                       slice_loss_fn=getattr(module.model, "slice_loss", None))
 
     # ---- one iteration ---------------------------------------------------------------------
     def _broadcast_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:

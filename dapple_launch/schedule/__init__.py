@@ -4,14 +4,23 @@ from __future__ import annotations
 from .actions import Action, Kind, Schedule
 from .gpipe import forward_only, gpipe
 from .one_f_one_b import one_f_one_b
+from .terapipe import terapipe
 from .zero_bubble import zb_h1
 
 SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe, "zb_h1": zb_h1}
 WARMUP_SCHEDULES = ("1f1b", "zb_h1")  # those whose warm-up may be deeper than the minimum
 
 
-def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()) -> Schedule:
-    """`warmup` (1F1B and ZB-H1): forwards each stage runs before its first backward; () = the minimum."""
+def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = (),
+                   token_slices: tuple[int, ...] = ()) -> Schedule:
+    """`warmup` (1F1B and ZB-H1): forwards each stage runs before its first backward; () = the minimum.
+    `token_slices` (terapipe): the slice lengths of each sequence; num_micro_batches counts sequences."""
+    if name == "terapipe":
+        if not token_slices or warmup:
+            raise ValueError("schedule terapipe needs token_slices (the slice lengths) and takes no warm-up")
+        return terapipe(num_stages, num_micro_batches, tuple(token_slices))
+    if token_slices:
+        raise ValueError(f"token slices run under schedule terapipe, not {name!r}")
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}")
     if warmup:
@@ -21,7 +30,8 @@ def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: t
     return SCHEDULES[name](num_stages, num_micro_batches)
 
 
-__all__ = ["Action", "Kind", "Schedule", "SCHEDULES", "build_schedule", "forward_only", "gpipe", "one_f_one_b", "zb_h1"]
+__all__ = ["Action", "Kind", "Schedule", "SCHEDULES", "build_schedule", "forward_only", "gpipe", "one_f_one_b",
+           "terapipe", "zb_h1"]
 
 from .simulate import Simulation, StageCosts, simulate  # noqa: E402
 from .validate import ScheduleError, validate  # noqa: E402

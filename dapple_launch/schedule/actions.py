@@ -55,6 +55,15 @@ class Schedule:
     num_micro_batches: int
     stage_actions: tuple[tuple[Action, ...], ...]
     forward_only: bool = False
+    # token slicing (schedule/terapipe.py): each micro-batch is num_slices units, unit u = m·K + i is
+    # slice i of micro-batch m; num_micro_batches counts units. 1 = no slicing.
+    num_slices: int = 1
+    slice_lengths: tuple[int, ...] = ()
+
+    @property
+    def sequences(self) -> int:
+        """Micro-batches of whole sequences (units / slices)."""
+        return self.num_micro_batches // self.num_slices
 
     def compute_order(self, stage: int) -> list[Action]:
         return [a for a in self.stage_actions[stage] if a.kind.is_compute]

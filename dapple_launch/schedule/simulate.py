@@ -134,10 +134,13 @@ def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_mic
 
 
 def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
-             steps: list[tuple[int, Action]] | None = None) -> Simulation:
+             steps: list[tuple[int, Action]] | None = None, scale=None,
+             unit_bytes: list[list[float]] | None = None) -> Simulation:
     """`record=False` skips the per-action timeline (the planner needs only the times and memory);
     `steps`: the schedule's program() when the caller already has it (validated by it); without
-    it the schedule is validated first."""
+    it the schedule is validated first. Token slices (schedule/terapipe.py): `scale`, a SliceScale
+    per unit (one for all stages or one per stage), multiplies each unit's compute, transfers and saved bytes; `unit_bytes[s][u]`, when
+    given, are the bytes unit u keeps on stage s instead (what a runtime counted)."""
     S = schedule.num_stages
     if len(costs) != S:
         raise ValueError(f"simulate: {S} stages but {len(costs)} stage costs")
@@ -155,26 +158,38 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     F, SA, SG, RA = Kind.FORWARD, Kind.SEND_ACTIVATION, Kind.SEND_GRADIENT, Kind.RECV_ACTIVATION
     label = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.INPUT_GRAD: "input", Kind.WEIGHT_GRAD: "weight"}
+    if scale is not None and not isinstance(scale, (list, tuple)):
+        scale = [scale] * S  # one SliceScale for every stage, or one per stage
+    live = [0.0] * S  # bytes the in-flight micro-batches keep
     for s, a in steps if steps is not None else program(schedule):
         kind = a.kind
         if kind.is_compute:
             start = clock[s]
-            end = clock[s] = start + duration[kind][s]
+            took = duration[kind][s]
+            if scale is not None:
+                took *= scale[s].compute[a.micro_batch]
+            end = clock[s] = start + took
             if record:
                 timeline.append(Event(s, str(a), label[kind], start, end))
+            if kind is F or kind.frees_activations:
+                kept = (unit_bytes[s][a.micro_batch] if unit_bytes is not None else
+                        costs[s].activation_bytes * (scale[s].memory[a.micro_batch] if scale is not None else 1.0))
             if kind is F:
                 in_flight[s] += 1
                 if in_flight[s] > peak[s]:
                     peak[s] = in_flight[s]
-                peak_bytes[s] = max(peak_bytes[s], in_flight[s] * costs[s].activation_bytes)
+                live[s] += kept
+                peak_bytes[s] = max(peak_bytes[s], live[s])
             elif kind.frees_activations:
                 if costs[s].recompute_bytes:
-                    peak_bytes[s] = max(peak_bytes[s], in_flight[s] * costs[s].activation_bytes
-                                        + costs[s].recompute_bytes)
+                    peak_bytes[s] = max(peak_bytes[s], live[s] + costs[s].recompute_bytes)
                 in_flight[s] -= 1
+                live[s] -= kept
                 last_backward_end[s] = end
         elif kind is SA or kind is SG:
             links, dur = (link_up, send_up[s]) if kind is SA else (link_down, send_down[s])
+            if scale is not None:
+                dur *= scale[s].transfer[a.micro_batch]
             start = clock[s] if clock[s] > links[s] else links[s]
             end = links[s] = start + dur
             if kind is SA:

@@ -94,6 +94,11 @@ def validate(schedule: Schedule) -> None:
                 send = Kind.SEND_ACTIVATION if a.kind is Kind.RECV_ACTIVATION else Kind.SEND_GRADIENT
                 if Action(send, a.micro_batch) not in schedule.stage_actions[peer]:
                     raise _fail(schedule, s, i, f"{a} waits for a send that stage {peer} never makes")
+    if schedule.num_slices > 1:
+        from .terapipe import check_slice_order
+        broken = check_slice_order(schedule)
+        if broken:
+            raise ScheduleError(f"schedule {schedule.name!r} breaks the token-slice order at {broken}")
     execute_order(schedule)
     _check_in_order(schedule)
 

@@ -1,0 +1,208 @@
+"""TeraPipe: token slices inside each sequence. Schedules as data, the model's sliced attention, the
+dynamic programme against enumeration, plans, and pipelined numerics against the reference."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from dapple_launch.cluster import Topology
+from dapple_launch.models import build_model
+from dapple_launch.models.contract import run_layers
+from dapple_launch.models.token_slices import KVCache, TokenSlice, running, supports_slicing
+from dapple_launch.planner import Limits, Plan, fixed_plan
+from dapple_launch.planner.terapipe import dp_objective, dp_slicings
+from dapple_launch.profile import analytic_profile
+from dapple_launch.runtime.module import PipelineModule
+from dapple_launch.schedule import Action, Kind, ScheduleError, StageCosts, build_schedule, simulate, validate
+from dapple_launch.schedule.actions import with_communication
+from dapple_launch.schedule.terapipe import bounds, slice_scale, terapipe
+
+from .test_pipeline_numerics import make_plan, run_cases, tiny_model
+
+
+@pytest.mark.parametrize("S,M,lengths", [(1, 1, (4,)), (2, 1, (3, 5)), (4, 2, (2, 2, 2, 2)), (3, 3, (1, 3, 4)),
+                                         (4, 4, (5, 1, 2))])
+def test_generated_terapipe_schedules_are_valid(S, M, lengths):
+    sched = terapipe(S, M, lengths)
+    validate(sched)
+    assert sched.num_slices == len(lengths) and sched.sequences == M
+    assert sched.num_micro_batches == M * len(lengths)
+
+
+def _broken(order):
+    compute = [order, order]
+    sched = with_communication("hand", compute, 4)
+    from dataclasses import replace
+    return replace(sched, num_slices=2, slice_lengths=(2, 2))
+
+
+def test_the_validator_refuses_slices_out_of_token_order():
+    F, B = Kind.FORWARD, Kind.BACKWARD
+    good = [Action(F, 0), Action(F, 1), Action(F, 2), Action(F, 3), Action(B, 1), Action(B, 0), Action(B, 3), Action(B, 2)]
+    validate(_broken(good))
+    with pytest.raises(ScheduleError, match="forward of micro-batch 0 slice 1 runs before its slice 0"):
+        validate(_broken([Action(F, 1), Action(F, 0), *good[2:]]))
+    with pytest.raises(ScheduleError, match="backward of micro-batch 0 slice 0 runs before its slice 1"):
+        validate(_broken([*good[:4], Action(B, 0), Action(B, 1), *good[6:]]))
+
+
+def test_slice_costs_partition_the_whole_sequence():
+    """Compute and transfers of the slices sum to the whole sequence's (slicing adds no work);
+    later equal slices cost more (their attention sees more context)."""
+    s = slice_scale((4, 4, 4, 4), compute=0.4, memory_kv=0.1, memory_att=0.3)
+    assert sum(s.compute) == pytest.approx(1.0) and sum(s.transfer) == pytest.approx(1.0)
+    assert list(s.compute) == sorted(s.compute) and s.compute[0] < s.compute[-1]
+    assert sum(s.memory) > 1.0  # later slices keep the context's keys and values
+
+
+def test_a_sliced_forward_and_backward_equal_the_whole_sequence():
+    """One process: slices in token order with the per-micro-batch cache, backwards in reverse adding
+    the cache's gradients: the loss and every gradient of the whole sequence."""
+    model = build_model("gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=12, vocab_size=40)
+    module = PipelineModule(model).materialize()
+    x, y = model.batch(3, torch.Generator().manual_seed(0))
+    whole = model.loss(run_layers(module.local_stack(), x), y).sum()
+    whole.backward()
+    ref = {n: p.grad.clone() for n, p in module.named_parameters()}
+    for lengths in [(12,), (5, 4, 3), (1, 1, 10), (6, 6)]:
+        module.zero_grad(set_to_none=True)
+        cache, losses = KVCache(), []
+        for i, (a, b) in enumerate(bounds(lengths)):
+            with running(TokenSlice(i, a, b, cache)):
+                losses.append(model.slice_loss(run_layers(module.local_stack(), x[:, a:b]), y, a, b).sum())
+        for i in reversed(range(len(lengths))):
+            roots, grads = cache.cache_gradients(i)
+            torch.autograd.backward([losses[i], *roots], [None, *grads])
+        assert sum(loss.item() for loss in losses) == pytest.approx(whole.item(), rel=1e-6)
+        for n, p in module.named_parameters():
+            assert torch.allclose(p.grad, ref[n], atol=1e-6, rtol=1e-5), (lengths, n)
+
+
+def test_only_models_that_declare_slicing_support_it():
+    assert supports_slicing(tiny_model("gpt"))
+    assert not supports_slicing(tiny_model("bert")) and not supports_slicing(tiny_model("vgg19"))
+
+
+@pytest.mark.parametrize("L,grid,S,M", [(8, 1, 2, 1), (10, 2, 4, 1), (12, 2, 3, 2), (9, 1, 4, 3)])
+def test_the_dynamic_programme_equals_exhaustive_enumeration(L, grid, S, M):
+    """Under the same slice cost function, the programme's best slicing is the best of every
+    composition of the sequence on the grid."""
+    def t(length, context):  # attention-heavy: later tokens cost more
+        return 1e-3 * length + 2e-4 * length * (2 * context + length)
+
+    got = dp_slicings(t, L, S, M, grid)[0]
+    cuts = [p for p in range(grid, L, grid)]
+    best = None
+    for k in range(len(cuts) + 1):
+        for chosen in itertools.combinations(cuts, k):
+            edges = [0, *chosen, L]
+            lengths = tuple(b - a for a, b in zip(edges, edges[1:]))
+            value = dp_objective(t, lengths, S, M)
+            if best is None or value < best[0] - 1e-15:
+                best = (value, lengths)
+    assert got[0] == pytest.approx(best[0], rel=1e-12)
+    assert dp_objective(t, got[1], S, M) == pytest.approx(got[0], rel=1e-12)
+
+
+def test_a_fixed_plan_with_slices_and_the_planners_choice():
+    """token_slices=[..] runs schedule terapipe with them (plan.json: token_slices, orders with the
+    slice index); auto picks the programme's slices where the simulator finds them faster."""
+    model = build_model("gpt", "tiny", num_layers=4, hidden=32, heads=2, seq_len=64, vocab_size=40)
+    topo = Topology("t", 1, 4, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
+    profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
+    plain = fixed_plan(profile, topo, 2, 4, [1], 1, Limits(schedule="gpipe"))
+    sliced = fixed_plan(profile, topo, 2, 4, [1], 1, Limits(token_slices=(32, 16, 16)))
+    assert sliced.schedule == "terapipe" and sliced.token_slices == (32, 16, 16)
+    d = json.loads(sliced.to_json())
+    assert d["token_slices"] == [32, 16, 16] and d["orders"][0]["actions"][:3] == [["F", 0, 0, 0], ["F", 0, 0, 1],
+                                                                                     ["F", 0, 0, 2]]
+    assert Plan.from_json(sliced.to_json()) == sliced
+    assert sliced.estimate.iteration_s < plain.estimate.iteration_s  # 4 stages, one sequence: slices fill them
+    chosen = fixed_plan(profile, topo, 2, 4, [1], 1, Limits(schedule="gpipe", auto_token_slices=True, seq_len=64))
+    assert chosen.token_slices and chosen.estimate.iteration_s <= sliced.estimate.iteration_s
+    assert chosen.estimate.simulated_iteration_s == pytest.approx(chosen.estimate.iteration_s)
+    with pytest.raises(ValueError, match="recomputed forward would not"):
+        Limits(token_slices=(32, 32), recompute="full")
+
+
+# ---- several processes ---------------------------------------------------------------------------
+GRID = [  # (replicas, micro-batches, batch, slices); the tiny GPT's sequences have 8 tokens
+    ((1, 1), 1, 2, (4, 4)), ((1, 1), 2, 4, (3, 5)), ((1, 1), 4, 8, (2, 2, 2, 2)),
+    ((1, 1, 1, 1), 1, 3, (1, 3, 4)), ((1, 1, 1, 1), 3, 6, (4, 2, 2)), ((1, 1, 1, 1), 2, 4, (8,)),
+    ((2, 2), 2, 8, (5, 3)), ((2, 1, 1), 2, 5, (2, 6)),
+]
+
+
+@pytest.mark.multiprocess
+def test_sliced_pipelines_equal_the_reference(tmp_path):
+    """2 and 4 stages, 1-4 micro-batches, equal and unequal slices, data parallelism inside stages
+    (uneven included): loss and every gradient equal one process's, as the unsliced runs do."""
+    model = tiny_model()
+    cases = [("gpt", replicas, "terapipe", m, n, make_plan(model, replicas, "gpipe", m, m * max(replicas),
+                                                           token_slices=lengths).to_json())
+             for replicas, m, n, lengths in GRID]
+    for case, results in zip(GRID, run_cases(cases, tmp_path)):
+        for r in results:
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
+            assert r["worst_grad_rel"] < 1e-4, case
+
+
+def _unit_bytes(rank, world, plan_json):
+    """This stage's peak saved bytes over an iteration, and each unit's kept bytes measured alone."""
+    from dapple_launch.models.contract import as_tuple
+    from dapple_launch.runtime.executor import StageExecutor
+    from dapple_launch.runtime.grid import ProcessGrid
+    from dapple_launch.runtime.p2p import PointToPoint
+
+    from .saved_bytes import SavedBytes
+    plan = Plan.from_json(plan_json)
+    model = tiny_model()
+    grid = ProcessGrid.from_plan(plan)
+    stage, replica = grid.position(rank)
+    a, b = plan.stages[stage].layers
+    local = PipelineModule(model).materialize(list(range(a, b)))
+    M, lengths = plan.num_micro_batches, plan.token_slices
+    batch = model.batch(2 * M, torch.Generator().manual_seed(1))
+    earlier = PipelineModule(model).materialize(list(range(0, a))) if a else None
+    per_unit, kept = [], []  # (the outputs stay referenced, as the executor keeps them until their backward)
+    for m in range(M):  # each micro-batch's slices in order, as the executor runs them
+        cache = KVCache()
+        one = SavedBytes(local.parameters())
+        with one.hooks():
+            for i, (lo, hi) in enumerate(bounds(lengths)):
+                x = batch[0][2 * m:2 * m + 2, lo:hi]
+                with running(TokenSlice(i, lo, hi, cache)):
+                    if earlier is not None:
+                        with torch.no_grad():
+                            x = run_layers(earlier.local_stack(), x)
+                        x = x.detach().requires_grad_(True)
+                    before = one.live
+                    y = run_layers(local.local_stack(), x)
+                    if stage == grid.num_stages - 1:
+                        y = model.slice_loss(y, batch[1][2 * m:2 * m + 2], lo, hi).sum()
+                    per_unit.append(one.live - before)
+                    kept.append(y)
+        del y, cache, kept[:]
+    counter = SavedBytes(local.parameters())
+    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
+                       slice_loss_fn=model.slice_loss)
+    with counter.hooks():
+        ex.run(plan.build_schedule(), batch)
+    return {"stage": stage, "peak": counter.peak, "units": per_unit}
+
+
+@pytest.mark.multiprocess
+def test_peak_saved_bytes_with_slices_equal_the_simulators(tmp_path):
+    """Counted exactly (saved-tensor hooks, the keys and values later slices attend to included),
+    each stage's peak over an iteration equals the simulator's, fed each unit's bytes."""
+    from .multiproc import run_ranks
+    model = tiny_model()
+    plan = make_plan(model, (1, 1), "gpipe", 2, 4, token_slices=(3, 5))
+    results = sorted(run_ranks(2, _unit_bytes, (plan.to_json(),), tmp_path), key=lambda r: r["stage"])
+    sched = plan.build_schedule()
+    sim = simulate(sched, [StageCosts(1.0, 2.0)] * 2, unit_bytes=[r["units"] for r in results])
+    assert [r["peak"] for r in results] == sim.peak_activation_bytes
+    assert results[0]["units"][1] > results[0]["units"][0] * 5 / 3 * 0.99  # the later slice keeps its context too
