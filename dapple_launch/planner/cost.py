@@ -390,6 +390,7 @@ def simulate_costed(c: Costed):
         lengths = c.extra["token_slices"]
         sched = build_schedule("terapipe", len(c.layout), c.num_micro_batches, token_slices=lengths)
         return simulate(sched, c.costs, steps=program(sched, validated=True),
-                        scale=stage_scales(c.extra["profile"], c.layout, lengths, c.num_micro_batches))
+                        scale=stage_scales(c.extra["profile"], c.extra["topology"], c.layout, c.costs,
+                                           c.micro_batch_size, lengths, c.num_micro_batches))
     sched, steps = _program(c.schedule, len(c.layout), c.num_micro_batches, tuple(c.warmup))
     return simulate(sched, c.costs, steps=steps)

@@ -20,15 +20,34 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import build_schedule, simulate
 from ..schedule.simulate import program
 from ..schedule.terapipe import slice_scale, unit_scales
-from .cost import Costed, Limits, StageSpec, stage_costs
+from .cost import Costed, Limits, StageSpec, speed_ratio, stage_costs
 
 SIMULATED_SLICINGS = 4  # of the DP's candidates (one per t_max), how many the simulator costs
 
 
-def stage_scales(profile: ModelProfile, layout: tuple[StageSpec, ...], lengths: tuple[int, ...],
-                 num_micro_batches: int):
-    return [unit_scales(slice_scale(lengths, *profile.slice_shares(st.start, st.stop)), num_micro_batches)
-            for st in layout]
+def stage_shares(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs,
+                 micro_batch_size: int) -> list[dict]:
+    """Per stage, what slice_scale needs: the profile's shares, the part of its compute each call
+    pays whatever its tokens (the layers' fixed parts), and the latency part of each send."""
+    out = []
+    for s, (st, c) in enumerate(zip(layout, costs)):
+        whole = c.forward_s + c.backward_s
+        fixed_f, fixed_b = profile.seconds(st.start, st.stop, 0)  # (no samples: the fixed parts alone)
+        fixed = min(1.0, (fixed_f + fixed_b) * speed_ratio(profile, topology) / whole) if whole > 0 else 0.0
+        up = down = 0.0
+        if s + 1 < len(layout) and c.send_activation_s > 0:
+            up = min(1.0, topology.p2p(st.devices, layout[s + 1].devices)[1] / c.send_activation_s)
+        if s > 0 and c.send_gradient_s > 0:
+            down = min(1.0, topology.p2p(layout[s - 1].devices, st.devices)[1] / c.send_gradient_s)
+        compute, kv, att = profile.slice_shares(st.start, st.stop)
+        out.append(dict(compute=compute, memory_kv=kv, memory_att=att, fixed=fixed, latency_up=up, latency_down=down))
+    return out
+
+
+def stage_scales(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs,
+                 micro_batch_size: int, lengths: tuple[int, ...], num_micro_batches: int):
+    return [unit_scales(slice_scale(lengths, **shares), num_micro_batches)
+            for shares in stage_shares(profile, topology, layout, costs, micro_batch_size)]
 
 
 def evaluate_sliced(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
@@ -38,26 +57,35 @@ def evaluate_sliced(profile: ModelProfile, topology: Topology, layout: tuple[Sta
         costs = stage_costs(profile, topology, layout, micro_batch_size)
     schedule = build_schedule("terapipe", len(layout), num_micro_batches, token_slices=tuple(lengths))
     sim = simulate(schedule, costs, record=False, steps=program(schedule, validated=True),
-                   scale=stage_scales(profile, layout, tuple(lengths), num_micro_batches))
+                   scale=stage_scales(profile, topology, layout, costs, micro_batch_size, tuple(lengths),
+                                      num_micro_batches))
     memory = [profile.span(st.start, st.stop)[3] * limits.optimizer_factor + sim.peak_activation_bytes[s]
               for s, st in enumerate(layout)]
     c = Costed(layout, micro_batch_size, num_micro_batches, "terapipe", costs, sim.iteration_s, memory,
                topology.device_memory_bytes * (1 - limits.memory_headroom))
     c.extra["token_slices"] = tuple(lengths)
-    c.extra["profile"] = profile  # (for simulate_costed's per-slice scales)
+    c.extra["profile"], c.extra["topology"] = profile, topology  # (for simulate_costed's per-slice scales)
     return c
 
 
-def slice_time(profile: ModelProfile, costs, layout: tuple[StageSpec, ...], seq_len: int):
-    """t(l, c): the slowest stage's forward + backward of a slice of l tokens after c (whole-sequence
-    costs scaled as schedule/terapipe.py states), for the dynamic programme."""
-    shares = [profile.slice_shares(st.start, st.stop)[0] for st in layout]
+def slice_time(profile: ModelProfile, topology: Topology, costs, layout: tuple[StageSpec, ...], seq_len: int,
+               micro_batch_size: int):
+    """t(l, c): the slowest stage's forward + backward of a slice of l tokens after c, with its
+    sends (whole-sequence costs scaled as schedule/terapipe.py states), for the dynamic programme."""
+    shares = stage_shares(profile, topology, layout, costs, micro_batch_size)
     whole = [c.forward_s + c.backward_s for c in costs]
+    sends = [c.send_activation_s + c.send_gradient_s for c in costs]
     L = seq_len
 
     def t(length: int, context: int) -> float:
         stop = context + length
-        return max(w * ((1 - a) * length / L + a * length * (2 * stop - length) / L**2) for w, a in zip(whole, shares))
+        out = 0.0
+        for w, x, sh in zip(whole, sends, shares):
+            f = sh["fixed"]
+            lat = max(sh["latency_up"], sh["latency_down"])
+            variable = (1 - sh["compute"]) * length / L + sh["compute"] * length * (2 * stop - length) / L**2
+            out = max(out, w * (f + (1 - f) * variable) + x * (lat + (1 - lat) * length / L))
+        return out
     return t
 
 
@@ -114,7 +142,7 @@ def best_slicing(profile: ModelProfile, topology: Topology, layout: tuple[StageS
     """The DP's best few slicings of this layout (and no slicing: one slice), costed by the simulator;
     the fastest that fits memory."""
     costs = stage_costs(profile, topology, layout, micro_batch_size)
-    t = slice_time(profile, costs, layout, seq_len)
+    t = slice_time(profile, topology, costs, layout, seq_len, micro_batch_size)
     grid = grid_for(seq_len)
     candidates = [lengths for _, lengths in dp_slicings(t, seq_len, len(layout), num_micro_batches, grid,
                                                        max_candidates=48)]

@@ -189,7 +189,8 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
         elif kind is SA or kind is SG:
             links, dur = (link_up, send_up[s]) if kind is SA else (link_down, send_down[s])
             if scale is not None:
-                dur *= scale[s].transfer[a.micro_batch]
+                dur *= (scale[s].transfer if kind is SA or not scale[s].transfer_down
+                        else scale[s].transfer_down)[a.micro_batch]
             start = clock[s] if clock[s] > links[s] else links[s]
             end = links[s] = start + dur
             if kind is SA:

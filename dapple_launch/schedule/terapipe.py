@@ -74,32 +74,37 @@ def check_slice_order(schedule: Schedule) -> str | None:
 
 @dataclass(frozen=True)
 class SliceScale:
-    """Per slice, multipliers of a stage's whole-sequence costs: compute (forward and backward),
-    transfers, and saved bytes."""
+    """Per slice, multipliers of a stage's whole-sequence costs: compute (forward and backward), its
+    transfers up and down, and saved bytes."""
     compute: tuple[float, ...]
-    transfer: tuple[float, ...]
+    transfer: tuple[float, ...]  # the stage's activation sends (to the next stage)
     memory: tuple[float, ...]
+    transfer_down: tuple[float, ...] = ()  # its gradient sends (to the previous stage); () = as transfer
 
 
-def slice_scale(lengths: tuple[int, ...], compute: float, memory_kv: float = 0.0, memory_att: float = 0.0) -> SliceScale:
+def slice_scale(lengths: tuple[int, ...], compute: float, memory_kv: float = 0.0, memory_att: float = 0.0,
+                fixed: float = 0.0, latency_up: float = 0.0, latency_down: float = 0.0) -> SliceScale:
     """A stage's multipliers from its shares (profile/model_profile.py: slice_compute, slice_memory_kv,
-    slice_memory_att): slice (l, c) with stop = c + l costs (1 - a) l/L + a l·(2 stop - l)/L² of the whole
-    sequence's compute (stop = c + l: l·(2c + l)/L² exactly), (1 - g_kv - g_att) l/L + g_kv stop/L + g_att l·stop/L² of its saved bytes, and
-    l/L of its transfers."""
+    slice_memory_att): slice (l, c) with stop = c + l costs (1 - a) l/L + a l·(2 stop - l)/L² of the
+    whole sequence's variable compute, (1 - g_kv - g_att) l/L + g_kv stop/L + g_att l·stop/L² of its
+    saved bytes, and l/L of its transfers' bytes. What every call or message costs whatever its size
+    is paid by every slice: `fixed`, the share of the stage's compute that is per call (a measured
+    profile's fixed parts), and `latency_up` / `latency_down`, the share of each send that is latency."""
     L = sum(lengths)
     a = min(max(compute, 0.0), 1.0)
     kv, att = min(max(memory_kv, 0.0), 1.0), min(max(memory_att, 0.0), 1.0)
     lin = max(0.0, 1.0 - kv - att)
-    out_c, out_t, out_m = [], [], []
+    out_c, out_u, out_d, out_m = [], [], [], []
     for start, stop in bounds(lengths):
         n = stop - start
-        out_c.append((1 - a) * n / L + a * n * (2 * stop - n) / L**2)
-        out_t.append(n / L)
+        out_c.append(fixed + (1 - fixed) * ((1 - a) * n / L + a * n * (2 * stop - n) / L**2))
+        out_u.append(latency_up + (1 - latency_up) * n / L)
+        out_d.append(latency_down + (1 - latency_down) * n / L)
         out_m.append(lin * n / L + kv * stop / L + att * n * stop / L**2)
-    return SliceScale(tuple(out_c), tuple(out_t), tuple(out_m))
+    return SliceScale(tuple(out_c), tuple(out_u), tuple(out_m), tuple(out_d))
 
 
 def unit_scales(scale: SliceScale, num_micro_batches: int) -> SliceScale:
     """The per-slice multipliers repeated for every micro-batch's units (unit u = m·K + i)."""
     return SliceScale(scale.compute * num_micro_batches, scale.transfer * num_micro_batches,
-                      scale.memory * num_micro_batches)
+                      scale.memory * num_micro_batches, scale.transfer_down * num_micro_batches)
