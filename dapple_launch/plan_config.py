@@ -168,7 +168,16 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     topology = topology_from_config(cfg.cluster, precision)
     s = cfg.strategy
     if s.name == "file":
-        return plan_from_file(s.plan_file, topology, num_layers(cfg), cfg.global_batch_size, s.plan_index)
+        plan = plan_from_file(s.plan_file, topology, num_layers(cfg), cfg.global_batch_size, s.plan_index)
+        if plan.token_slices and cfg.model.name != "from_profile":
+            from .models.token_slices import supports_slicing
+            model = model_from_config(cfg.model)
+            if not supports_slicing(model) or sum(plan.token_slices) != model.seq_len:
+                raise ValueError(f"{s.plan_file}: its token_slices {list(plan.token_slices)} need a model that supports "
+                                 f"token slicing with sequences of {sum(plan.token_slices)} tokens; model {model.name} "
+                                 + ("does not support slicing" if not supports_slicing(model) else
+                                    f"has {model.seq_len}") + ": re-plan for this model")
+        return plan
     if s.profile_source == "measured" and topology.device_kind == "cpu":
         topology = measured_cpu_links(topology)
     profile = profile_from_config(cfg, topology)

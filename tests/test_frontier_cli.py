@@ -91,3 +91,32 @@ def test_devices_auto_plans_the_cheapest_allocation_on_the_cluster(tmp_path):
     assert sum(s["replicas"] for s in plan["stages"]) * plan["estimate"]["iteration_s"] == pytest.approx(min(cost))
     used = sorted(d for s in plan["stages"] for d in s["devices"])
     assert used == list(range(len(used)))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_token_slices_from_the_command_line_train_and_draw_their_timeline(tmp_path):
+    """strategy.token_slices=[4,4,8] on the tiny GPT (16 tokens): schedule terapipe, four ranks train,
+    and the pipeline timeline labels each slice."""
+    out = cli([*TINY_GPT, *QUIET, "strategy.token_slices=[4,4,8]", "trainer.max_steps=3",
+               "trainer.profile_pipeline=true", "trainer.profile_steps=1", f"hydra.run.dir={tmp_path}/t"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    plan = json.loads((tmp_path / "t" / "plan.json").read_text())
+    assert plan["schedule"] == "terapipe" and plan["token_slices"] == [4, 4, 8]
+    assert "done: steps 0..3" in out.stdout
+    timeline = json.loads((tmp_path / "t" / "timeline.json").read_text())
+    assert "F0.2" in json.dumps(timeline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,needle", [
+    (["model=bert", "model.preset=tiny", "strategy.token_slices=[32,32]"], "does not support token slicing"),
+    (["strategy.token_slices=[4,4]"], "sum to 8 tokens but model gpt's sequences have 16"),
+    (["strategy.token_slices=[4,4,8]", "strategy.recompute=full"], "recomputed forward would not see"),
+    (["strategy.token_slices=sometimes"], "must be none, auto, or a list of token counts"),
+])
+def test_token_slice_refusals_are_one_line(tmp_path, args, needle):
+    out = cli([*TINY_GPT, *args, "dry_run=true", f"hydra.run.dir={tmp_path}/bad"], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert needle in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -206,3 +206,18 @@ def test_peak_saved_bytes_with_slices_equal_the_simulators(tmp_path):
     sim = simulate(sched, [StageCosts(1.0, 2.0)] * 2, unit_bytes=[r["units"] for r in results])
     assert [r["peak"] for r in results] == sim.peak_activation_bytes
     assert results[0]["units"][1] > results[0]["units"][0] * 5 / 3 * 0.99  # the later slice keeps its context too
+
+
+def test_the_predicted_timeline_of_a_sliced_plan_is_its_estimate():
+    """plan.json carries each stage's slice shares: the timeline's simulation (and any outside tool's)
+    reproduces the plan's sliced estimate; events are labelled micro-batch.slice."""
+    from dapple_launch.runtime.timeline import predicted
+    model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=32, vocab_size=40)
+    topo = Topology("t", 1, 4, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
+    profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
+    plan = Plan.from_json(fixed_plan(profile, topo, 2, 4, [1], 2, Limits(token_slices=(16, 8, 8))).to_json())
+    assert len(plan.estimate.slice_shares) == 4
+    pred = predicted(plan)
+    assert pred["iteration_s"] == pytest.approx(plan.estimate.iteration_s, rel=1e-9)
+    labels = {ev["label"] for r in pred["ranks"] for ev in r["events"]}
+    assert {"F0.0", "F1.2", "B1.2"} <= labels

@@ -29,13 +29,21 @@ def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: 
             iteration_s=c.iteration_s, samples_per_s=global_batch / c.iteration_s,
             peak_memory_bytes=tuple(c.memory_bytes),
             speedup_over_data_parallel=(data_parallel_s / c.iteration_s) if data_parallel_s else None,
-            simulated_iteration_s=sim.iteration_s, stage_costs=tuple(asdict(sc) for sc in c.costs)),
+            simulated_iteration_s=sim.iteration_s, stage_costs=tuple(asdict(sc) for sc in c.costs),
+            slice_shares=_slice_shares(c)),
         device_memory_bytes=topology.device_memory_bytes,
         runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
                          for r in runners_up),
         planner=planner, devices_per_node=topology.devices_per_node, warmup=c.warmup,
         token_slices=tuple(c.extra.get("token_slices", ())),
     )
+
+
+def _slice_shares(c: Costed) -> tuple[dict, ...]:
+    if c.schedule != "terapipe":
+        return ()
+    from .terapipe import stage_shares
+    return tuple(stage_shares(c.extra["profile"], c.extra["topology"], c.layout, c.costs, c.micro_batch_size))
 
 
 def check_micro_batches(schedule: str, num_stages: int, num_micro_batches: int) -> None:

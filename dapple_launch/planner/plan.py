@@ -27,6 +27,9 @@ class Estimate:
     # per stage, the cost model's figures the estimate was made from (schedule.StageCosts fields):
     # forward_s, backward_s, send_activation_s, send_gradient_s, allreduce_s, activation_bytes
     stage_costs: tuple[dict, ...] = ()
+    # token slices: per stage, how a slice's costs scale from the whole sequence's
+    # (schedule/terapipe.py slice_scale's arguments), so an outside tool can re-simulate the plan
+    slice_shares: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Plan:
             s["recompute_layers"] = list(s["recompute_layers"])
         d["estimate"]["peak_memory_bytes"] = list(d["estimate"]["peak_memory_bytes"])
         d["estimate"]["stage_costs"] = [dict(c) for c in d["estimate"]["stage_costs"]]
+        d["estimate"]["slice_shares"] = [dict(c) for c in d["estimate"]["slice_shares"]]
         d["runners_up"] = [dict(r) for r in d["runners_up"]]
         d["warmup"] = list(d["warmup"])
         d["token_slices"] = list(d["token_slices"])
@@ -115,6 +119,7 @@ class Plan:
         e = dict(d["estimate"])
         e["peak_memory_bytes"] = tuple(e["peak_memory_bytes"])
         e["stage_costs"] = tuple(dict(c) for c in e.get("stage_costs", ()))
+        e["slice_shares"] = tuple(dict(c) for c in e.get("slice_shares", ()))
         d["estimate"] = Estimate(**e)
         d["runners_up"] = tuple(RunnerUp(**r) for r in d.get("runners_up", ()))
         d["warmup"] = tuple(int(w) for w in d.get("warmup", ()))

@@ -148,7 +148,7 @@ class StageExecutor:
                 if i == last_backward and self.on_last_backward is not None:
                     self.on_last_backward()
                 if self.timeline is not None:
-                    self.timeline.append((str(a), start, time.time()))
+                    self.timeline.append((schedule.label(a), start, time.time()))
             except RuntimeError as exc:
                 rank = dist.get_rank() if dist.is_initialized() else 0
                 raise RuntimeError(

@@ -26,7 +26,7 @@ LEGEND = [("forward", "forward"), ("backward", "backward (whole)"), ("input", "i
 
 
 def _kind(label: str) -> str:
-    return KIND_OF[label.rstrip("0123456789")]
+    return KIND_OF[label.rstrip("0123456789.")]  # F3, or with token slices F1.2
 
 
 def measured_iteration(step: int, per_rank: list[list[tuple[str, float, float]]], grid: ProcessGrid) -> dict:
@@ -47,7 +47,13 @@ def predicted(plan: Plan) -> dict | None:
     if not plan.estimate.stage_costs:
         return None
     costs = [StageCosts(**c) for c in plan.estimate.stage_costs]
-    sim = simulate(plan.build_schedule(), costs)
+    schedule = plan.build_schedule()
+    scale = None
+    if plan.token_slices and plan.estimate.slice_shares:  # each slice's cost: schedule/terapipe.py
+        from ..schedule.terapipe import slice_scale, unit_scales
+        scale = [unit_scales(slice_scale(plan.token_slices, **sh), plan.num_micro_batches)
+                 for sh in plan.estimate.slice_shares]
+    sim = simulate(schedule, costs, scale=scale)
     grid = ProcessGrid.from_plan(plan)
     ranks = []
     for rank in range(grid.world_size):

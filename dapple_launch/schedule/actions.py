@@ -65,6 +65,13 @@ class Schedule:
         """Micro-batches of whole sequences (units / slices)."""
         return self.num_micro_batches // self.num_slices
 
+    def label(self, a: Action) -> str:
+        """An action as the timelines show it: F3, or with token slices F1.2 (micro-batch 1, slice 2)."""
+        if self.num_slices == 1:
+            return str(a)
+        m, i = divmod(a.micro_batch, self.num_slices)
+        return f"{a.kind.value}{m}.{i}"
+
     def compute_order(self, stage: int) -> list[Action]:
         return [a for a in self.stage_actions[stage] if a.kind.is_compute]
 

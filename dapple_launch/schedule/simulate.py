@@ -170,7 +170,7 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
                 took *= scale[s].compute[a.micro_batch]
             end = clock[s] = start + took
             if record:
-                timeline.append(Event(s, str(a), label[kind], start, end))
+                timeline.append(Event(s, schedule.label(a), label[kind], start, end))
             if kind is F or kind.frees_activations:
                 kept = (unit_bytes[s][a.micro_batch] if unit_bytes is not None else
                         costs[s].activation_bytes * (scale[s].memory[a.micro_batch] if scale is not None else 1.0))
@@ -198,7 +198,7 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
             else:
                 arrived_gradient[(s - 1, a.micro_batch)] = end
             if dur > 0 and record:
-                timeline.append(Event(s, str(a), "send", start, end))
+                timeline.append(Event(s, schedule.label(a), "send", start, end))
         else:
             arrival = (arrived_activation if kind is RA else arrived_gradient)[(s, a.micro_batch)]
             if arrival > clock[s]:
