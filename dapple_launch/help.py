@@ -41,6 +41,7 @@ Keys set most often:
   strategy.objective=time|memory|pareto strategy.memory_budget_gib=G       (strategy=auto; pareto writes
       pareto.json and pareto.svg: run a point with strategy=file strategy.plan_file=... strategy.plan_index=K)
   strategy.devices=auto strategy.deadline_s_per_iteration=T | strategy.max_devices=N   the cheapest allocation
+  strategy.token_slices=auto|none|[l1,l2,..]  TeraPipe: pipeline token slices of each sequence (causal models)
   model.preset=NAME model.num_layers=N model.hidden=H                       (gpt, bert)
   model.target=PKG.MODULE:CALLABLE model.args={{k:v}}                         (model=custom)
   data.path=PATH data.seq_len=N                                              (data=text_file, tokens)

@@ -25,6 +25,11 @@
     >= `vocab_size`.
   - `example_from_tokens(window, generator)`: one (inputs, targets) example from seq_len + 1 token
     ids; next-token prediction unless overridden (BERT masks).
+  - `slice_loss(output, target, start, stop)`: a causal model's per-sample loss share of tokens
+    [start, stop) (the shares over a sequence's slices sum to `loss`). Defining it declares that
+    the model supports token slicing (TeraPipe): its layers then read
+    `models.token_slices.current()` while a slice runs (absolute positions; attention through
+    `TokenSlice.attend`, which keeps the earlier slices' keys and values).
 """
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str
     # "saved": from before parameters were left out of the saved bytes
     from ..models import identity
     ident = json.dumps({"model": identity(model), "batch": batch_size, "device": device, "fit": "per-call",
-                        "precision": precision, "saved": "no-parameters, fixed part", "split": "I and W"},
+                        "precision": precision, "saved": "no-parameters, fixed part", "split": "I and W",
+                        "slices": "context shares"},
                        sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
@@ -138,6 +139,13 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
                            forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large),
                            saved_fixed_bytes=per_call(saved, saved4, small, large), weight_grad_s=w)
               for (name_, f, b, out, params, saved, w), (_, f4, b4, _o, _p, saved4, _w) in zip(at_small, at_large)]
+    from ..models.token_slices import supports_slicing
+    if supports_slicing(model):  # how a token slice's cost grows with its context: traced, as analytic.py does
+        from dataclasses import replace
+
+        from .analytic import trace_slice_shares
+        layers = [replace(x, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
+                  for x, (c, kv, att) in zip(layers, trace_slice_shares(model, batch_size))]
     profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name, precision=precision)
     if use_cache:
         write_cached(path, profile.to_json())
