@@ -22,7 +22,7 @@ from ..schedule.simulate import program
 from ..schedule.terapipe import slice_scale, unit_scales
 from .cost import Costed, Limits, StageSpec, speed_ratio, stage_costs
 
-SIMULATED_SLICINGS = 4  # of the DP's candidates (one per t_max), how many the simulator costs
+SIMULATED_SLICINGS = 2  # of the DP's candidates (one per t_max), how many the simulator costs
 
 
 def stage_shares(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs,

@@ -156,9 +156,9 @@ def analytic_profile(model: PipelineModel, batch_size: int, device_tflops: float
         layers.append(LayerProfile(name, fwd / rate, bwd / rate, float(out), float(params), saved_bytes=float(saved),
                                    saved_fixed_bytes=fixed))
     from ..models.token_slices import supports_slicing
-    if supports_slicing(model) and precision not in MIXED:
+    if supports_slicing(model):  # shares are ratios: traced in fp32 on the meta device at any precision
         from dataclasses import replace
         layers = [replace(layer, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
-                  for layer, (c, kv, att) in zip(layers, trace_slice_shares(model, batch_size, precision))]
+                  for layer, (c, kv, att) in zip(layers, trace_slice_shares(model, batch_size))]
     return chain(model.name, layers, batch_size, source="analytic", device=device, device_tflops=device_tflops,
                  precision=precision)
