@@ -221,3 +221,19 @@ def test_the_predicted_timeline_of_a_sliced_plan_is_its_estimate():
     assert pred["iteration_s"] == pytest.approx(plan.estimate.iteration_s, rel=1e-9)
     labels = {ev["label"] for r in pred["ranks"] for ev in r["events"]}
     assert {"F0.0", "F1.2", "B1.2"} <= labels
+
+
+def test_the_measuring_profiler_measures_how_slices_grow_with_context():
+    """A measured profile of a sliceable model times and counts each layer on a slice after a cached
+    context: attention blocks keep more for a later slice (the context's keys and values), the
+    embedding and the head do not; a model without slicing gets no shares."""
+    from dapple_launch.profile.measure import measure_profile
+    model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=32, vocab_size=40)
+    profile = measure_profile(model, 2, repeats=1, use_cache=False)
+    blocks = [x for x in profile.layers if x.name.startswith("block")]
+    assert all(x.slice_memory_kv > 0 for x in blocks)
+    assert all(0 <= x.slice_compute <= 1 for x in profile.layers)
+    ends = [profile.layers[0], profile.layers[-1]]
+    assert all(x.slice_memory_kv == 0 and x.slice_memory_att == 0 for x in ends)  # (times are noisy; bytes exact)
+    bert = measure_profile(tiny_model("bert"), 2, repeats=1, use_cache=False)
+    assert not bert.slices_tokens

@@ -115,6 +115,71 @@ def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repea
     return out
 
 
+def _slice_shares(model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int, precision: str,
+                  profiled: list[LayerProfile]) -> list[tuple[float, float, float]]:
+    """Per layer of a sliceable model, the shares schedule/terapipe.py scales a slice by, measured:
+    the layer timed (forward and backward) and its saved bytes counted on the sequence's second half
+    after its first (a token slice with the first half cached) against the whole sequence. Compute:
+    the second half costs 1/2 + a/4 of the whole's variable part (per-call fixed parts aside), so
+    a = 4 r - 2; saved bytes as profile/analytic.py fits them (first half alone, second after it)."""
+    from ..models.token_slices import KVCache, TokenSlice, running
+    x, _ = model.batch(batch_size, torch.Generator().manual_seed(seed), device=dev)
+    x = as_tuple(x)
+    L = x[0].shape[1]
+    half = L // 2
+    out = []
+
+    def run(layer, owned, carry, piece, cache_from=None):
+        saved = []
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in owned:
+                saved.append(nbytes(t))
+            return t
+        times = []
+        for rep in range(repeats + 1):
+            cache = KVCache()
+            if cache_from is not None:  # the first half runs first, untimed, to fill the cache
+                with running(TokenSlice(0, 0, half, cache)), autocast(dev.type, precision):
+                    call_layer(layer, *[tuple(t.detach() for t in cache_from)])
+            x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in carry)
+            saved.clear()
+            _sync(dev)
+            t0 = time.perf_counter()
+            with running(piece(cache)), autocast(dev.type, precision), \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+            roots, ones = backward_roots(y)
+            if roots:
+                torch.autograd.backward(roots, ones)
+            _sync(dev)
+            if rep:
+                times.append(time.perf_counter() - t0)
+        return times, float(sum(saved))
+
+    for i, (spec, prof) in enumerate(zip(model.layers(), profiled)):
+        layer = build_layer(spec, i, seed).to(dev)
+        owned = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+        first = tuple(t[:, :half] for t in x)
+        second = tuple(t[:, half:] for t in x)
+        _, head_m = run(layer, owned, first, lambda c: TokenSlice(0, 0, half, c))
+        fixed = prof.forward_fixed_s + prof.backward_fixed_s
+        ratios = []
+        for _ in range(3):  # whole and second half in turns: a shared machine's drift cancels in each ratio
+            whole_t, whole_m = run(layer, owned, x, lambda c: None)
+            tail_t, tail_m = run(layer, owned, second, lambda c: TokenSlice(1, half, L, c), cache_from=first)
+            w, t = statistics.median(whole_t), statistics.median(tail_t)
+            ratios.append((t - fixed) / (w - fixed) if w > fixed else 0.5)
+        r = statistics.median(ratios)
+        r2, r3 = (head_m / whole_m, tail_m / whole_m) if whole_m else (0.5, 0.5)
+        clamp = lambda v: min(max(v, 0.0), 1.0)  # noqa: E731
+        out.append((clamp(4 * r - 2), clamp(2 * r3 - 1), clamp(2 - 4 * r2)))
+        with torch.no_grad(), autocast(dev.type, precision):
+            y = call_layer(layer, x if len(x) > 1 else x[0])
+        x = tuple(t.detach() for t in as_tuple(y))
+    return out
+
+
 def per_call(small_s: float, large_s: float, small_n: int, large_n: int) -> float:
     """The part of a call's time that does not grow with its samples: the intercept of the line
     through (small_n, small_s) and (large_n, large_s), kept within [0, small_s]."""
@@ -140,12 +205,11 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
                            saved_fixed_bytes=per_call(saved, saved4, small, large), weight_grad_s=w)
               for (name_, f, b, out, params, saved, w), (_, f4, b4, _o, _p, saved4, _w) in zip(at_small, at_large)]
     from ..models.token_slices import supports_slicing
-    if supports_slicing(model):  # how a token slice's cost grows with its context: traced, as analytic.py does
+    if supports_slicing(model):  # how a token slice's cost grows with its context: timed and counted here
         from dataclasses import replace
-
-        from .analytic import trace_slice_shares
         layers = [replace(x, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
-                  for x, (c, kv, att) in zip(layers, trace_slice_shares(model, batch_size))]
+                  for x, (c, kv, att) in zip(layers, _slice_shares(model, batch_size, dev, repeats, seed, precision,
+                                                                   layers))]
     profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name, precision=precision)
     if use_cache:
         write_cached(path, profile.to_json())
