@@ -35,6 +35,9 @@ from .zygote import die_with_parent
 
 GRACE_S = 5.0  # a rank asked to stop after a peer failed gets this long before it is killed
 EXIT_STOPPED = 3  # worker: stopped early on a signal, after saving (launch/worker.py)
+# when peers have failed (a receive timed out), how stale a live rank's heartbeat may be before it is
+# named the cause: its beats come every second, so a rank silent this long is not merely between beats
+STALE_WHEN_PEERS_FAIL = 0.75
 
 
 def usable_cores() -> int:
@@ -176,6 +179,12 @@ class LocalRun:
                 self._signal_all(signal.SIGTERM)
             failed = [r for r, c in enumerate(codes) if c not in (None, 0, EXIT_STOPPED)]
             if failed:
+                # A peer's receive times out after trainer.timeout_s, as the stalled rank's heartbeat goes
+                # stale: on a loaded machine the timeout may be seen first. A live rank silent for most of
+                # the timeout while others failed is the cause, not the ranks that waited on it.
+                stalled = self._stalled(started, fraction=STALE_WHEN_PEERS_FAIL)
+                if stalled is not None and stalled not in failed:
+                    return self._stall(stalled)
                 return self._failure(failed)
             if all(c is not None for c in codes):
                 if stop_asked is not None:
@@ -195,8 +204,9 @@ class LocalRun:
                 return 128 + self.interrupts[0]
             time.sleep(0.2)
 
-    def _stalled(self, started: float) -> int | None:
-        """A rank whose heartbeat is older than the timeout (or never came, long after the start)."""
+    def _stalled(self, started: float, fraction: float = 1.0) -> int | None:
+        """A rank whose heartbeat is older than the timeout (`fraction` of it), or never came long after
+        the start."""
         now = time.time()
         beats = read_heartbeats(self.run_dir)
         for rank, p in enumerate(self.procs):
@@ -206,7 +216,7 @@ class LocalRun:
             if beat is None:
                 if now - started > self.timeout_s + 60:  # imports and set-up come first
                     return rank
-            elif now - beat["time"] > self.timeout_s:
+            elif now - beat["time"] > self.timeout_s * fraction:
                 return rank
         return None
 
