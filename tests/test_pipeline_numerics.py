@@ -122,24 +122,45 @@ def run_cases(cases: list[tuple], tmp_path) -> list[list[dict]]:
     return [out[i] for i in range(len(cases))]
 
 
+# Activation recomputation (tests/test_recompute.py) and token slices (TeraPipe, tests/test_terapipe.py):
+# 2 and 4 stages, full and selective (counts, positions), 1-4 micro-batches, equal and unequal slices
+# (the tiny GPT has 8 tokens), data parallelism inside stages; with CASES to share their processes.
+LIMITED = [
+    # (replicas, schedule, micro-batches, batch size, more Limits fields)
+    ((1, 1), "1f1b", 4, 9, {"recompute": "full"}), ((1, 1), "1f1b", 4, 9, {"recompute": "selective",
+                                                                           "recompute_counts": (1,)}),
+    ((1, 1), "1f1b", 4, 9, {"recompute": "selective", "recompute_layers": (1, 3)}),
+    ((1, 1, 1, 1), "1f1b", 4, 9, {"recompute": "full"}),
+    ((1, 1, 1, 1), "1f1b", 4, 9, {"recompute": "selective", "recompute_counts": (1, 0, 1, 1)}),
+    ((2, 2), "1f1b", 4, 9, {"recompute": "full"}),
+    ((2, 1, 1), "1f1b", 4, 9, {"recompute": "selective", "recompute_counts": (2, 1, 0)}),
+    ((1, 1), "gpipe", 1, 2, {"token_slices": (4, 4)}), ((1, 1), "gpipe", 2, 4, {"token_slices": (3, 5)}),
+    ((1, 1), "gpipe", 4, 8, {"token_slices": (2, 2, 2, 2)}), ((1, 1, 1, 1), "gpipe", 1, 3, {"token_slices": (1, 3, 4)}),
+    ((1, 1, 1, 1), "gpipe", 3, 6, {"token_slices": (4, 2, 2)}), ((1, 1, 1, 1), "gpipe", 2, 4, {"token_slices": (8,)}),
+    ((2, 2), "gpipe", 2, 8, {"token_slices": (5, 3)}), ((2, 1, 1), "gpipe", 2, 5, {"token_slices": (2, 6)}),
+]
+
+
 def test_pipelined_equals_reference(tmp_path):
-    """Every case of CASES: loss and every gradient equal one process's, and the runtime keeps
-    exactly as many micro-batches alive per stage as the schedule says."""
+    """Every case of CASES and LIMITED: loss and every gradient equal one process's, and the runtime
+    keeps exactly as many micro-batches (token-slice units) alive per stage as the schedule says."""
     model = tiny_model()
-    cases = []
-    for replicas, schedule, m, n in CASES:
-        plan = make_plan(model, replicas, schedule, m, m * max(replicas))
-        cases.append(("gpt", replicas, schedule, m, n, plan.to_json()))
+    cases, plans = [], []
+    grid = [(*c, {}) for c in CASES] + LIMITED
+    for replicas, schedule, m, n, limits in grid:
+        plan = make_plan(model, replicas, schedule, m, m * max(replicas), **limits)
+        plans.append(plan)
+        cases.append(("gpt", replicas, plan.schedule, m, n, plan.to_json()))
     everything = {n for n, _ in PipelineModule(model).materialize().named_parameters(remove_duplicate=False)}
-    for (replicas, schedule, m, n), results in zip(CASES, run_cases(cases, tmp_path)):
-        predicted = simulate(build_schedule(schedule, len(replicas), m), [StageCosts(1.0, 1.0)] * len(replicas))
+    for case, plan, results in zip(grid, plans, run_cases(cases, tmp_path)):
+        predicted = simulate(plan.build_schedule(), [StageCosts(1.0, 1.0)] * plan.num_stages)
         names = set()
         for r in results:
-            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), (replicas, schedule, m, n)
-            assert r["worst_grad_rel"] < 1e-4, (replicas, schedule, m, n)
-            assert r["saved_peak"] == predicted.peak_in_flight[r["stage"]], (replicas, schedule, m, n)
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
+            assert r["worst_grad_rel"] < 1e-4, case
+            assert r["saved_peak"] == predicted.peak_in_flight[r["stage"]], case
             names |= set(r["names"])
-        assert names == everything, (replicas, schedule, m, n)
+        assert names == everything, case
 
 
 @pytest.mark.parametrize("replicas,warmup_depth,schedule", [((1, 1, 1, 1), 2, "1f1b"), ((2, 1, 1), 3, "1f1b"),
