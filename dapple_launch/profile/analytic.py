@@ -119,9 +119,18 @@ def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "
     L = x[0].shape[1]
     half = L // 2
     out = []
+    seen: dict = {}  # layers alike (class, parameter shapes, input shapes) share their shares: one trace
     for spec in model.layers():
         with torch.device("meta"):
             layer = spec.build()
+        key = (type(layer).__qualname__, tuple((n, tuple(p.shape)) for n, p in layer.named_parameters()),
+               tuple((tuple(t.shape), t.dtype) for t in x))
+        if key in seen:
+            out.append(seen[key])
+            with torch.no_grad():
+                y = call_layer(layer, x if len(x) > 1 else x[0])
+            x = tuple(t.detach() for t in as_tuple(y))
+            continue
         owned = {id(p) for p in layer.parameters()}
         whole_f, whole_m = _trace_call(layer, x, owned, precision)
         first = tuple(t[:, :half] for t in x)
@@ -135,6 +144,7 @@ def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "
         r2, r3 = (head_m / whole_m, tail_m / whole_m) if whole_m else (0.5, 0.5)
         clamp = lambda v: min(max(v, 0.0), 1.0)  # noqa: E731
         out.append((clamp(2 - 4 * r), clamp(2 * r3 - 1), clamp(2 - 4 * r2)))
+        seen[key] = out[-1]
         with torch.no_grad():
             y = call_layer(layer, x if len(x) > 1 else x[0])
         x = tuple(t.detach() for t in as_tuple(y))
