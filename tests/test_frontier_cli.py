@@ -37,29 +37,44 @@ def test_a_pareto_dry_run_writes_the_frontier_and_any_point_of_it_runs(tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
-    (["strategy=file", "strategy.plan_file={dry}/pareto.json"], "pick one with strategy.plan_index=K, K in 0.."),
-    (["strategy=file", "strategy.plan_file={dry}/pareto.json", "strategy.plan_index=99"], "strategy.plan_index=K"),
-    (["strategy=auto", "strategy.memory_budget_gib=1000"], "strategy.memory_budget_gib=1000 is more than the"),
     (["strategy=auto", "strategy.memory_budget_gib=0.00001"], "no plan fits strategy.memory_budget_gib"),
-    (["strategy=auto", "strategy.deadline_s_per_iteration=1"], "apply with strategy.devices=auto only"),
-    (["strategy=auto", "strategy.devices=auto", "strategy.deadline_s_per_iteration=0.0000001"],
-     "no device count meets strategy.deadline_s_per_iteration"),
     (["strategy.recompute=selective"], "needs exactly one of strategy.recompute_layers"),
-    (["strategy.recompute=full", "strategy.schedule=zb_h1"], "a split backward's W would run the recomputed"),
+    (["model=bert", "model.preset=tiny", "strategy.token_slices=[32,32]"], "does not support token slicing"),
 ])
-def test_frontier_and_recompute_refusals_are_one_line(tmp_path, args, needle, compose_cfg):
-    dry = tmp_path / "dry"
-    dry.mkdir()
-    if "{dry}/pareto.json" in " ".join(args):  # a frontier file for the index checks (planned in-process)
-        from dapple_launch.plan_config import _choice_for, _plan_key
-        from dapple_launch.planner.frontier import frontier_to_json
-        cfg = compose_cfg([*TINY_GPT, "strategy=auto", "strategy.objective=pareto"])
-        (dry / "pareto.json").write_text(frontier_to_json(_choice_for(_plan_key(cfg))))
-    out = cli([*TINY_GPT, *[a.replace("{dry}", str(dry)) for a in args], "dry_run=true",
-               f"hydra.run.dir={tmp_path}/bad"], tmp_path)
+def test_frontier_recompute_and_slice_refusals_end_the_command_in_one_line(tmp_path, args, needle):
+    """One of each kind through the command (a plan that fits no budget, a bad recomputation setting,
+    slicing a model that cannot be sliced): exit 2, one line, no traceback; the rest in-process below."""
+    out = cli([*TINY_GPT, *args, "dry_run=true", f"hydra.run.dir={tmp_path}/bad"], tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert needle in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["strategy=file", "strategy.plan_file={dry}/pareto.json"], "pick one with strategy.plan_index=K, K in 0.."),
+    (["strategy=file", "strategy.plan_file={dry}/pareto.json", "strategy.plan_index=99"], "strategy.plan_index=K"),
+    (["strategy=auto", "strategy.memory_budget_gib=1000"], "strategy.memory_budget_gib=1000 is more than the"),
+    (["strategy=auto", "strategy.deadline_s_per_iteration=1"], "apply with strategy.devices=auto only"),
+    (["strategy=auto", "strategy.devices=auto", "strategy.deadline_s_per_iteration=0.0000001"],
+     "no device count meets strategy.deadline_s_per_iteration"),
+    (["strategy.recompute=full", "strategy.schedule=zb_h1"], "a split backward's W would run the recomputed"),
+    (["strategy.token_slices=[4,4]"], "sum to 8 tokens but model gpt's sequences have 16"),
+    (["strategy.token_slices=[4,4,8]", "strategy.recompute=full"], "recomputed forward would not see"),
+    (["strategy.token_slices=sometimes"], "must be none, auto, or a list of token counts"),
+])
+def test_frontier_recompute_and_slice_refusals_name_the_rule(tmp_path, args, needle):
+    """What the command refuses before starting anything (checked by the same functions it calls)."""
+    from dapple_launch.cli import check
+    from dapple_launch.plan_config import _choice_for, _plan_key, plan_from_config
+    from dapple_launch.planner.frontier import frontier_to_json
+    dry = tmp_path / "dry"
+    dry.mkdir()
+    if "{dry}/pareto.json" in " ".join(args):  # a frontier file for the index checks
+        cfg = check([*TINY_GPT, "strategy=auto", "strategy.objective=pareto"])
+        (dry / "pareto.json").write_text(frontier_to_json(_choice_for(_plan_key(cfg))))
+    with pytest.raises(ValueError) as refused:
+        plan_from_config(check([*TINY_GPT, *[a.replace("{dry}", str(dry)) for a in args]]))
+    assert needle in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.mark.slow
@@ -106,17 +121,3 @@ def test_token_slices_from_the_command_line_train_and_draw_their_timeline(tmp_pa
     assert "done: steps 0..3" in out.stdout
     timeline = json.loads((tmp_path / "t" / "timeline.json").read_text())
     assert "F0.2" in json.dumps(timeline)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("args,needle", [
-    (["model=bert", "model.preset=tiny", "strategy.token_slices=[32,32]"], "does not support token slicing"),
-    (["strategy.token_slices=[4,4]"], "sum to 8 tokens but model gpt's sequences have 16"),
-    (["strategy.token_slices=[4,4,8]", "strategy.recompute=full"], "recomputed forward would not see"),
-    (["strategy.token_slices=sometimes"], "must be none, auto, or a list of token counts"),
-])
-def test_token_slice_refusals_are_one_line(tmp_path, args, needle):
-    out = cli([*TINY_GPT, *args, "dry_run=true", f"hydra.run.dir={tmp_path}/bad"], tmp_path)
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert needle in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
