@@ -97,10 +97,13 @@ class SleepLM(PipelineModel):
         return ids[:, :-1], ids[:, 1:]
 
 
-def sleep_profile(per_call_s: float = 0.0):
+PROBE_FORWARD_S, PROBE_BACKWARD_S = 0.03, 0.06  # the calibration's sleeps: short, so the runtime's cost shows
+
+
+def sleep_profile(per_call_s: float = 0.0, forward_s: float = FORWARD_S, backward_s: float = BACKWARD_S):
     """What a measured profile would say of these layers: the sleeps, plus what the runtime pays per
-    call whatever its tokens (`per_call_s`, calibrated: see calibrate), as each call's fixed part."""
-    layers = [LayerProfile(f"stage{s}", FORWARD_S + per_call_s, BACKWARD_S + per_call_s, 4.0 * HIDDEN * L,
+    call whatever its tokens (`per_call_s`, calibrated in main), as each call's fixed part."""
+    layers = [LayerProfile(f"stage{s}", forward_s + per_call_s, backward_s + per_call_s, 4.0 * HIDDEN * L,
                            4.0 * HIDDEN, slice_compute=ATTENTION, forward_fixed_s=per_call_s,
                            backward_fixed_s=per_call_s) for s in range(STAGES)]
     return chain("sleep-lm", layers, batch_size=1)
@@ -125,8 +128,8 @@ def _run(rank, world, plan_json, model_kind, iterations):
     torch.set_num_threads(1)
     plan = Plan.from_json(plan_json)
     global FORWARD_S, BACKWARD_S
-    if model_kind == "calibrate":  # no sleeps: what the runtime itself costs per action
-        FORWARD_S = BACKWARD_S = 0.0
+    if model_kind == "calibrate":  # short sleeps: what the runtime itself costs per action shows
+        FORWARD_S, BACKWARD_S = PROBE_FORWARD_S, PROBE_BACKWARD_S
     model = SleepLM() if model_kind in ("sleep", "calibrate") else real_model()
     grid = ProcessGrid.from_plan(plan)
     stage, replica = grid.position(rank)
@@ -161,12 +164,16 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         # Calibration, as a measured profile fits each layer's fixed cost per call: the same model with
-        # no sleeps, 64 slices of one sequence; the runtime's cost per unit and stage (a forward and a
-        # backward, their receives and sends) over the pipeline's K + S - 1 steps, split between F and B.
-        probe = fixed_plan(sleep_profile(), topology(), 1, STAGES, [1], 1, Limits(token_slices=(L // 64,) * 64))
+        # short sleeps (a twentieth of the rows'), 64 slices of one sequence; what the run takes beyond
+        # the simulator's figure for the sleeps alone, per action and stage over the pipeline's
+        # 2 (K + S - 1) steps, is the runtime's own cost per call.
+        probe = fixed_plan(sleep_profile(0.0, PROBE_FORWARD_S, PROBE_BACKWARD_S), topology(), 1, STAGES, [1], 1,
+                           Limits(token_slices=(L // 64,) * 64))
         wall = max(r["wall_s"] for r in run_ranks(STAGES, _run, (probe.to_json(), "calibrate", iters + 1), tmp))
-        per_call = wall / (2 * (64 + STAGES - 1))
-        print(f"calibration: the runtime costs {per_call * 1e3:.2f} ms per action and stage (64 slices, no sleeps)\n")
+        per_call = max(0.0, wall - probe.estimate.simulated_iteration_s) / (2 * (64 + STAGES - 1))
+        print(f"calibration: the runtime costs {per_call * 1e3:.2f} ms per action and stage (64 slices, sleeps of "
+              f"{PROBE_FORWARD_S}/{PROBE_BACKWARD_S} s per sequence: {wall:.3f} s measured, "
+              f"{probe.estimate.simulated_iteration_s:.3f} s for the sleeps)\n")
         print("| global batch | slicing | slices | measured | simulator | error | speed-up over no slicing |")
         print("|---|---|---|---|---|---|---|")
         for G in (1, 2, 4):

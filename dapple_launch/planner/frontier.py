@@ -92,8 +92,10 @@ def frontier(profile: ModelProfile, topology: Topology, global_batch: int, limit
         searches += 1
         try:
             # below the card, each search gets a share of the node budget (each point states its own gap)
+            # and leaves the baselines out (compared once, on the whole card: they are no point's bound)
             p = plan(profile, capped, global_batch,
-                     limits if not found else replace(limits, search_nodes=max(1, int(limits.search_nodes * LATER_SHARE))))
+                     limits if not found else replace(limits, search_nodes=max(1, int(limits.search_nodes * LATER_SHARE))),
+                     with_baselines=not found)
         except NoFeasiblePlan:
             break
         found.append(replace(p, device_memory_bytes=topology.device_memory_bytes))

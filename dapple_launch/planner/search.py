@@ -60,10 +60,12 @@ def micro_batch_sizes(global_batch: int, limits: Limits) -> list[int]:
 
 
 def search(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-           keep: int = 4) -> tuple[Costed | None, list[Costed], dict[str, Costed | None], SearchStats]:
-    """(best, runners-up, baselines, stats)."""
+           keep: int = 4, with_baselines: bool = True) -> tuple[Costed | None, list[Costed], dict[str, Costed | None],
+                                                                SearchStats]:
+    """(best, runners-up, baselines, stats). `with_baselines=False`: the search's own space only (a
+    frontier's searches below the first: the baselines were compared once, on the whole card)."""
     t0 = time.perf_counter()
-    baselines = all_baselines(profile, topology, global_batch, limits)
+    baselines = all_baselines(profile, topology, global_batch, limits) if with_baselines else {}
     start = balanced_uniform(profile, topology, global_batch, limits)
     found = [c for c in [*baselines.values(), start] if c is not None]
     stats = SearchStats()
@@ -222,7 +224,8 @@ def smallest_memory_need(profile: ModelProfile, topology: Topology, limits: Limi
     return c.peak_memory_bytes, c.summary()
 
 
-def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Plan:
+def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
+         with_baselines: bool = True) -> Plan:
     requested = limits
     if global_batch < topology.num_devices:
         raise ValueError(
@@ -230,7 +233,8 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
             f"that must share it (each needs at least one sample per iteration); raise global_batch_size to "
             f">= {topology.num_devices} or use a smaller cluster")
     limits = replace(limits, schedule=search_family(limits))
-    best, runners_up, baselines, stats = search(profile, topology, global_batch, limits)
+    best, runners_up, baselines, stats = search(profile, topology, global_batch, limits,
+                                                with_baselines=with_baselines)
     if best is None and "1f1b" not in schedules.allowed(requested) and schedules.FAMILY in schedules.allowed(requested):
         other, *_ = search(profile, topology, global_batch, replace(limits, schedules=("1f1b",)))
         if other is not None:
