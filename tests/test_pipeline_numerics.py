@@ -317,27 +317,40 @@ def test_a_stalled_peer_ends_the_run_with_stage_rank_and_action(tmp_path, monkey
     assert "stage 0 replica 0 (rank 0) stopped at action RG0" in out[0], out[0]
 
 
-def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
-    """This stage's peak saved bytes over one iteration, and what one micro-batch's forward saves."""
-    from dapple_launch.models.contract import as_tuple, run_layers
+def rank_stage(rank, plan_json):
+    """In a worker: (plan, tiny GPT, grid, stage, replica, the stage's layers materialised) for this rank."""
     from dapple_launch.planner import Plan
     plan = Plan.from_json(plan_json)
     model = tiny_model()
     grid = ProcessGrid.from_plan(plan)
     stage, replica = grid.position(rank)
     a, b = plan.stages[stage].layers
-    local = PipelineModule(model).materialize(list(range(a, b)))
+    return plan, model, grid, stage, replica, PipelineModule(model).materialize(list(range(a, b)))
+
+
+def stage_input(model, start: int, x, earlier: PipelineModule | None = None) -> tuple:
+    """What the stage beginning at layer `start` receives for model inputs x, as the executor holds it:
+    the earlier layers' output, detached, its floating members needing a gradient (x itself at 0).
+    `earlier`: those layers already built, when calls must share them (token slices share a cache)."""
+    from dapple_launch.models.contract import as_tuple, run_layers
+    if start == 0:
+        return as_tuple(x)
+    with torch.no_grad():
+        earlier = earlier or PipelineModule(model).materialize(list(range(0, start)))
+        y = run_layers(earlier.local_stack(), x)
+    return tuple(t.detach().requires_grad_(t.is_floating_point()) for t in as_tuple(y))
+
+
+def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
+    """This stage's peak saved bytes over one iteration, and what one micro-batch's forward saves."""
+    from dapple_launch.models.contract import as_tuple, run_layers
+    plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
     layers = local.local_stack()
     n = 2 * num_micro_batches
     batch = model.batch(n, torch.Generator().manual_seed(1))
     one = SavedBytes(local.parameters())
+    x = stage_input(model, plan.stages[stage].layers[0], tuple(t[:2] for t in as_tuple(batch[0])))
     with one.hooks():  # one micro-batch's forward as the executor runs it (a later stage's input needs a gradient)
-        x = tuple(t[:2] for t in as_tuple(batch[0]))
-        if stage > 0:
-            with torch.no_grad():
-                earlier = PipelineModule(model).materialize(list(range(0, a)))
-                x = tuple(t.detach().requires_grad_(t.is_floating_point())
-                          for t in as_tuple(run_layers(earlier.local_stack(), x)))
         y = run_layers(layers, x)
         kept = model.loss(y, batch[1][:2]).sum() if stage == grid.num_stages - 1 else y
         per_micro_batch = one.live

@@ -178,24 +178,16 @@ def test_simulator_charges_a_backwards_recomputed_activations():
 def _peak_with_recompute(rank, world, plan_json):
     """This stage's peak saved bytes over an iteration of its plan, and one micro-batch's kept and
     backward-extra bytes measured alone."""
-    from dapple_launch.planner import Plan
     from dapple_launch.runtime.executor import StageExecutor
-    from dapple_launch.runtime.grid import ProcessGrid
     from dapple_launch.runtime.p2p import PointToPoint
-    plan = Plan.from_json(plan_json)
-    model = tiny_model()
-    grid = ProcessGrid.from_plan(plan)
-    stage, replica = grid.position(rank)
-    a, b = plan.stages[stage].layers
-    local = PipelineModule(model).materialize(list(range(a, b)))
+
+    from .test_pipeline_numerics import rank_stage, stage_input
+    plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
+    a = plan.stages[stage].layers[0]
     marks = [i - a for i in plan.stages[stage].recompute_layers]
     batch = model.batch(2 * plan.num_micro_batches, torch.Generator().manual_seed(1))
     one = SavedBytes(local.parameters())
-    x = tuple(t[:2] for t in as_tuple(batch[0]))
-    if stage > 0:
-        with torch.no_grad():
-            earlier = PipelineModule(model).materialize(list(range(0, a)))
-            x = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in as_tuple(run_layers(earlier.local_stack(), x)))
+    x = stage_input(model, a, tuple(t[:2] for t in as_tuple(batch[0])))
     with one.hooks():  # one micro-batch as the executor runs it
         y = run_layers(with_recomputation(local.local_stack(), marks), x if len(x) > 1 else x[0])
         out = (model.loss(y, batch[1][:2]).sum() if stage == grid.num_stages - 1

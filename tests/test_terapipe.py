@@ -135,21 +135,16 @@ def test_a_fixed_plan_with_slices_and_the_planners_choice():
 
 def _unit_bytes(rank, world, plan_json):
     """This stage's peak saved bytes over an iteration, and each unit's kept bytes measured alone."""
-    from dapple_launch.models.contract import as_tuple
     from dapple_launch.runtime.executor import StageExecutor
-    from dapple_launch.runtime.grid import ProcessGrid
     from dapple_launch.runtime.p2p import PointToPoint
 
     from .saved_bytes import SavedBytes
-    plan = Plan.from_json(plan_json)
-    model = tiny_model()
-    grid = ProcessGrid.from_plan(plan)
-    stage, replica = grid.position(rank)
-    a, b = plan.stages[stage].layers
-    local = PipelineModule(model).materialize(list(range(a, b)))
+    from .test_pipeline_numerics import rank_stage, stage_input
+    plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
+    a = plan.stages[stage].layers[0]
     M, lengths = plan.num_micro_batches, plan.token_slices
     batch = model.batch(2 * M, torch.Generator().manual_seed(1))
-    earlier = PipelineModule(model).materialize(list(range(0, a))) if a else None
+    earlier = PipelineModule(model).materialize(list(range(0, a))) if a else None  # (its attention keeps a cache)
     per_unit, kept = [], []  # (the outputs stay referenced, as the executor keeps them until their backward)
     for m in range(M):  # each micro-batch's slices in order, as the executor runs them
         cache = KVCache()
@@ -158,10 +153,7 @@ def _unit_bytes(rank, world, plan_json):
             for i, (lo, hi) in enumerate(bounds(lengths)):
                 x = batch[0][2 * m:2 * m + 2, lo:hi]
                 with running(TokenSlice(i, lo, hi, cache)):
-                    if earlier is not None:
-                        with torch.no_grad():
-                            x = run_layers(earlier.local_stack(), x)
-                        x = x.detach().requires_grad_(True)
+                    (x,) = stage_input(model, a, x, earlier)
                     before = one.live
                     y = run_layers(local.local_stack(), x)
                     if stage == grid.num_stages - 1:
