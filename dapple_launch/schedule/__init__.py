@@ -37,3 +37,14 @@ from .simulate import Simulation, StageCosts, simulate  # noqa: E402
 from .validate import ScheduleError, validate  # noqa: E402
 
 __all__ += ["Simulation", "StageCosts", "simulate", "ScheduleError", "validate"]
+
+# ranks holding several stages (chunks): one order per rank, steps naming their stage
+from .chimera import chimera  # noqa: E402
+from .interleaved import interleaved_1f1b  # noqa: E402
+from .rank_simulate import simulate_ranks  # noqa: E402
+from .rank_validate import validate_ranks  # noqa: E402
+from .ranks import RankSchedule, Step, from_stages  # noqa: E402
+from .zbv import zbv  # noqa: E402
+
+__all__ += ["RankSchedule", "Step", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "validate_ranks",
+            "zbv"]

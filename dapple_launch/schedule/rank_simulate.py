@@ -1,0 +1,113 @@
+"""The simulator of rank orders: steps + per-stage costs -> iteration time, per-rank memory, timeline.
+
+Semantics are simulate.py's, with ranks holding several stages: a rank computes one step at a time
+in its order; a step waits for its input (the previous stage's forward, the next stage's backward);
+an input produced on the same rank is handed over locally at no cost, one from another rank comes
+over the directed link between the two ranks, a serial resource that only the sender's steps use,
+in its order. A rank's saved activations are those of its micro-batches in flight on any of its
+stages (F saves the stage's activation bytes, B or W frees them: the weight gradients need them).
+A stage's gradient all-reduce starts when its last backward has ended on every rank holding it
+(Chimera: both pipelines' copies) and occupies each of those ranks' all-reduce queue, in the
+order the stages become ready, overlapping whatever compute is left.
+"""
+from __future__ import annotations
+
+from .actions import Kind
+from .ranks import RankSchedule
+from .simulate import Event, Simulation, StageCosts
+from .validate import ScheduleError
+
+_LABEL = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.INPUT_GRAD: "input", Kind.WEIGHT_GRAD: "weight"}
+
+
+def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool = True) -> Simulation:
+    """Per-rank figures: stage_end_s, peak_in_flight and peak_activation_bytes are indexed by rank.
+    Timeline events carry the rank as their row (Event.stage) and label steps "F3" on the rank's
+    only stage or "F3·s5" where a rank holds several. Raises ScheduleError where the orders
+    deadlock (rank_validate.validate_ranks says which rule a schedule breaks)."""
+    S, M, R = schedule.num_stages, schedule.num_micro_batches, schedule.num_ranks
+    if len(costs) != S:
+        raise ValueError(f"simulate_ranks: {S} stages but {len(costs)} stage costs")
+    route = schedule.route
+    forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
+    input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
+    send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
+    kept = [c.activation_bytes for c in costs]
+    several = [len(schedule.stages_of(r)) > 1 for r in range(R)]
+    FORWARD, WEIGHT, BACKWARD = Kind.FORWARD, Kind.WEIGHT_GRAD, Kind.BACKWARD
+    activation: dict[tuple[int, int], float] = {(0, m): 0.0 for m in range(M)}  # input available on its rank
+    gradient: dict[tuple[int, int], float] = {}
+    link: dict[tuple[int, int], float] = {}  # (from rank, to rank) -> when the link is next free
+    clock, pos = [0.0] * R, [0] * R
+    live, peak_bytes, in_flight, peak = [0.0] * R, [0.0] * R, [0] * R, [0] * R
+    last_backward = [0.0] * S
+    timeline: list[Event] = []
+
+    def deliver(r: int, to: int, t: float, seconds: float) -> float:
+        if to == r:
+            return t  # a local hand-off between two of the rank's stages
+        start = link.get((r, to), 0.0)
+        start = t if t > start else start
+        link[(r, to)] = start + seconds
+        pending.append(to)
+        return start + seconds
+
+    pending = list(range(R - 1, -1, -1))
+    while pending:
+        r = pending.pop()
+        order, k, t = schedule.orders[r], pos[r], clock[r]
+        while k < len(order):
+            a = order[k]
+            s, m, kind = a.stage, a.micro_batch, a.kind
+            start = t
+            if kind is FORWARD:
+                arrival = activation.get((s, m))
+                if arrival is None:
+                    break
+                start = t if t > arrival else arrival
+                t = start + forward[s]
+                if s < S - 1:
+                    activation[(s + 1, m)] = deliver(r, route[(s + 1, m)], t, send_up[s])
+                live[r] += kept[s]
+                in_flight[r] += 1
+                peak[r] = max(peak[r], in_flight[r])
+                peak_bytes[r] = max(peak_bytes[r], live[r])
+            elif kind is WEIGHT:
+                t += weight[s]
+            else:
+                if s < S - 1:
+                    arrival = gradient.get((s, m))
+                    if arrival is None:
+                        break
+                    start = t if t > arrival else arrival
+                t = start + (backward[s] if kind is BACKWARD else input_[s])
+                if s > 0:
+                    gradient[(s - 1, m)] = deliver(r, route[(s - 1, m)], t, send_down[s])
+            if kind is BACKWARD or kind is WEIGHT:
+                if costs[s].recompute_bytes:
+                    peak_bytes[r] = max(peak_bytes[r], live[r] + costs[s].recompute_bytes)
+                live[r] -= kept[s]
+                in_flight[r] -= 1
+                last_backward[s] = max(last_backward[s], t)
+            if record:
+                timeline.append(Event(r, f"{kind.value}{m}" + (f"·s{s}" if several[r] else ""), _LABEL[kind], start, t))
+            k += 1
+        pos[r], clock[r] = k, t
+    blocked = {r: p for r, p in enumerate(pos) if p < len(schedule.orders[r])}
+    if blocked:
+        raise ScheduleError(f"schedule {schedule.name!r} deadlocks: ranks {sorted(blocked)} wait for inputs that "
+                            f"are never produced (blocked step marked)\n{schedule.grid(blocked)}")
+    # all-reduces: each stage once its last backward ended everywhere, queued per rank in ready order
+    queue = [0.0] * R
+    for s in sorted(range(S), key=lambda s: (last_backward[s], s)):
+        if costs[s].allreduce_s <= 0:
+            continue
+        ranks = schedule.placement[s]
+        start = max(last_backward[s], *(queue[r] for r in ranks))
+        for r in ranks:
+            queue[r] = start + costs[s].allreduce_s
+        if record:
+            timeline += [Event(r, f"AR·s{s}" if several[r] else "AR", "allreduce", start, queue[r]) for r in ranks]
+    ends = [max(c, q) for c, q in zip(clock, queue)]
+    return Simulation(iteration_s=max(ends), stage_end_s=ends, peak_in_flight=peak,
+                      peak_activation_bytes=peak_bytes, timeline=timeline)

@@ -1,0 +1,87 @@
+"""Schedules whose ranks hold several stages: each rank (device group) runs one order of steps.
+
+A step names its stage: (kind, stage, micro-batch). Interleaved 1F1B gives rank r the stages
+r, r + P, …; ZB-V the stages r and 2P - 1 - r; Chimera runs two pipelines in opposite directions,
+so stage s sits on two ranks (s and D - 1 - s) and each micro-batch takes one of them. Which rank
+runs a micro-batch on a stage is where its forward is: its backward runs there too.
+
+Transfers are implied by the steps, as plan.json's `orders` state them: a forward of (s, m) needs
+the forward of (s - 1, m), a backward (B or I) of (s, m) the backward of (s + 1, m). When both run
+on one rank the hand-off is local (no transfer); otherwise the producer sends over the directed
+link between the two ranks. The stage-per-rank schedules (GPipe, 1F1B, ZB-H1) are the case of one
+stage per rank (from_stages): one format for the validator, the simulator and plan.json.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from .actions import Kind, Schedule
+
+COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
+
+
+@dataclass(frozen=True, order=True)
+class Step:
+    kind: Kind
+    stage: int
+    micro_batch: int
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}{self.micro_batch}@{self.stage}"
+
+    def to_json(self) -> list:
+        return [self.kind.value, self.stage, self.micro_batch]
+
+
+@dataclass(frozen=True)
+class RankSchedule:
+    name: str
+    num_stages: int
+    num_micro_batches: int
+    orders: tuple[tuple[Step, ...], ...]  # per rank: its compute steps in order
+    placement: tuple[tuple[int, ...], ...]  # per stage: the ranks holding it (two for Chimera)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.orders)
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages a rank holds (its chunks), in stage order."""
+        return tuple(s for s, ranks in enumerate(self.placement) if rank in ranks)
+
+    @cached_property
+    def route(self) -> dict[tuple[int, int], int]:
+        """(stage, micro-batch) -> the rank that runs it: where its forward is."""
+        return {(a.stage, a.micro_batch): r for r, order in enumerate(self.orders)
+                for a in order if a.kind is Kind.FORWARD}
+
+    def grid(self, marks: dict[int, int] | None = None) -> str:
+        """Rank × step grid; `marks` maps rank -> step index to flag."""
+        marks = marks or {}
+        rows = []
+        for r, order in enumerate(self.orders):
+            cells = [f">{a}<" if marks.get(r) == i else str(a) for i, a in enumerate(order)]
+            rows.append(f"rank {r}: " + " ".join(cells))
+        return "\n".join(rows)
+
+
+def from_stages(schedule: Schedule) -> RankSchedule:
+    """A stage-per-rank schedule (GPipe, 1F1B, ZB-H1) as rank orders: rank s runs stage s."""
+    orders = tuple(tuple(Step(a.kind, s, a.micro_batch) for a in actions if a.kind.is_compute)
+                   for s, actions in enumerate(schedule.stage_actions))
+    return RankSchedule(schedule.name, schedule.num_stages, schedule.num_micro_batches, orders,
+                        tuple((s,) for s in range(schedule.num_stages)))
+
+
+def steps_from_json(actions: list) -> tuple[Step, ...]:
+    """[[kind, stage, micro-batch], ...] (plan.json's orders) -> steps; a clear error on bad entries."""
+    kinds = {k.value: k for k in COMPUTE}
+    out = []
+    for i, a in enumerate(actions):
+        if not (isinstance(a, (list, tuple)) and len(a) == 3 and a[0] in kinds
+                and all(isinstance(x, int) and x >= 0 for x in a[1:])):
+            raise ValueError(f"action {i} is {a!r}: an action is [kind, stage, micro_batch] with kind one of "
+                             f"{sorted(kinds)} and non-negative integers")
+        out.append(Step(kinds[a[0]], a[1], a[2]))
+    return tuple(out)

@@ -1,0 +1,168 @@
+"""Pure tier: schedules whose ranks hold several stages (interleaved 1F1B, ZB-V, Chimera) as rank
+orders — generators, validator, simulator — and the stage-per-rank schedules in the same format."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from dapple_launch.cluster import Topology
+from dapple_launch.planner.cost import Limits
+from dapple_launch.planner.search import plan
+from dapple_launch.schedule import Kind, ScheduleError, StageCosts, build_schedule, simulate
+from dapple_launch.schedule.chimera import chimera
+from dapple_launch.schedule.interleaved import interleaved_1f1b
+from dapple_launch.schedule.rank_simulate import simulate_ranks
+from dapple_launch.schedule.rank_validate import validate_ranks
+from dapple_launch.schedule.ranks import RankSchedule, Step, from_stages, steps_from_json
+from dapple_launch.schedule.zbv import zbv
+
+from .test_planner import random_profile
+
+P, M = 4, 8
+
+
+def _unit(x: RankSchedule, chunk_share: float):
+    """T_F = 1, T_B = 2 per rank's share (split I = W = 1), a chunk of a rank holding v stages 1/v of it."""
+    costs = [StageCosts(chunk_share, 2 * chunk_share, activation_bytes=1.0) for _ in range(x.num_stages)]
+    sim = simulate_ranks(x, costs)
+    return 1 - x.num_micro_batches * 3 / sim.iteration_s, sim
+
+
+@pytest.mark.parametrize("name, make, share, bubble, peaks", [
+    ("gpipe", lambda: from_stages(build_schedule("gpipe", P, M)), 1, 0.273, [8, 8, 8, 8]),
+    ("1f1b", lambda: from_stages(build_schedule("1f1b", P, M)), 1, 0.273, [4, 3, 2, 1]),
+    ("zb_h1", lambda: from_stages(build_schedule("zb_h1", P, M)), 1, 0.111, [4, 4, 4, 4]),
+    # rank 0: (v - 1) P + 2 (P - 1) + 1 = 11 half-stage micro-batches = P + (P - 1) / v stages' worth
+    ("interleaved v=2", lambda: interleaved_1f1b(P, M, 2), 0.5, 0.158, [11, 9, 7, 5]),
+    ("zbv", lambda: zbv(P, M), 0.5, 0.059, [8, 8, 8, 8]),  # P half-stage pairs on every rank: balanced
+    ("chimera", lambda: chimera(P, M), 1, 0.200, [3, 4, 4, 3]),  # D/2 + 1 … D
+])
+def test_unit_time_bubbles_and_memory_match_the_published_table(name, make, share, bubble, peaks):
+    """SCHEDULES.md's measured bubble fractions (P = 4, M = 8, T_F = 1, T_I + T_W = 2, no
+    communication), reproduced by generator + simulator, with each rank's peak in-flight count."""
+    x = make()
+    validate_ranks(x)
+    got, sim = _unit(x, share)
+    assert got == pytest.approx(bubble, abs=5e-4)
+    assert sim.peak_in_flight == peaks
+
+
+def test_one_stage_per_rank_simulates_as_the_stage_simulator():
+    """GPipe, 1F1B and ZB-H1 lifted to rank orders: the same times, ends and peaks as simulate.py on
+    random costs (one semantics for both formats)."""
+    rng = random.Random(3)
+    for _ in range(200):
+        S, m = rng.randint(1, 6), rng.randint(1, 10)
+        sched = build_schedule(rng.choice(["1f1b", "gpipe", "zb_h1"]), S, m)
+        costs = [StageCosts(rng.uniform(.1, 2), rng.uniform(.1, 4), rng.uniform(0, 1), rng.uniform(0, 1),
+                            rng.uniform(0, 3), rng.uniform(1, 5), recompute_bytes=rng.choice([0.0, 2.0]))
+                 for _ in range(S)]
+        a, b = simulate(sched, costs), simulate_ranks(from_stages(sched), costs)
+        assert b.iteration_s == pytest.approx(a.iteration_s, rel=1e-12)
+        assert b.stage_end_s == pytest.approx(a.stage_end_s, rel=1e-12)
+        assert b.peak_in_flight == a.peak_in_flight
+        assert b.peak_activation_bytes == pytest.approx(a.peak_activation_bytes, rel=1e-12)
+
+
+def test_validator_accepts_every_generated_schedule():
+    count = 0
+    for ranks in range(1, 7):
+        for m in range(1, 25):
+            for v in (2, 3, 4):
+                if m % ranks == 0:
+                    validate_ranks(interleaved_1f1b(ranks, m, v))
+                    count += 1
+            validate_ranks(zbv(ranks, m))
+            count += 1
+            if ranks % 2 == 0 and m % ranks == 0:
+                validate_ranks(chimera(ranks, m))
+                count += 1
+    assert count == 340
+
+
+def _edit(x: RankSchedule, rank: int, order: list[Step]) -> RankSchedule:
+    orders = list(x.orders)
+    orders[rank] = tuple(order)
+    return replace(x, orders=tuple(orders))
+
+
+def _swap(x: RankSchedule, rank: int, a: Step, b: Step) -> RankSchedule:
+    order = list(x.orders[rank])
+    i, j = order.index(a), order.index(b)
+    order[i], order[j] = order[j], order[i]
+    return _edit(x, rank, order)
+
+
+def test_validator_rejects_hand_broken_schedules():
+    F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD
+    v = zbv(P, M)
+    with pytest.raises(ScheduleError, match=r"W\) runs before its input gradient"):
+        validate_ranks(_swap(v, 1, Step(I, 6, 0), Step(W, 6, 0)))
+    il = interleaved_1f1b(P, M, 2)
+    # rank 0 runs chunk 1's forward of micro-batch 0 (stage 4) before chunk 0's (stage 0): it waits on itself
+    first = list(il.orders[0])
+    first.remove(Step(F, 4, 0))
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        validate_ranks(_edit(il, 0, [Step(F, 4, 0), *first]))
+    with pytest.raises(ScheduleError, match="uses activation 1 from stage 0 .* before activation 0"):
+        validate_ranks(_swap(il, 1, Step(F, 1, 0), Step(F, 1, 1)))
+    with pytest.raises(ScheduleError, match="stage 1 is not held by rank 0"):
+        validate_ranks(_edit(il, 0, [Step(F, 1, 0), *il.orders[0]]))
+    with pytest.raises(ScheduleError, match="W\\) never runs"):
+        validate_ranks(_edit(v, 2, [a for a in v.orders[2] if a != Step(W, 2, 3)]))
+    with pytest.raises(ScheduleError, match="both a whole backward"):
+        validate_ranks(_edit(v, 2, [*v.orders[2], Step(B, 2, 3)]))
+    ch = chimera(P, M)
+    with pytest.raises(ScheduleError, match="forward 0 of stage 0 runs twice"):
+        validate_ranks(_edit(ch, 3, [Step(F, 0, 0), Step(B, 0, 0), *ch.orders[3]]))
+    with pytest.raises(ScheduleError, match="forward 7 of stage 2 never runs"):
+        validate_ranks(_edit(ch, 1, [a for a in ch.orders[1] if (a.stage, a.micro_batch) != (2, 7)]))
+
+
+def test_constraints_name_the_rule_and_the_nearest_valid_values():
+    with pytest.raises(ValueError, match="6 micro-batches is not a multiple of 4; use 4 or 8"):
+        interleaved_1f1b(4, 6, 2)
+    with pytest.raises(ValueError, match="at least 2 chunks"):
+        interleaved_1f1b(4, 8, 1)
+    with pytest.raises(ValueError, match="even number of device groups: 3 stages; use 2 or 4"):
+        chimera(3, 6)
+    with pytest.raises(ValueError, match="10 micro-batches is not a multiple of 4; use 8 or 12"):
+        chimera(4, 10)
+
+
+def test_chimera_all_reduces_a_stage_after_its_last_backward_on_both_ranks():
+    """Stage s sits on ranks s and D - 1 - s: its all-reduce waits for both copies' last backward."""
+    D = 4
+    x = chimera(D, 2 * D)
+    assert x.placement == ((0, 3), (1, 2), (1, 2), (0, 3))
+    costs = [StageCosts(1.0, 2.0, 0.1, 0.1, allreduce_s=5.0, activation_bytes=1.0) for _ in range(D)]
+    sim = simulate_ranks(x, costs)
+    for s in range(D):
+        last = max(e.end for e in sim.timeline if e.kind == "backward" and e.label.endswith(f"·s{s}"))
+        ars = [e for e in sim.timeline if e.kind == "allreduce" and e.label == f"AR·s{s}"]
+        assert sorted(e.stage for e in ars) == list(x.placement[s])
+        assert all(e.start >= last - 1e-12 for e in ars)
+        assert len({(e.start, e.end) for e in ars}) == 1  # one collective over both copies
+
+
+def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
+    """plan.json's `orders` and per-stage costs are enough: rebuilt as rank orders, the simulator
+    gives the plan's own simulated time, with no knowledge of the schedule's name."""
+    rng = random.Random(5)
+    profile = random_profile(rng, 6)
+    topo = Topology("t", 1, 4, 32e9, 10, 20e9, 5e9)
+    for schedules in (("1f1b",), ("zb_h1",)):
+        p = plan(profile, topo, 16, Limits(schedules=schedules))
+        d = json.loads(json.dumps(p.to_dict()))
+        orders = [steps_from_json(o["actions"]) for o in d["orders"]]
+        placement = tuple(tuple(g for g, o in enumerate(orders) if any(a.stage == s for a in o))
+                          for s in range(len(d["stages"])))
+        x = RankSchedule("from plan.json", len(d["stages"]), d["num_micro_batches"], tuple(orders), placement)
+        validate_ranks(x)
+        costs = [StageCosts(**c) for c in d["estimate"]["stage_costs"]]
+        assert simulate_ranks(x, costs).iteration_s == pytest.approx(d["estimate"]["simulated_iteration_s"], rel=1e-9)
+    with pytest.raises(ValueError, match=r"action 1 is \['X', 0, 0\]"):
+        steps_from_json([["F", 0, 0], ["X", 0, 0]])
