@@ -65,7 +65,7 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     groups = [dist.new_group(grid.stage_ranks(s)) for s in range(grid.num_stages)]
     ties = tied_groups(model, [s.layers for s in plan.stages])
     for g in ties:  # every rank creates every group, in order, as DappleStrategy does
-        g.group = dist.new_group(sorted(r for s in g.stages for r in grid.stage_ranks(s)))
+        g.group = dist.new_group(sorted({r for s in g.stages for r in grid.stage_ranks(s)}))
     sync = GradientSync(params, groups[stage], grid.replicas[stage])
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
     ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,

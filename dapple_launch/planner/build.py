@@ -7,6 +7,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_schedule, validate
 from .baselines import balanced_boundaries, data_parallel
+from .chunked import CHUNKED
 from .cost import Costed, Limits, StageSpec, evaluate, simulate_costed
 from .explain import human_bytes
 from .plan import Estimate, Plan, RunnerUp, StagePlan
@@ -35,7 +36,7 @@ def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: 
         runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
                          for r in runners_up),
         planner=planner, devices_per_node=topology.devices_per_node, warmup=c.warmup,
-        token_slices=tuple(c.extra.get("token_slices", ())),
+        token_slices=tuple(c.extra.get("token_slices", ())), chunks=c.extra.get("chunks", 1),
     )
 
 
@@ -63,6 +64,10 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
                warmup_depth: int = 1) -> Plan:
     """Build and validate a Plan from a stated layout, through the checks the planner uses."""
     L, D = profile.num_layers, topology.num_devices
+    if limits.schedule in CHUNKED:  # device groups holding several stages
+        from .chunked import fixed_chunked_plan
+        return fixed_chunked_plan(profile, topology, global_batch, num_stages, replicas, num_micro_batches, limits,
+                                  boundaries, devices)
     if num_stages < 1:
         raise ValueError(f"strategy.stages must be >= 1, got {num_stages}")
     if num_stages > L:

@@ -55,6 +55,8 @@ class Limits:
     token_slices: tuple[int, ...] = ()
     auto_token_slices: bool = False
     seq_len: int | None = None
+    # stages per device group: interleaved_1f1b's v (>= 2); zbv holds 2 (planner/chunked.py)
+    chunks: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
@@ -385,6 +387,9 @@ def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tup
 
 def simulate_costed(c: Costed):
     """Run the discrete-event simulator on the schedule this candidate would execute."""
+    if "chunks" in c.extra:  # device groups holding several stages: the rank orders' simulator
+        from .chunked import simulate_chunked
+        return simulate_chunked(c)
     if c.schedule == "terapipe":  # its per-slice costs: planner/terapipe.py
         from .terapipe import stage_scales
         lengths = c.extra["token_slices"]

@@ -58,6 +58,8 @@ class Plan:
     warmup: tuple[int, ...] = ()
     # TeraPipe (schedule "terapipe"): the lengths of the token slices each sequence is cut into
     token_slices: tuple[int, ...] = ()
+    # stages per device group (interleaved_1f1b's v; zbv: 2): stages sharing a group list the same devices
+    chunks: int = 1
 
     @property
     def num_stages(self) -> int:
@@ -65,7 +67,9 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return sum(s.replicas for s in self.stages)
+        """Devices the plan runs on (a device group holding several stages counts once)."""
+        return len({d for s in self.stages for d in s.devices}) if all(s.devices for s in self.stages) \
+            else sum(s.replicas for s in self.stages)
 
     @property
     def num_layers(self) -> int:
@@ -100,6 +104,9 @@ class Plan:
         backward), "I" or "W" (split); `stage` indexes `stages`. Transfers are implied: a stage's F
         needs the previous stage's F of that micro-batch, its B or I the next stage's B or I."""
         schedule = self.build_schedule()
+        if hasattr(schedule, "orders"):  # device groups holding several stages: one order per group
+            return [{"devices": list(self.stages[schedule.stages_of(r)[0]].devices),
+                     "actions": [a.to_json() for a in order]} for r, order in enumerate(schedule.orders)]
         K = schedule.num_slices
         if K > 1:  # token slices: [kind, stage, micro_batch, slice]
             return [{"devices": list(st.devices),
@@ -147,7 +154,10 @@ class Plan:
 
     def build_schedule(self):
         """The action lists every reader of this plan uses: runtime, simulator, timeline."""
-        from ..schedule import build_schedule
+        from ..schedule import CHUNKED_SCHEDULES, build_rank_schedule, build_schedule
+        if self.schedule in CHUNKED_SCHEDULES:
+            return build_rank_schedule(self.schedule, self.num_stages // self.chunks, self.num_micro_batches,
+                                       self.chunks)
         return build_schedule(self.schedule, self.num_stages, self.num_micro_batches, self.warmup, self.token_slices)
 
     def to_json(self) -> str:

@@ -110,26 +110,7 @@ class StageExecutor:
     def run(self, schedule: Schedule, batch: tuple, loss_scale: float = 1.0) -> StepResult:
         """One iteration over the global batch. Backward populates .grad of this stage's parameters;
         the last stage backpropagates its loss times `loss_scale` (16-mixed)."""
-        n_total = as_tuple(batch[0])[0].shape[0]
-        K = schedule.num_slices
-        micro = split_bounds(n_total, schedule.sequences)
-        tokens = ()
-        if K > 1:
-            from ..schedule.terapipe import bounds
-            tokens = tuple(bounds(schedule.slice_lengths))
-            width = as_tuple(batch[0])[0].shape[1]
-            if width != tokens[-1][1]:
-                raise ValueError(f"token slices {list(schedule.slice_lengths)} cover {tokens[-1][1]} tokens but the "
-                                 f"batch's sequences have {width}: the slices must sum to the sequence length")
-            if self.is_last and self.slice_loss_fn is None:
-                raise ValueError("token slicing needs the model's slice_loss (models/token_slices.py)")
-        if min(hi - lo for lo, hi in micro) < max(self.p2p.grid.replicas):
-            raise ValueError(
-                f"a batch of {n_total} samples split into {schedule.num_micro_batches} micro-batches leaves fewer "
-                f"samples per micro-batch than a stage has replicas ({max(self.p2p.grid.replicas)})")
-        device = as_tuple(batch[0])[0].device
-        it = _Iteration(batch, n_total, micro, not schedule.forward_only, {}, {}, {}, {}, {},
-                        torch.zeros((), device=device), {}, K, tokens, {})
+        it = self.begin(batch, schedule.sequences, not schedule.forward_only, schedule.slice_lengths)
         actions = schedule.stage_actions[self.stage]
         # the stage's gradients are complete after its last B or W: the all-reduce may start
         last_backward = max((i for i, a in enumerate(actions) if a.kind.frees_activations), default=-1)
@@ -144,7 +125,7 @@ class StageExecutor:
                         self.p2p.post_gradient(n_r, r.micro_batch, variant=v_r)
                 start = time.time()
                 BEAT.action(str(a))
-                self._act(a, it, loss_scale)
+                self.act(a, it, loss_scale)
                 if i == last_backward and self.on_last_backward is not None:
                     self.on_last_backward()
                 if self.timeline is not None:
@@ -156,9 +137,33 @@ class StageExecutor:
                     f"{len(actions)} in schedule {schedule.name}): {str(exc).splitlines()[0]}. A peer stage may have "
                     f"died or stalled; see its log (logs/rank-N.log)") from exc
         self.p2p.wait_sends()
-        return StepResult(it.loss_sum, n_total)
+        return StepResult(it.loss_sum, it.n_total)
 
-    def _act(self, a, it: _Iteration, loss_scale: float) -> None:
+    def begin(self, batch: tuple, sequences: int, train: bool, slice_lengths: tuple[int, ...] = ()) -> _Iteration:
+        """The state of one iteration over `batch` cut into `sequences` micro-batches (each into
+        token slices of `slice_lengths` when given)."""
+        n_total = as_tuple(batch[0])[0].shape[0]
+        K = max(1, len(slice_lengths))
+        micro = split_bounds(n_total, sequences)
+        tokens = ()
+        if K > 1:
+            from ..schedule.terapipe import bounds
+            tokens = tuple(bounds(slice_lengths))
+            width = as_tuple(batch[0])[0].shape[1]
+            if width != tokens[-1][1]:
+                raise ValueError(f"token slices {list(slice_lengths)} cover {tokens[-1][1]} tokens but the "
+                                 f"batch's sequences have {width}: the slices must sum to the sequence length")
+            if self.is_last and self.slice_loss_fn is None:
+                raise ValueError("token slicing needs the model's slice_loss (models/token_slices.py)")
+        if min(hi - lo for lo, hi in micro) < max(self.p2p.grid.replicas):
+            raise ValueError(
+                f"a batch of {n_total} samples split into {sequences * K} micro-batches leaves fewer "
+                f"samples per micro-batch than a stage has replicas ({max(self.p2p.grid.replicas)})")
+        device = as_tuple(batch[0])[0].device
+        return _Iteration(batch, n_total, micro, train, {}, {}, {}, {}, {}, torch.zeros((), device=device), {}, K,
+                          tokens, {})
+
+    def act(self, a, it: _Iteration, loss_scale: float) -> None:
         """Carry out one action on the iteration's state."""
         m = a.micro_batch  # (a unit when the schedule slices tokens)
         n, variant = it.rows(m), it.variant(m)

@@ -37,10 +37,14 @@ class ProcessGrid:
     def __post_init__(self):
         if not self.devices:
             object.__setattr__(self, "devices", _stage_major(self.replicas))
-        flat = [d for ds in self.devices for d in ds]
-        if [len(d) for d in self.devices] != list(self.replicas) or len(set(flat)) != len(flat):
+        # a device group (rank of a schedule's orders) may hold several stages: the same devices, in the
+        # same order (interleaved, ZB-V); groups never share a device
+        groups = list(dict.fromkeys(self.devices))
+        flat = [d for ds in groups for d in ds]
+        if [len(d) for d in self.devices] != list(self.replicas) or len(set(flat)) != len(flat) \
+                or any(len(set(ds)) != len(ds) for ds in groups):
             raise ValueError(f"devices {list(map(list, self.devices))} must name {list(self.replicas)} distinct "
-                             f"devices per stage")
+                             f"devices per stage; stages sharing devices share all of them")
         order = {d: r for r, d in enumerate(sorted(flat))}
         object.__setattr__(self, "_ranks", tuple(tuple(order[d] for d in ds) for ds in self.devices))
 
@@ -50,7 +54,15 @@ class ProcessGrid:
 
     @property
     def world_size(self) -> int:
-        return sum(self.replicas)
+        return len({d for ds in self.devices for d in ds})
+
+    def chunk_of(self, stage: int) -> int:
+        """Which of its device group's stages `stage` is (0 where a group holds one stage)."""
+        return sum(1 for s in range(stage) if self.devices[s] == self.devices[stage])
+
+    def stages_at(self, rank: int) -> tuple[int, ...]:
+        """The stages a rank holds (several where a device group holds chunks), in stage order."""
+        return tuple(s for s, ranks in enumerate(self._ranks) if rank in ranks)
 
     @property
     def num_stages(self) -> int:

@@ -51,9 +51,13 @@ def overlaps(n: int, src_replicas: int, dst_replicas: int, src: int | None = Non
     return tuple(out)
 
 
-def _tag(space: str, micro_batch: int, part: int) -> int:
-    """part 0: the header; 1 + i: member i's payload."""
-    return (micro_batch * 3 + TAG_SPACE[space]) * (1 + MAX_MEMBERS) + part
+MAX_CHUNKS = 8  # stages one device group may hold (interleaved 1F1B's v)
+
+
+def _tag(space: str, micro_batch: int, part: int, chunk: int = 0) -> int:
+    """part 0: the header; 1 + i: member i's payload. `chunk`: which of the sending rank's stages
+    sent it, so two ranks that exchange for several stage pairs (interleaved, ZB-V) keep them apart."""
+    return ((micro_batch * 3 + TAG_SPACE[space]) * MAX_CHUNKS + chunk) * (1 + MAX_MEMBERS) + part
 
 
 def _header(pieces: tuple[torch.Tensor, ...], logical: tuple[torch.dtype, ...]) -> torch.Tensor:
@@ -120,9 +124,9 @@ class PointToPoint:
         peer_ranks = self.grid.stage_ranks(peer_stage)
         for _, k, lo, hi in overlaps(n, self.grid.replicas[self.stage], self.grid.replicas[peer_stage], src=self.replica):
             pieces = tuple(t[lo - my_lo:hi - my_lo].contiguous() for t in carry)
-            key = (space, peer_ranks[k], hi - lo, variant)
+            key = (space, peer_ranks[k], hi - lo, variant, self.stage)
             layout = tuple((tuple(p.shape[1:]), p.dtype, dt) for p, dt in zip(pieces, logical))
-            tag = _tag(space, micro_batch, 0)
+            tag = _tag(space, micro_batch, 0, self.grid.chunk_of(self.stage))
             known = self.sent_layouts.get(key)
             if known is None:
                 self.sent_layouts[key] = layout
@@ -144,7 +148,8 @@ class PointToPoint:
         peer_ranks = self.grid.stage_ranks(peer_stage)
         posted = []
         for j, _, lo, hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
-            key, tag = (space, peer_ranks[j], hi - lo, variant), _tag(space, micro_batch, 0)
+            key = (space, peer_ranks[j], hi - lo, variant, peer_stage)
+            tag = _tag(space, micro_batch, 0, self.grid.chunk_of(peer_stage))
             piece = _PostedPiece(None, None, None, [], peer_ranks[j], tag, key)
             if key not in self.header_expected:  # this key's first transfer: its header comes too
                 self.header_expected.add(key)

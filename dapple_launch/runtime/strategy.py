@@ -110,7 +110,7 @@ class DappleStrategy(DDPStrategy):
         model = self.lightning_module.model
         self._tied_groups = tied_groups(model, [s.layers for s in self.plan.stages])
         for g in self._tied_groups:
-            g.group = dist.new_group(sorted(r for s in g.stages for r in self.grid.stage_ranks(s)))
+            g.group = dist.new_group(sorted({r for s in g.stages for r in self.grid.stage_ranks(s)}))
 
     def configure_ddp(self) -> None:
         """No DDP wrapper: gradients are reduced per stage by GradientSync."""

@@ -84,8 +84,11 @@ def tied_groups(model: PipelineModel, stage_layers: list[tuple[int, int]]) -> li
 class TiedSync:
     """Sums each spanning tied group's gradient over the stages that hold a copy."""
 
-    def __init__(self, groups: list[TiedGroup], local: dict[str, nn.Parameter], stage: int, replica: int):
-        self.groups = [g for g in groups if stage in g.stages]
+    def __init__(self, groups: list[TiedGroup], local: dict[str, nn.Parameter], stage: int | tuple[int, ...],
+                 replica: int):
+        """`stage`: this rank's stage, or its stages where its device group holds several."""
+        stages = (stage,) if isinstance(stage, int) else tuple(stage)
+        self.groups = [g for g in groups if any(s in g.stages for s in stages)]
         self.local, self.replica = local, replica
 
     def sync(self) -> None:

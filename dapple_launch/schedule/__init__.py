@@ -46,5 +46,21 @@ from .rank_validate import validate_ranks  # noqa: E402
 from .ranks import RankSchedule, Step, from_stages  # noqa: E402
 from .zbv import zbv  # noqa: E402
 
-__all__ += ["RankSchedule", "Step", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "validate_ranks",
+
+
+def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chunks: int = 1):
+    """A RankSchedule for any family: interleaved_1f1b (`chunks` per group), zbv, chimera, or a
+    stage-per-group one (GPipe, 1F1B, ZB-H1) lifted to rank orders."""
+    if name == "interleaved_1f1b":
+        return interleaved_1f1b(num_groups, num_micro_batches, chunks)
+    if name == "zbv":
+        return zbv(num_groups, num_micro_batches)
+    if name == "chimera":
+        return chimera(num_groups, num_micro_batches)
+    return from_stages(build_schedule(name, num_groups, num_micro_batches))
+
+
+CHUNKED_SCHEDULES = ("interleaved_1f1b", "zbv")  # several stages per device group
+
+__all__ += ["CHUNKED_SCHEDULES", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "validate_ranks",
             "zbv"]

@@ -59,7 +59,10 @@ def validate_ranks(x: RankSchedule) -> None:
                 raise _fail(x, r, i, f"{a} appears twice")
             if a.kind is Kind.FORWARD:
                 where[(s, m)] = r
-        for (kind, s, m) in [k for k in seen if k[0] is Kind.FORWARD]:
+        if x.forward_only and any(a.kind in _BACKWARD for a in order):
+            i = next(i for i, a in enumerate(order) if a.kind in _BACKWARD)
+            raise _fail(x, r, i, "a forward-only schedule has a backward")
+        for (kind, s, m) in [k for k in seen if k[0] is Kind.FORWARD and not x.forward_only]:
             if not seen[(Kind.BACKWARD, s, m)] and not seen[(Kind.INPUT_GRAD, s, m)]:
                 raise _fail(x, r, len(order), f"backward {m} of stage {s} never runs on rank {r}, where its forward ran")
             if seen[(Kind.INPUT_GRAD, s, m)] and not seen[(Kind.WEIGHT_GRAD, s, m)]:
@@ -87,7 +90,8 @@ def _check_channels(x: RankSchedule, where: dict[tuple[int, int], int]) -> None:
             a, b = where[(s, m)], where[(s + 1, m)]
             if a != b:
                 channels.setdefault((s, s + 1, a, b), []).append(m)  # activations down
-                channels.setdefault((s + 1, s, b, a), []).append(m)  # gradients back
+                if not x.forward_only:
+                    channels.setdefault((s + 1, s, b, a), []).append(m)  # gradients back
     for (src, dst, a, b), ms in channels.items():
         produce = (lambda m: position[(Kind.FORWARD, src, m)]) if dst > src else (lambda m: position[backward(src, m)])
         use = (lambda m: position[(Kind.FORWARD, dst, m)]) if dst > src else (lambda m: position[backward(dst, m)])

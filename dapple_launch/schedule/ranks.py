@@ -41,6 +41,7 @@ class RankSchedule:
     num_micro_batches: int
     orders: tuple[tuple[Step, ...], ...]  # per rank: its compute steps in order
     placement: tuple[tuple[int, ...], ...]  # per stage: the ranks holding it (two for Chimera)
+    forward_only: bool = False  # evaluation: forwards alone
 
     @property
     def num_ranks(self) -> int:
@@ -72,6 +73,18 @@ def from_stages(schedule: Schedule) -> RankSchedule:
                    for s, actions in enumerate(schedule.stage_actions))
     return RankSchedule(schedule.name, schedule.num_stages, schedule.num_micro_batches, orders,
                         tuple((s,) for s in range(schedule.num_stages)))
+
+
+def forward_only_orders(placement: tuple[tuple[int, ...], ...], num_ranks: int, num_micro_batches: int) -> RankSchedule:
+    """Evaluation over the same stages: each rank runs its stages' forwards stage by stage, every
+    micro-batch in turn (GPipe's forward half: a stage's forward only waits for the one before it).
+    A stage on two ranks (Chimera) takes micro-batches alternately."""
+    orders: list[list[Step]] = [[] for _ in range(num_ranks)]
+    for s, ranks in enumerate(placement):
+        for m in range(num_micro_batches):
+            orders[ranks[m % len(ranks)] if len(ranks) > 1 else ranks[0]].append(Step(Kind.FORWARD, s, m))
+    return RankSchedule("forward-only", len(placement), num_micro_batches, tuple(map(tuple, orders)), placement,
+                        forward_only=True)
 
 
 def steps_from_json(actions: list) -> tuple[Step, ...]:

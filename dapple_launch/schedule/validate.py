@@ -77,7 +77,12 @@ def _check_stage(schedule: Schedule, s: int) -> None:
 
 
 def validate(schedule: Schedule) -> None:
-    """Raise ScheduleError with the stage × step grid (failing step marked) if the schedule is broken."""
+    """Raise ScheduleError with the stage × step grid (failing step marked) if the schedule is broken.
+    A RankSchedule (ranks holding several stages) goes to rank_validate.validate_ranks."""
+    if hasattr(schedule, "orders"):
+        from .rank_validate import validate_ranks
+        validate_ranks(schedule)
+        return
     if schedule.num_stages != len(schedule.stage_actions):
         raise ScheduleError(f"schedule says {schedule.num_stages} stages but lists {len(schedule.stage_actions)}")
     for s in range(schedule.num_stages):

@@ -1,0 +1,170 @@
+"""Layouts whose device groups hold several stages (interleaved 1F1B, ZB-V): costing and fixed plans.
+
+The model is cut into S = v·P stages over P device groups; stage s runs on group
+interleaved: s mod P;   ZB-V (v = 2): s for s < P, else 2P - 1 - s (a V: the turn stays on group P - 1).
+Every stage of a group runs on all of the group's devices, so the stages of a group share its
+replica count. Costs are the stages' own (stage_costs) with the transfers between two stages of one
+group set to zero (a local hand-off); the iteration time and each group's saved activations come
+from the simulator of the schedule's rank orders — the one cost path — and a device keeps the
+parameters (× optimizer factor) of every stage its group holds.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import build_rank_schedule, simulate_ranks
+from ..schedule.interleaved import interleaved_constraint
+from .cost import Costed, Limits, StageSpec, stage_costs
+
+CHUNKED = ("interleaved_1f1b", "zbv")
+
+
+def group_of(schedule: str, stage: int, groups: int) -> int:
+    if schedule == "zbv":
+        return stage if stage < groups else 2 * groups - 1 - stage
+    return stage % groups
+
+
+def chunks_of(schedule: str, chunks: int) -> int:
+    """Stages per device group: ZB-V's V is two; interleaved's v as stated."""
+    return 2 if schedule == "zbv" else chunks
+
+
+@lru_cache(maxsize=64)
+def _rank_schedule(schedule: str, groups: int, num_micro_batches: int, chunks: int):
+    return build_rank_schedule(schedule, groups, num_micro_batches, chunks)
+
+
+def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
+                     num_micro_batches: int, limits: Limits, schedule: str, chunks: int) -> Costed:
+    """A chunked candidate costed in full (layout: S stages, a group's stages on its devices)."""
+    S = len(layout)
+    P = S // chunks
+    costs = stage_costs(profile, topology, layout, micro_batch_size)
+    for s in range(S - 1):
+        if layout[s].devices == layout[s + 1].devices:  # the same group: a local hand-off
+            costs[s] = replace(costs[s], send_activation_s=0.0)
+            costs[s + 1] = replace(costs[s + 1], send_gradient_s=0.0)
+    sim = simulate_ranks(_rank_schedule(schedule, P, num_micro_batches, chunks), costs, record=False)
+    params = [0.0] * P
+    for s, st in enumerate(layout):
+        params[group_of(schedule, s, P)] += profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+    per_group = [params[g] + sim.peak_activation_bytes[g] for g in range(P)]
+    memory = [per_group[group_of(schedule, s, P)] for s in range(S)]
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
+    return Costed(layout, micro_batch_size, num_micro_batches, schedule, costs, sim.iteration_s, memory, capacity,
+                  extra={"chunks": chunks})
+
+
+def simulate_chunked(c: Costed, record: bool = True):
+    P = len(c.layout) // c.extra["chunks"]
+    return simulate_ranks(_rank_schedule(c.schedule, P, c.num_micro_batches, c.extra["chunks"]), c.costs, record)
+
+
+def chunked_layout(schedule: str, group_replicas: list[int], stops: list[int], devices: list[list[int]] | None,
+                   num_devices: int) -> tuple[StageSpec, ...]:
+    """Stages [0, stops[0]), [stops[0], stops[1]), … each on its group's devices (contiguous by default)."""
+    P = len(group_replicas)
+    if devices is None:
+        it = iter(range(num_devices))
+        devices = [[next(it) for _ in range(r)] for r in group_replicas]
+    starts = [0, *stops[:-1]]
+    return tuple(StageSpec(a, z, tuple(devices[group_of(schedule, s, P)])) for s, (a, z) in enumerate(zip(starts, stops)))
+
+
+def group_replicas(schedule: str, num_stages: int, chunks: int, replicas: list[int]) -> list[int]:
+    """strategy.replicas for a chunked layout: one for all, one per group, or one per stage with the
+    stages of a group equal; else a ValueError naming the rule and what would do."""
+    P = num_stages // chunks
+    if len(replicas) == 1:
+        return replicas * P
+    if len(replicas) == P:
+        return list(replicas)
+    if len(replicas) == num_stages:
+        per_group: dict[int, set] = {}
+        for s, r in enumerate(replicas):
+            per_group.setdefault(group_of(schedule, s, P), set()).add(r)
+        bad = [g for g in range(P) if len(per_group[g]) > 1]
+        if bad:
+            g = bad[0]
+            stages = [s for s in range(num_stages) if group_of(schedule, s, P) == g]
+            raise ValueError(f"strategy.replicas={replicas}: stages {stages} share device group {g} under {schedule}, "
+                             f"so they share its replica count, but have {[replicas[s] for s in stages]}; give one "
+                             f"count per device group ({P} counts), e.g. {[max(replicas[s] for s in range(num_stages) if group_of(schedule, s, P) == q) for q in range(P)]}")
+        return [next(iter(per_group[g])) for g in range(P)]
+    raise ValueError(f"strategy.replicas={replicas}: {schedule} with {num_stages} stages runs on {P} device groups; "
+                     f"give one count for all, one per device group ({P}), or one per stage ({num_stages})")
+
+
+def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches: int) -> None:
+    """The schedule's own constraints on a stated shape, with the nearest valid values."""
+    if schedule == "zbv" and chunks not in (1, 2):
+        raise ValueError(f"strategy.chunks={chunks}: ZB-V holds exactly 2 stages per device group (a V); leave "
+                         f"strategy.chunks=2")
+    v = chunks_of(schedule, chunks)
+    if num_stages % v or num_stages < v:
+        lo, hi = max(v, num_stages // v * v), (num_stages // v + 1) * v
+        near = sorted({lo, hi} - {num_stages})
+        raise ValueError(f"strategy.stages={num_stages} with {v} stages per device group ({schedule}): the stages "
+                         f"must be a multiple of {v}; use {' or '.join(map(str, near))}")
+    if schedule == "interleaved_1f1b":
+        why = interleaved_constraint(num_stages // v, num_micro_batches, v)
+        if why:
+            raise ValueError(f"{why} (strategy.num_micro_batches)")
+
+
+def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: int, num_stages: int,
+                       replicas: list[int], num_micro_batches: int, limits: Limits,
+                       boundaries: list[int] | None = None, devices: list[list[int]] | None = None):
+    """build.fixed_plan for interleaved_1f1b and zbv: `num_stages` stages (the model's chunks),
+    `replicas` per device group (or per stage, equal within a group), `devices` per group."""
+    from .baselines import balanced_boundaries, data_parallel
+    from .build import to_plan
+    from .explain import human_bytes
+    schedule, L, D = limits.schedule, profile.num_layers, topology.num_devices
+    v = chunks_of(schedule, limits.chunks)
+    if num_stages > L:
+        raise ValueError(f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; use at most "
+                         f"{L // v * v} stages ({v} per device group)")
+    check_chunked(schedule, num_stages, v, num_micro_batches)
+    if limits.recompute in ("full", "selective") or limits.token_slices:
+        raise ValueError(f"schedule {schedule} runs without recomputation and token slices for now; use "
+                         f"strategy.schedule=1f1b for strategy.recompute={limits.recompute} or token slices")
+    groups = group_replicas(schedule, num_stages, v, list(replicas))
+    P = len(groups)
+    if sum(groups) != D:
+        raise ValueError(f"the layout's {P} device groups with replicas {':'.join(map(str, groups))} use {sum(groups)} "
+                         f"devices but cluster {topology.name} has {D}; every device must hold a replica: change "
+                         f"strategy.replicas (one count per device group) or the cluster")
+    if global_batch % num_micro_batches:
+        raise ValueError(f"global_batch_size={global_batch} is not divisible by strategy.num_micro_batches="
+                         f"{num_micro_batches}; pick a divisor of {global_batch}")
+    b = global_batch // num_micro_batches
+    if b < max(groups):
+        raise ValueError(f"a micro-batch of {b} samples cannot be split across {max(groups)} replicas; lower "
+                         f"strategy.num_micro_batches to <= {global_batch // max(groups)}")
+    if boundaries:
+        cuts = sorted(boundaries)
+        if len(cuts) != num_stages - 1 or cuts[0] <= 0 or cuts[-1] >= L or len(set(cuts)) != len(cuts):
+            raise ValueError(f"strategy.boundaries={boundaries} must be {num_stages - 1} distinct cut positions "
+                             f"strictly between 0 and {L} (the model's layer count)")
+    else:
+        cuts = balanced_boundaries(profile, num_stages, [groups[group_of(schedule, s, P)] for s in range(num_stages)])
+    if devices:
+        flat = [d for ds in devices for d in ds]
+        if [len(d) for d in devices] != groups or len(set(flat)) != len(flat) or min(flat) < 0 or max(flat) >= D:
+            raise ValueError(f"strategy.devices={devices} must list {groups} distinct devices of 0..{D - 1}, one "
+                             f"list per device group")
+    layout = chunked_layout(schedule, groups, [*cuts, L], devices, D)
+    c = evaluate_chunked(profile, topology, layout, b, num_micro_batches, limits, schedule, v)
+    if not c.fits:
+        worst = max(range(num_stages), key=lambda s: c.memory_bytes[s])
+        raise ValueError(
+            f"the fixed layout does not fit device memory: device group {group_of(schedule, worst, P)} needs "
+            f"{human_bytes(c.memory_bytes[worst])} per device but {human_bytes(c.capacity_bytes)} is usable; use more "
+            f"stages, smaller micro-batches, or strategy=auto")
+    dp = data_parallel(profile, topology, global_batch, replace(limits, schedule="1f1b", chunks=1))
+    return to_plan(c, profile, topology, global_batch, "fixed", data_parallel_s=dp.iteration_s if dp else None)

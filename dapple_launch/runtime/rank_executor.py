@@ -1,0 +1,193 @@
+"""Interprets one rank's order of a schedule whose ranks hold several stages (interleaved, ZB-V).
+
+Each stage the rank holds has its own StageExecutor (its layers, its micro-batch state); a step
+(kind, stage, micro-batch) is carried out by that stage's executor with the transfers the step
+implies: a forward receives the previous stage's activation and sends its own on, a backward (B or
+I) receives the next stage's gradient and sends its own back. Between two stages of the same rank
+the hand-off is local — the tensors themselves, no copy, no process group — and the receiving
+stage takes gradients against them exactly as against a received activation, so the numerics are
+those of a transfer. Receives from other ranks are posted one compute step ahead, as StageExecutor
+does, so they overlap the step that runs.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..schedule import Action, Kind
+from ..schedule.ranks import RankSchedule
+from .executor import StageExecutor, StepResult
+from .heartbeat import BEAT
+from .p2p import PointToPoint, Received
+
+
+class Mailbox:
+    """What one stage hands another stage of the same rank, taken once."""
+
+    def __init__(self):
+        self.box: dict = {}
+
+    def put(self, key: tuple, value) -> None:
+        self.box[key] = value
+
+    def take(self, key: tuple):
+        return self.box.pop(key)
+
+
+class ChunkLinks:
+    """The transfer interface a stage's executor calls (PointToPoint's), each direction either the
+    network or a local hand-off to the neighbouring stage on this rank."""
+
+    def __init__(self, remote: PointToPoint, mailbox: Mailbox, local_prev: bool, local_next: bool):
+        self.remote, self.mailbox = remote, mailbox
+        self.local_prev, self.local_next = local_prev, local_next
+        self.grid, self.stage, self.replica = remote.grid, remote.stage, remote.replica
+
+    @property
+    def sent_layouts(self) -> dict:
+        return self.remote.sent_layouts
+
+    def post_activation(self, n: int, micro_batch: int, eval_: bool = False, variant: int | None = None) -> None:
+        if not self.local_prev:
+            self.remote.post_activation(n, micro_batch, eval_, variant)
+
+    def recv_activation(self, n: int, micro_batch: int, eval_: bool = False, variant: int | None = None) -> Received:
+        if self.local_prev:
+            return self.mailbox.take(("activation", self.stage, micro_batch))
+        return self.remote.recv_activation(n, micro_batch, eval_, variant)
+
+    def send_activation(self, carry: tuple, logical: tuple, n: int, micro_batch: int, eval_: bool = False,
+                        variant: int | None = None) -> None:
+        if self.local_next:
+            self.mailbox.put(("activation", self.stage + 1, micro_batch), Received(carry, logical))
+        else:
+            self.remote.send_activation(carry, logical, n, micro_batch, eval_, variant)
+
+    def post_gradient(self, n: int, micro_batch: int, variant: int | None = None) -> None:
+        if not self.local_next:
+            self.remote.post_gradient(n, micro_batch, variant)
+
+    def recv_gradient(self, n: int, micro_batch: int, variant: int | None = None) -> tuple:
+        if self.local_next:
+            return self.mailbox.take(("gradient", self.stage, micro_batch))
+        return self.remote.recv_gradient(n, micro_batch, variant)
+
+    def send_gradient(self, grads: tuple, n: int, micro_batch: int, variant: int | None = None) -> None:
+        if self.local_prev:
+            self.mailbox.put(("gradient", self.stage - 1, micro_batch), grads)
+        else:
+            self.remote.send_gradient(grads, n, micro_batch, variant)
+
+    def reap(self) -> None:
+        self.remote.reap()
+
+    def wait_sends(self) -> None:
+        self.remote.wait_sends()
+
+
+def expand(order: tuple, num_stages: int) -> list[tuple[int, Action]]:
+    """A rank's steps with the transfers they imply, as (stage, action) in the order of use."""
+    out: list[tuple[int, Action]] = []
+    for a in order:
+        s, m = a.stage, a.micro_batch
+        if a.kind is Kind.FORWARD:
+            out += ([(s, Action(Kind.RECV_ACTIVATION, m))] if s > 0 else []) + [(s, Action(Kind.FORWARD, m))] + \
+                   ([(s, Action(Kind.SEND_ACTIVATION, m))] if s < num_stages - 1 else [])
+        elif a.kind is Kind.WEIGHT_GRAD:
+            out.append((s, Action(Kind.WEIGHT_GRAD, m)))
+        else:
+            out += ([(s, Action(Kind.RECV_GRADIENT, m))] if s < num_stages - 1 else []) + [(s, Action(a.kind, m))] + \
+                   ([(s, Action(Kind.SEND_GRADIENT, m))] if s > 0 else [])
+    return out
+
+
+class RankExecutor:
+    def __init__(self, chunks: dict[int, StageExecutor], group: int,
+                 on_last_backward: dict[int, Callable[[], None]] | None = None):
+        """`chunks`: stage -> its executor (built on ChunkLinks); `group`: the device group (rank of the
+        schedule's orders) this process belongs to; `on_last_backward`: stage -> what to start once
+        that stage's gradients are complete (its all-reduce)."""
+        self.chunks, self.group = chunks, group
+        self.on_last_backward = on_last_backward or {}
+        self.timeline: list | None = None  # set to a list to record (step, start, end) wall times
+        self.saved_peak = 0  # most (stage, micro-batch) activations alive at once on this rank
+
+    def run(self, schedule: RankSchedule, batch: tuple, loss_scale: float = 1.0) -> StepResult:
+        """One iteration: this device group's order of `schedule`."""
+        train = not schedule.forward_only
+        its = {s: ex.begin(batch, schedule.num_micro_batches, train) for s, ex in self.chunks.items()}
+        steps = expand(schedule.orders[self.group], schedule.num_stages)
+        last = {}
+        for i, (s, a) in enumerate(steps):
+            if a.kind.frees_activations:
+                last[s] = i
+        finishing = {i: s for s, i in last.items()}
+        compute = [i for i, (_, a) in enumerate(steps) if a.kind.is_compute]
+        ahead = {here: [steps[j] for j in range(here + 1, nxt)
+                        if steps[j][1].kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
+                 for here, nxt in zip(compute, compute[1:])}
+        several = len(self.chunks) > 1
+        for i, (s, a) in enumerate(steps):
+            ex, it = self.chunks[s], its[s]
+            try:
+                for rs, r in ahead.get(i, ()):  # the next compute's inputs arrive while this one runs
+                    n_r = its[rs].rows(r.micro_batch)
+                    if r.kind is Kind.RECV_ACTIVATION:
+                        self.chunks[rs].p2p.post_activation(n_r, r.micro_batch, eval_=not train)
+                    else:
+                        self.chunks[rs].p2p.post_gradient(n_r, r.micro_batch)
+                start = time.time()
+                BEAT.action(f"{a}·s{s}")
+                ex.act(a, it, loss_scale)
+                if i in finishing and finishing[i] in self.on_last_backward:
+                    self.on_last_backward[finishing[i]]()
+                if self.timeline is not None and a.kind.is_compute:
+                    self.timeline.append((f"{a}·s{s}" if several else str(a), start, time.time()))
+                self.saved_peak = max(self.saved_peak, sum(x.saved for x in its.values()))
+            except RuntimeError as exc:
+                where = dist.get_rank() if dist.is_initialized() else 0
+                raise RuntimeError(
+                    f"stage {s} replica {ex.replica} (rank {where}) stopped at action {a} (step {i + 1} of "
+                    f"{len(steps)} in schedule {schedule.name}): {str(exc).splitlines()[0]}. A peer stage may have "
+                    f"died or stalled; see its log (logs/rank-N.log)") from exc
+        for ex in self.chunks.values():
+            ex.p2p.wait_sends()
+        losses = [it.loss_sum for it in its.values()]  # zero but on the stage holding the loss
+        return StepResult(torch.stack(losses).sum(), its[next(iter(its))].n_total)
+
+
+def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module], loss_fn: Callable,
+                        stage_groups: dict[int, object], precision=None, device=None) -> tuple[RankExecutor, list]:
+    """This rank's executor for a plan whose device groups hold several stages, and the gradient
+    syncs to finish after each iteration (one per local stage, in the order they start).
+
+    Each stage's all-reduce starts after its last backward on this rank. A parameter two local stages
+    share (a tied weight on both ends of a V) is reduced once, by the stage whose backwards end last,
+    when both stages' contributions are in."""
+    from .executor import GradientSync
+    schedule = plan.build_schedule()
+    group = next(r for r, order in enumerate(schedule.orders)
+                 if grid.stages_at(rank) == schedule.stages_of(r))  # the device group whose order this rank runs
+    mailbox = Mailbox()
+    local = grid.stages_at(rank)
+    chunks = {}
+    replica = grid.stage_ranks(local[0]).index(rank)
+    for s in local:
+        a, b = plan.stages[s].layers
+        remote = PointToPoint(grid, s, replica, device or torch.device("cpu"))
+        links = ChunkLinks(remote, mailbox, local_prev=s - 1 in local, local_next=s + 1 in local)
+        chunks[s] = StageExecutor([layers[i] for i in range(a, b)], loss_fn, links, grid.num_stages,
+                                  precision=precision, recompute=[i - a for i in plan.stages[s].recompute_layers])
+    steps = expand(schedule.orders[group], schedule.num_stages)
+    last = {s: max(i for i, (t, x) in enumerate(steps) if t == s and x.kind.frees_activations) for s in local}
+    syncs, on_last, seen = {}, {}, set()
+    for s in sorted(local, key=lambda s: -last[s]):  # latest-finishing first: it takes the shared parameters
+        params = [p for i in range(*plan.stages[s].layers) for p in layers[i].parameters()
+                  if p.requires_grad and id(p) not in seen]
+        seen |= {id(p) for p in params}
+        syncs[s] = GradientSync(params, stage_groups[s], grid.replicas[s])
+        on_last[s] = syncs[s].start
+    return RankExecutor(chunks, group, on_last), [syncs[s] for s in sorted(local, key=lambda s: last[s])]
