@@ -45,7 +45,8 @@ GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
 BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
 VGGPreset = choice("VGGPreset", "imagenet", "tiny")
 StrategyName = choice("StrategyName", "auto", "fixed", "file")
-ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1")
+ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1", "interleaved_1f1b", "zbv")
+CHUNKED = ("interleaved_1f1b", "zbv")  # device groups holding several stages: stated layouts (strategy=fixed)
 RecomputeName = choice("RecomputeName", "none", "full", "selective", "auto")
 Objective = choice("Objective", "time", "memory", "pareto")
 DevicesChoice = choice("DevicesChoice", "all", "auto")
@@ -244,11 +245,13 @@ class FixedStrategyConfig(PlannedStrategyConfig):
     boundaries: List[int] = field(default_factory=list)  # layer positions where stages 1.. start
     num_micro_batches: int = 4
     warmup_depth: int = 1  # 1F1B in-flight micro-batches as a multiple of DAPPLE's S - s
+    # interleaved_1f1b: stages per device group (v >= 2; `stages` counts all v·P of them); zbv holds 2
+    chunks: int = 2
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("strategy", stages=self.stages, num_micro_batches=self.num_micro_batches,
-                  warmup_depth=self.warmup_depth)
+                  warmup_depth=self.warmup_depth, chunks=self.chunks)
         for r in self.replicas:
             _need(r >= 1, "strategy.replicas", list(self.replicas), "every replica count must be >= 1")
 
@@ -295,6 +298,10 @@ class AutoStrategyConfig(PlannedStrategyConfig):
               [self.deadline_s_per_iteration, self.max_devices], "apply with strategy.devices=auto only")
         _need(0 <= self.optimality_gap < 0.5, "strategy.optimality_gap", self.optimality_gap,
               "must be in [0, 0.5): the fraction a first pass may leave on the table (0 = exact from the start)")
+        chosen = [str(x) for x in (self.schedule, *self.schedules)]
+        _need(not set(chosen) & set(CHUNKED), "strategy.schedule/schedules", chosen,
+              f"the planner searches 1f1b, gpipe and zb_h1; {' and '.join(CHUNKED)} run a stated layout: "
+              f"strategy=fixed strategy.schedule=NAME strategy.stages=S (strategy.chunks=v for interleaved_1f1b)")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from .cluster import Topology
 from .config import GBPS, GIB
 from .models import PipelineModel, build_custom, build_model
 from .planner import Limits, Plan, fixed_plan
+from .planner.chunked import CHUNKED, chunks_of
 from .profile import ModelProfile, analytic_profile, read_profile_file
 from .schedule import validate
 
@@ -148,7 +149,8 @@ def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
                   token_slices=tuple(int(n) for n in slices) if listed else (),
                   auto_token_slices=slices == "auto", seq_len=seq_len,
                   recompute_layers=tuple(int(i) for i in s.recompute_layers),
-                  recompute_counts=tuple(int(i) for i in s.recompute_counts), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
+                  recompute_counts=tuple(int(i) for i in s.recompute_counts),
+                  **({"chunks": int(s.chunks)} if "chunks" in s else {}), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
                                                 "max_warmup_depth": s.max_warmup_depth,
                                                 "schedules": auto_schedules(s)} if auto else {}))
 
@@ -184,11 +186,14 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     seq_len = slicing_seq_len(cfg)
     if s.name == "fixed":
         replicas = list(s.replicas)
-        if not replicas:  # fill the cluster: the same count on every stage
-            if topology.num_devices % s.stages:
+        groups = s.stages // chunks_of(str(s.schedule), s.chunks) if str(s.schedule) in CHUNKED else s.stages
+        if not replicas and groups:  # fill the cluster: the same count on every device group (stage)
+            if topology.num_devices % groups:
+                what = "stages" if groups == s.stages else f"device groups ({s.stages} stages of {s.schedule})"
                 raise ValueError(f"strategy.replicas is empty (fill the cluster) but {topology.num_devices} devices do "
-                                 f"not divide into {s.stages} equal stages; list strategy.replicas per stage")
-            replicas = [topology.num_devices // s.stages]
+                                 f"not divide into {groups} equal {what}; list strategy.replicas per "
+                                 f"{'stage' if groups == s.stages else 'device group'}")
+            replicas = [topology.num_devices // groups]
         return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, replicas, s.num_micro_batches,
                           limits_from_config(s, seq_len), boundaries=list(s.boundaries) or None,
                           warmup_depth=s.warmup_depth)

@@ -107,8 +107,12 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
 
     step4 = [p for p in find_checkpoints(split / "checkpoints") if p.name == "step000004.ckpt"]
     assert step4, "the step-4 checkpoint is kept"
+    # ZB-V: 4 stages on 2 device groups × 2 replicas, each group holding both ends of a V, validated
+    # and profiled (its timeline names each step's stage)
     for name, layout in (("dp", ["strategy.stages=1", "strategy.replicas=[4]"]),
-                         ("deep", ["strategy.stages=4", "strategy.replicas=[1]"])):
+                         ("deep", ["strategy.stages=4", "strategy.replicas=[1]"]),
+                         ("zbv", ["strategy.schedule=zbv", "strategy.stages=4", "strategy.replicas=[2]",
+                                  "trainer.profile_pipeline=true"])):
         out = cli([*FAST, *layout, "trainer.max_steps=8", f"ckpt_path={step4[0]}", f"hydra.run.dir={tmp_path / name}"],
                   tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -116,6 +120,10 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
         assert sorted(got) == [s for s in sorted(ref) if s >= 4]  # logged step = optimizer steps before it
         for s, v in got.items():
             assert v == pytest.approx(ref[s], rel=1e-4), (name, s)
+    timeline = json.loads((tmp_path / "zbv" / "timeline.json").read_text())
+    rows = timeline["measured"][0]["ranks"]
+    assert [r["stages"] for r in rows] == [[0, 3], [0, 3], [1, 2], [1, 2]]
+    assert {e["label"] for e in rows[0]["events"]} >= {f"{k}{m}·s{s}" for k in "FIW" for m in range(4) for s in (0, 3)}
 
 
 @pytest.mark.multiprocess

@@ -3,6 +3,7 @@ orders — generators, validator, simulator — and the stage-per-rank schedules
 from __future__ import annotations
 
 import json
+import re
 import random
 from dataclasses import replace
 
@@ -166,3 +167,24 @@ def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
         assert simulate_ranks(x, costs).iteration_s == pytest.approx(d["estimate"]["simulated_iteration_s"], rel=1e-9)
     with pytest.raises(ValueError, match=r"action 1 is \['X', 0, 0\]"):
         steps_from_json([["F", 0, 0], ["X", 0, 0]])
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["strategy.stages=5"], "the stages must be a multiple of 2; use 4 or 6"),
+    (["strategy.stages=4", "strategy.num_micro_batches=3"], "3 micro-batches is not a multiple of 2; use 2 or 4"),
+    (["strategy.stages=4", "strategy.replicas=[2,1,1,2]"], "stages [0, 2] share device group 0"),
+    (["strategy.stages=4", "strategy.chunks=1"], "1 is plain 1F1B"),
+    (["strategy.stages=4", "strategy.schedule=zbv", "strategy.chunks=3"], "ZB-V holds exactly 2 stages"),
+    (["strategy.stages=4", "strategy.replicas=[1,1]"], "use 2 devices but cluster local has 4"),
+])
+def test_a_chunked_layout_that_breaks_a_rule_is_refused_with_the_fix(compose_cfg, overrides, needle):
+    from dapple_launch.plan_config import plan_from_config
+    cfg = compose_cfg(["strategy=fixed", "strategy.schedule=interleaved_1f1b", *overrides])
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        plan_from_config(cfg)
+
+
+def test_the_planner_refuses_chunked_families_and_names_the_fixed_route(compose_cfg):
+    from dapple_launch.config import check_values
+    with pytest.raises(ValueError, match="interleaved_1f1b and zbv run a stated layout: strategy=fixed"):
+        check_values(compose_cfg(["strategy=auto", "strategy.schedules=[zbv]"]))

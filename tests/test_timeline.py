@@ -70,3 +70,38 @@ def test_a_zero_bubble_timeline_draws_input_and_weight_gradients_apart(tmp_path)
         assert drawn >= 2 * plan.num_micro_batches  # (both stages, measured and predicted)
         assert fills.count(COLOURS[kind]) == drawn + 1  # + the legend's swatch
     assert fills.count(COLOURS["backward"]) == 1  # only the legend's: no whole backward in ZB-H1
+
+
+def test_a_chunked_timeline_shows_each_ranks_stages_and_stays_readable_at_16_micro_batches(tmp_path):
+    """ZB-V on 2 device groups (stages 0,3 and 1,2), 16 micro-batches: one row per rank naming its
+    stages, every F, I and W of both chunks drawn (the later chunk lighter), and a number only in
+    boxes wide enough for it."""
+    model = build_model("gpt", "tiny", num_layers=4, hidden=32, heads=2, seq_len=8, vocab_size=40)
+    topo = Topology("t", 1, 2, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
+    plan = fixed_plan(analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 16, 4, [1], 16,
+                      Limits(schedule="zbv"))
+    grid = ProcessGrid.from_plan(plan)
+    schedule = plan.build_schedule()
+    per_rank = []
+    for rank in range(grid.world_size):  # as the rank executor records: "F3·s2" per compute step
+        t = 1000.0
+        per_rank.append([(f"{a.kind.value}{a.micro_batch}·s{a.stage}", t + 0.01 * k, t + 0.01 * (k + 1))
+                         for k, a in enumerate(schedule.orders[rank])])
+    its = [measured_iteration(step, per_rank, grid) for step in (1, 2, 3)]
+    assert [r["stages"] for r in its[0]["ranks"]] == [[0, 3], [1, 2]]
+    pred = predicted(plan)
+    assert abs(pred["iteration_s"] - plan.estimate.simulated_iteration_s) < 1e-12
+    _, svg_path = write_timeline(tmp_path, plan, its)
+    root = ET.parse(svg_path).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    rects = list(root.iter(f"{ns}rect"))
+    for kind in ("forward", "input", "weight"):
+        drawn = sum(1 for it in (its[0], pred) for r in it["ranks"] for e in r["events"] if e["kind"] == kind)
+        assert drawn == 2 * 2 * 2 * 16  # 2 ranks × 2 stages × 16 micro-batches, measured and predicted
+        shades = [r.get("fill-opacity") for r in rects if r.get("fill") == COLOURS[kind] and r.get("fill-opacity")]
+        assert shades.count("1") == shades.count("0.65") == drawn // 2  # the rank's first and later stage
+    assert "stages 0,3" in ET.tostring(root, encoding="unicode")
+    boxes = {round(float(r.get("x")) + float(r.get("width")) / 2, 2): float(r.get("width")) for r in rects
+             if r.get("fill-opacity")}
+    labels = [t for t in root.iter(f"{ns}text") if t.get("class") == "mb"]
+    assert labels and all(boxes[float(t.get("x"))] >= 6 + 6 * len(t.text) for t in labels)

@@ -105,6 +105,9 @@ def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches
         raise ValueError(f"strategy.chunks={chunks}: ZB-V holds exactly 2 stages per device group (a V); leave "
                          f"strategy.chunks=2")
     v = chunks_of(schedule, chunks)
+    if schedule == "interleaved_1f1b" and v < 2:
+        raise ValueError(f"strategy.chunks={v}: interleaved 1F1B holds at least 2 stages per device group; "
+                         f"1 is plain 1F1B (strategy.schedule=1f1b)")
     if num_stages % v or num_stages < v:
         lo, hi = max(v, num_stages // v * v), (num_stages // v + 1) * v
         near = sorted({lo, hi} - {num_stages})
@@ -129,7 +132,7 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
     if num_stages > L:
         raise ValueError(f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; use at most "
                          f"{L // v * v} stages ({v} per device group)")
-    check_chunked(schedule, num_stages, v, num_micro_batches)
+    check_chunked(schedule, num_stages, limits.chunks, num_micro_batches)
     if limits.recompute in ("full", "selective") or limits.token_slices:
         raise ValueError(f"schedule {schedule} runs without recomputation and token slices for now; use "
                          f"strategy.schedule=1f1b for strategy.recompute={limits.recompute} or token slices")

@@ -54,6 +54,8 @@ def explain(plan) -> str:
     e = plan.estimate
     header = (f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
               f"layout {plan.layout()}, schedule {plan.schedule}"
+              + (f" ({plan.num_stages // plan.chunks} device groups of {plan.chunks} stages each; "
+                 f"a group's stages share its devices)" if plan.chunks > 1 else "")
               + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
               + (f", token slices {list(plan.token_slices)}" if plan.token_slices else "")
               + f", global batch {plan.global_batch_size} = "

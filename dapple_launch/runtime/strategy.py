@@ -19,9 +19,11 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from ..models import identity
 from ..models.contract import as_tuple, parameter_layer, tied_owners
 from ..planner.plan import Plan
-from ..schedule import forward_only
+from ..schedule import CHUNKED_SCHEDULES, forward_only
+from ..schedule.ranks import forward_only_orders
 from . import checkpoint as ckpt
 from .executor import GradientSync, StageExecutor
+from .rank_executor import RankExecutor, build_rank_executor
 from .grid import ProcessGrid
 from .heartbeat import BEAT
 from .p2p import PointToPoint
@@ -47,8 +49,10 @@ class DappleStrategy(DDPStrategy):
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
         self.grid = ProcessGrid.from_plan(self.plan)
         self.train_schedule = self.plan.build_schedule()
-        self._executor: StageExecutor | None = None
-        self._sync: GradientSync | None = None
+        # interleaved 1F1B, ZB-V: each device group holds several stages (runtime/rank_executor.py)
+        self.chunked = self.plan.schedule in CHUNKED_SCHEDULES
+        self._executor: StageExecutor | RankExecutor | None = None
+        self._syncs: list[GradientSync] = []
         self._tied: TiedSync | None = None
         self.skip_next_step = False  # 16-mixed: an inf/NaN gradient somewhere skips this step everywhere
         # trainer.profile_pipeline: the steps whose actions every rank records (timeline.py)
@@ -65,9 +69,13 @@ class DappleStrategy(DDPStrategy):
         return self.grid.position(self.global_rank)[1]
 
     @property
+    def local_stages(self) -> tuple[int, ...]:
+        """The stages this rank holds: one, or its device group's chunks."""
+        return self.grid.stages_at(self.global_rank)
+
+    @property
     def local_layer_indices(self) -> list[int]:
-        a, b = self.plan.stages[self.stage].layers
-        return list(range(a, b))
+        return [i for s in self.local_stages for i in range(*self.plan.stages[s].layers)]
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -118,17 +126,23 @@ class DappleStrategy(DDPStrategy):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         module = self.lightning_module
+        local = self.local_stages
+        tied = local_tied_parameters(module.layers, module.model)
+        self._tied = TiedSync(self._tied_groups, tied, local, self.replica)
+        # a tied weight's gradient norm counts once: on the first stage holding it
+        self._norm_excluded = {id(tied[g.owner]) for g in self._tied_groups if set(local) & set(g.stages)
+                               and g.stages[0] not in local}
+        if self.chunked:
+            self._executor, self._syncs = build_rank_executor(
+                self.plan, self.grid, self.global_rank, {i: module.layers[str(i)] for i in self.local_layer_indices},
+                module.model.loss, dict(enumerate(self._stage_groups)), module.mixed_precision(), self.root_device)
+            return
         p2p = PointToPoint(self.grid, self.stage, self.replica, self.root_device)
         params = [p for p in module.parameters() if p.requires_grad]
-        self._sync = GradientSync(params, self._stage_groups[self.stage], self.grid.replicas[self.stage])
-        tied = local_tied_parameters(module.layers, module.model)
-        self._tied = TiedSync(self._tied_groups, tied, self.stage, self.replica)
-        # a tied weight's gradient norm counts once: on the first stage holding it
-        self._norm_excluded = {id(tied[g.owner]) for g in self._tied_groups if self.stage in g.stages
-                               and self.stage != g.stages[0]}
+        self._syncs = [GradientSync(params, self._stage_groups[self.stage], self.grid.replicas[self.stage])]
         first = self.plan.stages[self.stage].layers[0]
         self._executor = StageExecutor(module.local_stack(), module.model.loss, p2p, self.grid.num_stages,
-                                       on_last_backward=self._sync.start, precision=module.mixed_precision(),
+                                       on_last_backward=self._syncs[0].start, precision=module.mixed_precision(),
                                        recompute=[i - first for i in self.plan.stages[self.stage].recompute_layers],
                                        slice_loss_fn=getattr(module.model, "slice_loss", None))
 
@@ -144,7 +158,8 @@ class DappleStrategy(DDPStrategy):
         recording = step in self.profile_steps
         self._executor.timeline = [] if recording else None
         result = self._executor.run(self.train_schedule, batch, loss_scale=loss_scale)
-        self._sync.finish()
+        for sync in self._syncs:
+            sync.finish()
         self._tied.sync()
         if recording:
             self._record(step)
@@ -169,8 +184,10 @@ class DappleStrategy(DDPStrategy):
     def _record(self, step: int) -> None:
         from .timeline import measured_iteration, write_timeline
         events = self._executor.timeline
-        if self._sync.span:
-            events.append(("AR", *self._sync.span))
+        several = len(self._syncs) > 1
+        for sync, s in zip(self._syncs, self.local_stages if several else (None,)):
+            if sync.span:
+                events.append((f"AR·s{s}" if several else "AR", *sync.span))
         self._executor.timeline = None
         gathered = [None] * self.world_size if self.is_global_zero else None
         dist.gather_object(events, gathered, dst=0)
@@ -184,7 +201,11 @@ class DappleStrategy(DDPStrategy):
     def pipeline_eval_step(self, batch) -> torch.Tensor:
         n = as_tuple(batch[0])[0].shape[0]
         micro = min(self.plan.num_micro_batches, max(1, n // max(self.grid.replicas)))
-        result = self._executor.run(forward_only(self.grid.num_stages, micro), batch)
+        if self.chunked:
+            x = self.train_schedule
+            result = self._executor.run(forward_only_orders(x.placement, x.num_ranks, micro), batch)
+        else:
+            result = self._executor.run(forward_only(self.grid.num_stages, micro), batch)
         return self._broadcast_loss(result.loss_sum)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -225,14 +246,16 @@ class DappleStrategy(DDPStrategy):
         error = ""
         try:
             if self.replica == 0:
-                a, b = self.plan.stages[self.stage].layers
                 # a tied weight is stored once, by the stage holding its owner's layer
                 owners = self._owners
                 state = {k: v for k, v in state.items() if owners.get(k, k) == k}
                 by_name = ckpt.optimizer_state_by_name(optim[0], self._param_names()) if optim else {}
-                if by_name:
-                    by_name["state"] = {k: v for k, v in by_name["state"].items() if a <= parameter_layer(k) < b}
-                ckpt.write_shard(tmp, a, b, state, by_name)
+                for s in self.local_stages:  # one shard per stage, whatever rank holds it
+                    a, b = self.plan.stages[s].layers
+                    shard_optim = dict(by_name, state={k: v for k, v in by_name["state"].items()
+                                                       if a <= parameter_layer(k) < b}) if by_name else {}
+                    ckpt.write_shard(tmp, a, b, {k: v for k, v in state.items() if a <= parameter_layer(k) < b},
+                                     shard_optim)
         except OSError as exc:
             error = storage_error(exc, tmp)
         self._agree_or_fail(error, tmp)

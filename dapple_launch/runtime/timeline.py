@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from ..planner.plan import Plan
-from ..schedule import StageCosts, simulate
+from ..schedule import StageCosts, simulate, simulate_ranks
 from .grid import ProcessGrid
 
 COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "input": "#E45756", "weight": "#EECA3B",
@@ -26,7 +26,20 @@ LEGEND = [("forward", "forward"), ("backward", "backward (whole)"), ("input", "i
 
 
 def _kind(label: str) -> str:
-    return KIND_OF[label.rstrip("0123456789.")]  # F3, or with token slices F1.2
+    return KIND_OF[label.split("·")[0].rstrip("0123456789.")]  # F3, with token slices F1.2, with chunks F3·s5
+
+
+def _chunk(label: str, stages: tuple[int, ...]) -> int:
+    """Which of the rank's stages an event belongs to (0 where a rank holds one): F3·s5 -> 5's place."""
+    if "·s" not in label:
+        return 0
+    return stages.index(int(label.rsplit("·s", 1)[1]))
+
+
+def _row(grid: ProcessGrid, rank: int) -> dict:
+    stage, replica = grid.position(rank)
+    return {"rank": rank, "stage": stage, "stages": list(grid.stages_at(rank)), "replica": replica,
+            "device": grid.device_of(rank)}
 
 
 def measured_iteration(step: int, per_rank: list[list[tuple[str, float, float]]], grid: ProcessGrid) -> dict:
@@ -34,10 +47,9 @@ def measured_iteration(step: int, per_rank: list[list[tuple[str, float, float]]]
     t0 = min(e[1] for events in per_rank for e in events)
     ranks = []
     for rank, events in enumerate(per_rank):
-        stage, replica = grid.position(rank)
-        ranks.append({"rank": rank, "stage": stage, "replica": replica, "device": grid.device_of(rank),
-                      "events": [{"label": lab, "kind": _kind(lab), "start": s - t0, "end": e - t0}
-                                 for lab, s, e in events]})
+        row = _row(grid, rank)
+        ranks.append({**row, "events": [{"label": lab, "kind": _kind(lab), "chunk": _chunk(lab, tuple(row["stages"])),
+                                         "start": s - t0, "end": e - t0} for lab, s, e in events]})
     end = max(ev["end"] for r in ranks for ev in r["events"])
     return {"step": step, "iteration_s": end, "ranks": ranks}
 
@@ -53,14 +65,20 @@ def predicted(plan: Plan) -> dict | None:
         from ..schedule.terapipe import slice_scale, unit_scales
         scale = [unit_scales(slice_scale(plan.token_slices, **sh), plan.num_micro_batches)
                  for sh in plan.estimate.slice_shares]
-    sim = simulate(schedule, costs, scale=scale)
     grid = ProcessGrid.from_plan(plan)
+    if hasattr(schedule, "orders"):  # device groups holding several stages: the rank orders' simulator
+        sim = simulate_ranks(schedule, costs)
+        row_of = {r: next(g for g in range(schedule.num_ranks) if schedule.stages_of(g) == grid.stages_at(r))
+                  for r in range(grid.world_size)}
+    else:
+        sim = simulate(schedule, costs, scale=scale)
+        row_of = {r: grid.position(r)[0] for r in range(grid.world_size)}
     ranks = []
     for rank in range(grid.world_size):
-        stage, replica = grid.position(rank)
-        ranks.append({"rank": rank, "stage": stage, "replica": replica, "device": grid.device_of(rank),
-                      "events": [{"label": ev.label, "kind": ev.kind, "start": ev.start, "end": ev.end}
-                                 for ev in sim.timeline if ev.stage == stage]})
+        row = _row(grid, rank)
+        ranks.append({**row, "events": [{"label": ev.label, "kind": ev.kind, "chunk": _chunk(ev.label, tuple(row["stages"])),
+                                         "start": ev.start, "end": ev.end}
+                                        for ev in sim.timeline if ev.stage == row_of[rank]]})
     return {"iteration_s": sim.iteration_s, "ranks": ranks}
 
 
@@ -93,28 +111,38 @@ def _ticks(span: float) -> tuple[float, str]:
     return 100.0, "s"
 
 
-def _panel(out: list[str], title: str, ranks: list[dict], y0: float, scale: float) -> float:
+def _panel(out: list[str], title: str, ranks: list[dict], y0: float, scale: float, width: float) -> float:
     out.append(f'<text x="{LEFT}" y="{y0 - 8}" class="panel">{title}</text>')
     for i, r in enumerate(ranks):
         y = y0 + i * (ROW + GAP)
         shade = "#F7F7F7" if r["stage"] % 2 == 0 else "#FFFFFF"
-        out.append(f'<rect x="{LEFT}" y="{y}" width="{WIDTH}" height="{ROW}" fill="{shade}"/>')
-        out.append(f'<text x="{LEFT - 8}" y="{y + ROW * 0.7}" class="row">rank {r["rank"]} · stage {r["stage"]}'
+        out.append(f'<rect x="{LEFT}" y="{y}" width="{width:.0f}" height="{ROW}" fill="{shade}"/>')
+        stages = r.get("stages") or [r["stage"]]
+        where = f'stage {stages[0]}' if len(stages) == 1 else f'stages {",".join(map(str, stages))}'
+        out.append(f'<text x="{LEFT - 8}" y="{y + ROW * 0.7}" class="row">rank {r["rank"]} · {where}'
                    f'.{r["replica"]} · dev {r["device"]}</text>')
         for ev in sorted(r["events"], key=lambda e: e["kind"] == "allreduce"):
             x, w = LEFT + ev["start"] * scale, max((ev["end"] - ev["start"]) * scale, 0.6)
             inset = 5 if ev["kind"] in ("send", "wait", "allreduce") else 1
             tip = f'{ev["label"]}: {ev["start"] * 1e3:.2f}–{ev["end"] * 1e3:.2f} ms'
+            # a rank's later chunks (stages) lighter, so a V or an interleaving reads at a glance
+            shade = 1.0 - 0.35 * min(ev.get("chunk", 0), 2)
             out.append(f'<rect x="{x:.2f}" y="{y + inset}" width="{w:.2f}" height="{ROW - 2 * inset}" rx="2" '
-                       f'fill="{COLOURS[ev["kind"]]}"><title>{tip}</title></rect>')
-            if ev["kind"] in ("forward", "backward", "input", "weight") and w > 16:
-                out.append(f'<text x="{x + w / 2:.2f}" y="{y + ROW * 0.7}" class="mb">{ev["label"][1:]}</text>')
+                       f'fill="{COLOURS[ev["kind"]]}" fill-opacity="{shade:g}"><title>{tip}</title></rect>')
+            text = ev["label"].split("·")[0][1:]  # the micro-batch (and slice) number; the stage is in the tip
+            if ev["kind"] in ("forward", "backward", "input", "weight") and w > 6 + 6 * len(text):
+                out.append(f'<text x="{x + w / 2:.2f}" y="{y + ROW * 0.7}" class="mb">{text}</text>')
     return y0 + len(ranks) * (ROW + GAP)
 
 
 def render_svg(plan: Plan, measured: dict, pred: dict | None) -> str:
     span = max(measured["iteration_s"], pred["iteration_s"] if pred else 0.0) or 1e-3
-    scale = WIDTH / span
+    # wide enough that a two-digit micro-batch number fits the average compute box of the busiest row
+    # (16 micro-batches of ZB-V are 96 boxes a rank): a wide picture scrolls, a cramped one says nothing
+    busiest = max(sum(1 for e in r["events"] if e["kind"] in ("forward", "backward", "input", "weight"))
+                  for it in (measured, pred) if it for r in it["ranks"])
+    width = max(WIDTH, 20 * busiest)
+    scale = width / span
     out = ["<style>.title{font-size:15px;font-weight:bold}.panel{font-size:13px;font-weight:bold}"
            ".row{font-size:11px;text-anchor:end}.mb{font-size:10px;fill:white;text-anchor:middle}"
            ".tick{font-size:10px;fill:#555;text-anchor:middle}.legend{font-size:11px}</style>",
@@ -125,9 +153,9 @@ def render_svg(plan: Plan, measured: dict, pred: dict | None) -> str:
     out.append(f'<text x="12" y="44" class="legend">measured iteration (step {measured["step"]}): '
                f'{measured["iteration_s"] * 1e3:.1f} ms' + (f' · predicted: {pred["iteration_s"] * 1e3:.1f} ms{err}'
                                                             if pred else "") + "</text>")
-    y = _panel(out, "measured", measured["ranks"], TOP + 20, scale)
+    y = _panel(out, "measured", measured["ranks"], TOP + 20, scale, width)
     if pred:
-        y = _panel(out, "predicted (simulator, the plan's per-stage costs)", pred["ranks"], y + 40, scale)
+        y = _panel(out, "predicted (simulator, the plan's per-stage costs)", pred["ranks"], y + 40, scale, width)
     step, unit = _ticks(span)
     k = 0
     while k * step <= span * 1.0001:
@@ -141,6 +169,9 @@ def render_svg(plan: Plan, measured: dict, pred: dict | None) -> str:
         out.append(f'<rect x="{lx}" y="{y + 30}" width="12" height="12" fill="{COLOURS[kind]}"/>')
         out.append(f'<text x="{lx + 16}" y="{y + 40}" class="legend">{text}</text>')
         lx += 24 + 7 * len(text)
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + WIDTH + 30}" height="{y + 56:.0f}" '
+    note = "numbers in the boxes: micro-batch (.slice); hover for times" + (
+        "; a lighter shade is the rank's later stage (chunk), named in the hover text" if plan.chunks > 1 else "")
+    out.append(f'<text x="{LEFT}" y="{y + 60}" class="legend">{note}</text>')
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + width + 30:.0f}" height="{y + 76:.0f}" '
             f'font-family="Helvetica, Arial, sans-serif">')
     return "\n".join([head, *out, "</svg>"])
