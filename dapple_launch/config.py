@@ -46,7 +46,6 @@ BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
 VGGPreset = choice("VGGPreset", "imagenet", "tiny")
 StrategyName = choice("StrategyName", "auto", "fixed", "file")
 ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1", "interleaved_1f1b", "zbv")
-CHUNKED = ("interleaved_1f1b", "zbv")  # device groups holding several stages: stated layouts (strategy=fixed)
 RecomputeName = choice("RecomputeName", "none", "full", "selective", "auto")
 Objective = choice("Objective", "time", "memory", "pareto")
 DevicesChoice = choice("DevicesChoice", "all", "auto")
@@ -298,10 +297,6 @@ class AutoStrategyConfig(PlannedStrategyConfig):
               [self.deadline_s_per_iteration, self.max_devices], "apply with strategy.devices=auto only")
         _need(0 <= self.optimality_gap < 0.5, "strategy.optimality_gap", self.optimality_gap,
               "must be in [0, 0.5): the fraction a first pass may leave on the table (0 = exact from the start)")
-        chosen = [str(x) for x in (self.schedule, *self.schedules)]
-        _need(not set(chosen) & set(CHUNKED), "strategy.schedule/schedules", chosen,
-              f"the planner searches 1f1b, gpipe and zb_h1; {' and '.join(CHUNKED)} run a stated layout: "
-              f"strategy=fixed strategy.schedule=NAME strategy.stages=S (strategy.chunks=v for interleaved_1f1b)")
 
 
 @dataclass

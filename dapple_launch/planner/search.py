@@ -24,6 +24,8 @@ from ..profile.model_profile import ModelProfile
 from .baselines import all_baselines, balanced_uniform, divisors
 from .branch import BranchAndBound, SearchStats, _OutOfTime, replica_choices
 from .build import to_plan
+from .chunked import CHUNKED
+from .chunked_search import search_chunked
 from .cost import Costed, Limits, StageSpec, evaluate
 from .explain import human_bytes, human_gap
 from .plan import Plan
@@ -65,6 +67,8 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     """(best, runners-up, baselines, stats). `with_baselines=False`: the search's own space only (a
     frontier's searches below the first: the baselines were compared once, on the whole card)."""
     t0 = time.perf_counter()
+    if not [f for f in schedules.allowed(limits) if f not in CHUNKED]:  # chunked families alone
+        return _chunked_only(profile, topology, global_batch, limits, keep, t0)
     baselines = all_baselines(profile, topology, global_batch, limits) if with_baselines else {}
     start = balanced_uniform(profile, topology, global_batch, limits)
     found = [c for c in [*baselines.values(), start] if c is not None]
@@ -142,6 +146,16 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
             bounds, found = zb_bounds, [c for c in found if c.schedule == schedules.FAMILY]
             per_b = [c for c in per_b if c.schedule == schedules.FAMILY]
         best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
+    if any(f in CHUNKED for f in schedules.allowed(limits)):
+        # device groups holding several stages (planner/chunked_search.py): the simulator costs each
+        chunked, chunked_bounds, scored = search_chunked(profile, topology, global_batch, limits, sizes,
+                                                         best.iteration_s if best is not None else math.inf)
+        per_b += chunked
+        stats.nodes += scored
+        if best is not None:
+            stats.gap_without_chunked = _proven_gap(best.iteration_s, bounds)
+        bounds = {b: min(bounds.get(b, math.inf), chunked_bounds.get(b, math.inf)) for b in {*bounds, *chunked_bounds}}
+        best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
     stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
     # equal times (a link-bound pipeline is as fast under several warm-ups and both families): the
@@ -155,6 +169,60 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
             unique.append(c)
     stats.seconds = time.perf_counter() - t0
     return (unique[0] if unique else None), unique[1:keep + 1], baselines, stats
+
+
+LABELS = {"1f1b": "1F1B", "zb_h1": "ZB-H1", "interleaved_1f1b": "interleaved 1F1B", "zbv": "ZB-V"}
+
+
+def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[str, ...], deep: bool) -> str:
+    """What the search proved, in the plan's words. Interleaved 1F1B and ZB-V are searched by shape
+    (chunked_search.py) with a weaker bound, so where the plan is of another family the exact claim
+    over that family comes first and theirs follows."""
+    exact = [LABELS[n] for n in ("1f1b", schedules.FAMILY) if n in allowed]
+    chunked = [LABELS[n] for n in CHUNKED if n in allowed]
+    warm = f" with warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
+    split = bool(exact) and stats.gap_without_chunked is not None and best.schedule not in CHUNKED
+    if not exact:
+        space = f" over {' and '.join(chunked)} layouts and micro-batches"
+    elif exact == ["1F1B"] and not chunked:
+        space = f" over layouts, micro-batches and 1F1B warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
+    else:
+        space = f" over layouts, micro-batches, {' and '.join(exact if split else exact + chunked)}{warm}"
+    gap = stats.gap_without_chunked if split else stats.proven_gap
+    if gap == 0:
+        how = f"auto: optimal under the cost model{space} ({stats.nodes} candidates scored)"
+    else:
+        how = (f"auto: within {human_gap(gap)} of the optimum under the cost model{space}, proven; the "
+               f"budget of {limits.search_nodes} scored candidates ended the search first "
+               f"(strategy.search_nodes raises it)")
+        if stats.gap_without_zero_bubble is not None and best.schedule != schedules.FAMILY:
+            # the ZB-H1 pass's bound is weaker than 1F1B's: say what holds over 1F1B plans alone
+            alone = stats.gap_without_zero_bubble
+            how += ("; over 1F1B plans alone: optimal" if alone == 0 else
+                    f"; over 1F1B plans alone: within {human_gap(alone)}")
+    if split:
+        how += (f"; {' and '.join(chunked)} (device groups holding several stages, cuts searched whole where the "
+                f"budget affords, else locally): none faster" + ("" if stats.proven_gap == 0 else
+                f", and their bound (the busiest group's work) leaves this plan within {human_gap(stats.proven_gap)} "
+                f"of the optimum over all {len(exact) + len(chunked)} families"))
+    if best.schedule in CHUNKED:
+        how += (f"; {LABELS[best.schedule]} with {best.extra['chunks']} stages per device group (costed by the "
+                f"simulator of its rank orders)")
+    return how
+
+
+def _chunked_only(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, keep: int,
+                  t0: float) -> tuple[Costed | None, list[Costed], dict[str, Costed | None], SearchStats]:
+    """strategy.schedules naming only interleaved_1f1b / zbv: their own pass, nothing else."""
+    stats = SearchStats()
+    found, bounds, stats.nodes = search_chunked(profile, topology, global_batch, limits,
+                                                micro_batch_sizes(global_batch, limits), math.inf)
+    found.sort(key=lambda c: (c.iteration_s, c.peak_memory_bytes, c.summary()))
+    best = found[0] if found else None
+    stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
+    stats.proven_optimal = stats.proven_gap == 0.0
+    stats.seconds = time.perf_counter() - t0
+    return best, found[1:keep + 1], {}, stats
 
 
 def _polished(starts: list[Costed], profile: ModelProfile, topology: Topology, global_batch: int,
@@ -260,33 +328,18 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
             c.extra["note"] = name
     dp = baselines.get("data parallel")
     deep = limits.schedule == "1f1b" and limits.max_warmup_depth > 1
-    names = [label for name, label in (("1f1b", "1F1B"), (schedules.FAMILY, "ZB-H1"))
-             if name in schedules.allowed(requested)]
-    if names == ["1F1B"]:
-        space = f" over layouts, micro-batches and 1F1B warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
-    else:
-        space = (f" over layouts, micro-batches, {' and '.join(names)}"
-                 + (f" with warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""))
-    if stats.proven_optimal:
-        how = f"auto: optimal under the cost model{space} ({stats.nodes} candidates scored)"
-    else:
-        how = (f"auto: within {human_gap(stats.proven_gap)} of the optimum under the cost model{space}, proven; the "
-               f"budget of {limits.search_nodes} scored candidates ended the search first "
-               f"(strategy.search_nodes raises it)")
-        if stats.gap_without_zero_bubble is not None and best.schedule != schedules.FAMILY:
-            # the ZB-H1 pass's bound is weaker than 1F1B's: say what holds over 1F1B plans alone
-            alone = stats.gap_without_zero_bubble
-            how += ("; over 1F1B plans alone: optimal" if alone == 0 else
-                    f"; over 1F1B plans alone: within {human_gap(alone)}")
+    how = _statement(best, stats, limits, schedules.allowed(requested), deep)
     over = best.extra.get("over")
     if best.schedule == schedules.FAMILY and over is not None:
         how += f"; {best.schedule} is {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
     if best.warmup_depth > 1:
         how += (f"; its ×{best.warmup_depth} warm-up (costed by the simulator) hides transfers that DAPPLE's "
                 f"minimal warm-up waits on")
-    if limits.auto_token_slices:  # TeraPipe on the best layouts found (planner/terapipe.py)
+    plain = [c for c in [best, *runners_up] if c.schedule not in CHUNKED]  # (token slices run stage per group)
+    if limits.auto_token_slices and plain and [f for f in schedules.allowed(requested) if f not in CHUNKED]:
+        # TeraPipe on the best layouts found (planner/terapipe.py)
         from .terapipe import improve_with_slices
-        sliced = improve_with_slices([best, *runners_up], profile, topology, global_batch, limits)
+        sliced = improve_with_slices(plain, profile, topology, global_batch, limits)
         if sliced is not None and sliced.iteration_s < best.iteration_s:
             how += (f"; token slices {list(sliced.extra['token_slices'])} (TeraPipe's dynamic programme on the best "
                     f"layouts, costed by the simulator) make it {best.iteration_s / sliced.iteration_s:.2f}× faster "

@@ -28,67 +28,76 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     S, M, R = schedule.num_stages, schedule.num_micro_batches, schedule.num_ranks
     if len(costs) != S:
         raise ValueError(f"simulate_ranks: {S} stages but {len(costs)} stage costs")
-    route = schedule.route
     forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
     input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     kept = [c.activation_bytes for c in costs]
     several = [len(schedule.stages_of(r)) > 1 for r in range(R)]
     FORWARD, WEIGHT, BACKWARD = Kind.FORWARD, Kind.WEIGHT_GRAD, Kind.BACKWARD
-    activation: dict[tuple[int, int], float] = {(0, m): 0.0 for m in range(M)}  # input available on its rank
-    gradient: dict[tuple[int, int], float] = {}
-    link: dict[tuple[int, int], float] = {}  # (from rank, to rank) -> when the link is next free
+    where = schedule.route_table  # [stage][micro-batch] -> the rank that runs it
+    missing = -1.0
+    activation = [[missing] * M for _ in range(S)]  # [stage][micro-batch] -> its input available on its rank
+    activation[0] = [0.0] * M
+    gradient = [[missing] * M for _ in range(S)]
+    link = [[0.0] * R for _ in range(R)]  # [from rank][to rank] -> when the link is next free
     clock, pos = [0.0] * R, [0] * R
     live, peak_bytes, in_flight, peak = [0.0] * R, [0.0] * R, [0] * R, [0] * R
     last_backward = [0.0] * S
     timeline: list[Event] = []
-
-    def deliver(r: int, to: int, t: float, seconds: float) -> float:
-        if to == r:
-            return t  # a local hand-off between two of the rank's stages
-        start = link.get((r, to), 0.0)
-        start = t if t > start else start
-        link[(r, to)] = start + seconds
-        pending.append(to)
-        return start + seconds
-
+    last = S - 1
     pending = list(range(R - 1, -1, -1))
     while pending:
         r = pending.pop()
         order, k, t = schedule.orders[r], pos[r], clock[r]
+        links = link[r]
         while k < len(order):
             a = order[k]
             s, m, kind = a.stage, a.micro_batch, a.kind
             start = t
             if kind is FORWARD:
-                arrival = activation.get((s, m))
-                if arrival is None:
+                arrival = activation[s][m]
+                if arrival < 0:
                     break
                 start = t if t > arrival else arrival
                 t = start + forward[s]
-                if s < S - 1:
-                    activation[(s + 1, m)] = deliver(r, route[(s + 1, m)], t, send_up[s])
+                if s < last:
+                    to = where[s + 1][m]
+                    if to == r:  # a local hand-off between two of the rank's stages
+                        activation[s + 1][m] = t
+                    else:
+                        free = links[to]
+                        activation[s + 1][m] = links[to] = (t if t > free else free) + send_up[s]
+                        pending.append(to)
                 live[r] += kept[s]
                 in_flight[r] += 1
-                peak[r] = max(peak[r], in_flight[r])
-                peak_bytes[r] = max(peak_bytes[r], live[r])
+                if in_flight[r] > peak[r]:
+                    peak[r] = in_flight[r]
+                if live[r] > peak_bytes[r]:
+                    peak_bytes[r] = live[r]
             elif kind is WEIGHT:
                 t += weight[s]
             else:
-                if s < S - 1:
-                    arrival = gradient.get((s, m))
-                    if arrival is None:
+                if s < last:
+                    arrival = gradient[s][m]
+                    if arrival < 0:
                         break
                     start = t if t > arrival else arrival
                 t = start + (backward[s] if kind is BACKWARD else input_[s])
                 if s > 0:
-                    gradient[(s - 1, m)] = deliver(r, route[(s - 1, m)], t, send_down[s])
+                    to = where[s - 1][m]
+                    if to == r:
+                        gradient[s - 1][m] = t
+                    else:
+                        free = links[to]
+                        gradient[s - 1][m] = links[to] = (t if t > free else free) + send_down[s]
+                        pending.append(to)
             if kind is BACKWARD or kind is WEIGHT:
                 if costs[s].recompute_bytes:
                     peak_bytes[r] = max(peak_bytes[r], live[r] + costs[s].recompute_bytes)
                 live[r] -= kept[s]
                 in_flight[r] -= 1
-                last_backward[s] = max(last_backward[s], t)
+                if t > last_backward[s]:
+                    last_backward[s] = t
             if record:
                 timeline.append(Event(r, f"{kind.value}{m}" + (f"·s{s}" if several[r] else ""), _LABEL[kind], start, t))
             k += 1

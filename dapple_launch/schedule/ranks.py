@@ -57,6 +57,14 @@ class RankSchedule:
         return {(a.stage, a.micro_batch): r for r, order in enumerate(self.orders)
                 for a in order if a.kind is Kind.FORWARD}
 
+    @cached_property
+    def route_table(self) -> list[list[int]]:
+        """route as [stage][micro-batch] -> rank (the simulator's inner loop reads it)."""
+        table = [[0] * self.num_micro_batches for _ in range(self.num_stages)]
+        for (s, m), r in self.route.items():
+            table[s][m] = r
+        return table
+
     def grid(self, marks: dict[int, int] | None = None) -> str:
         """Rank × step grid; `marks` maps rank -> step index to flag."""
         marks = marks or {}

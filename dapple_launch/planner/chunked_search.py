@@ -1,0 +1,154 @@
+"""The planner's pass over device groups holding several stages (interleaved 1F1B, ZB-V).
+
+A shape is (family, stages per group v, the groups' replica counts, micro-batch size b); a plan of
+that shape also fixes the S = vP - 1 cuts. Every candidate is costed by the simulator of its rank
+orders (chunked.evaluate_chunked): there is no closed form to trust.
+
+Bound (valid for every cut of a shape): group g runs each of the M micro-batches through every
+layer it holds, so it is busy at least M Σ_{l on g} t_l(r_g); the iteration is at least the busiest
+group's time, hence at least the average: T >= (M / P) Σ_l min_g t_l(r_g), t_l(r) a layer's forward
+and backward on ceil(b / r) samples. Shapes are taken in increasing bound; once a bound reaches
+the incumbent no later shape can win. A shape whose cut sets the budget affords is enumerated
+whole (exact); otherwise local search from cuts balanced by compute (moving one cut at a time)
+improves it, and the shape's bound stays in the proven gap. Replica counts: every composition of
+the devices into P groups up to 8 devices; beyond, equal groups and every split into two groups.
+Groups take contiguous devices in order.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from .chunked import CHUNKED, chunked_layout, evaluate_chunked, group_of
+from .cost import Costed, Limits, speed_ratio
+from .warmup import CELLS_PER_NODE
+
+INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved 1F1B's stages per group, tried
+SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
+
+
+def _compositions(total: int, parts: int):
+    for cut in itertools.combinations(range(1, total), parts - 1):
+        yield tuple(b - a for a, b in zip((0, *cut), (*cut, total)))
+
+
+def groupings(topology: Topology, groups: int) -> list[tuple[int, ...]]:
+    """Up to 8 devices every composition; beyond, equal groups and every split into two groups whose
+    counts the plain search allows a stage (1 .. a node, then whole nodes: branch.replica_choices)."""
+    from .branch import replica_choices
+    devices = topology.num_devices
+    if devices <= 8:
+        return list(_compositions(devices, groups))
+    out = [(devices // groups,) * groups] if devices % groups == 0 else []
+    if groups == 2:
+        allowed = set(replica_choices(topology, devices))
+        out += [(r, devices - r) for r in range(1, devices)
+                if r * 2 != devices and r in allowed and devices - r in allowed]
+    return out
+
+
+def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int]):
+    """(family, v, groups, b) for every chunked family the limits allow."""
+    L, D = profile.num_layers, topology.num_devices
+    families = [f for f in (limits.schedules or (limits.schedule,)) if f in CHUNKED]
+    for family in families:
+        for v in (INTERLEAVED_CHUNKS if family == "interleaved_1f1b" else (2,)):
+            for P in range(2, min(D, L // v) + 1):  # (one group: a plain stage does as well)
+                for groups in groupings(topology, P):
+                    for b in sizes:
+                        M = global_batch // b
+                        if b < max(groups) or (family == "interleaved_1f1b" and (M % P or M < P)):
+                            continue
+                        yield family, v, groups, b
+
+
+def shape_bound(profile: ModelProfile, topology: Topology, global_batch: int, groups: tuple[int, ...], b: int,
+                memo: dict | None = None) -> float:
+    """T >= the busiest group's time >= any weighted average of the groups' busy times: by group
+    (M / P) Σ_l min_g t_l(r_g), and by device (M / D) Σ_l min_g r_g t_l(r_g) — the compute bound at
+    this micro-batch size, each replica paying a call's fixed cost. `memo`: per (replicas, b), each
+    layer's t_l, shared by the shapes of one search."""
+    memo = {} if memo is None else memo
+    M, P, D = global_batch // b, len(groups), sum(groups)
+    times = []
+    for r in sorted(set(groups)):
+        if (r, b) not in memo:
+            speed, n = speed_ratio(profile, topology), math.ceil(b / r)
+            memo[(r, b)] = np.array([sum(profile.seconds(l, l + 1, n)) * speed for l in range(profile.num_layers)])
+        times.append((r, memo[(r, b)]))
+    by_group = np.min([t for _, t in times], axis=0).sum()
+    by_device = np.min([r * t for r, t in times], axis=0).sum()
+    return float(max(M / P * by_group, M / D * by_device))
+
+
+def _cost(S: int, M: int) -> int:
+    return -(-S * M // CELLS_PER_NODE)
+
+
+def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int],
+                   incumbent: float) -> tuple[list[Costed], dict[int, float], int]:
+    """(candidates found, per micro-batch size the least bound of any shape not searched exactly,
+    candidates scored). `incumbent`: the best plan so far (shapes that cannot beat it are cut)."""
+    from .baselines import balanced_boundaries
+    L, D = profile.num_layers, topology.num_devices
+    budget = max(1, int(limits.search_nodes * SHARE))
+    memo: dict = {}
+    todo = sorted(((shape_bound(profile, topology, global_batch, g, b, memo), f, v, g, b)
+                   for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes)),
+                  key=lambda x: (x[0], x[1], x[2], x[3], -x[4]))
+    found: list[Costed] = []
+    bounds: dict[int, float] = {}
+    best, scored = incumbent, 0
+
+    def costed(family, v, groups, b, stops) -> Costed:
+        layout = chunked_layout(family, list(groups), list(stops), None, D)
+        return evaluate_chunked(profile, topology, layout, b, global_batch // b, limits, family, v)
+
+    for k, (bound, family, v, groups, b) in enumerate(todo):
+        if bound >= best * (1 - 1e-9):  # this and every later shape: no plan faster than the incumbent
+            for rest in todo[k:]:
+                bounds[rest[4]] = min(bounds.get(rest[4], math.inf), rest[0])
+            break
+        S, M, P = v * len(groups), global_batch // b, len(groups)
+        each = _cost(S, M)
+        if scored + math.comb(L - 1, S - 1) * each <= budget:  # every cut of this shape
+            for cut in itertools.combinations(range(1, L), S - 1):
+                c = costed(family, v, groups, b, (*cut, L))
+                scored += each
+                if c.fits:
+                    found.append(c)
+                    best = min(best, c.iteration_s)
+            continue
+        bounds[b] = min(bounds.get(b, math.inf), bound)  # searched locally at most: its bound stays open
+        if scored + each > budget:
+            continue
+        per_stage = [groups[group_of(family, s, P)] for s in range(S)]
+        stops = [*balanced_boundaries(profile, S, per_stage), L]
+        current = costed(family, v, groups, b, stops)
+        scored += each
+        moved = True
+        while moved and scored + each <= budget:  # steepest descent over one cut at a time
+            moved, step = False, None
+            for i in range(S - 1):
+                for d in (-2, -1, 1, 2):
+                    trial = list(stops)
+                    trial[i] += d
+                    if not (0 < trial[i] < L) or (i and trial[i] <= trial[i - 1]) or trial[i] >= trial[i + 1]:
+                        continue
+                    if scored + each > budget:
+                        break
+                    c = costed(family, v, groups, b, trial)
+                    scored += each
+                    if c.fits and c.iteration_s < (step or current).iteration_s * (1 - 1e-12) \
+                            or not current.fits and c.fits:
+                        step, step_stops = c, trial
+            if step is not None:
+                current, stops, moved = step, step_stops, True
+        if current.fits:
+            found.append(current)
+            best = min(best, current.iteration_s)
+    return found, bounds, scored
