@@ -191,7 +191,7 @@ def test_the_planner_plans_a_chunked_family_alone_and_the_plan_runs_its_rank_ord
     assert plan.schedule == "zbv" and plan.chunks == 2 and plan.num_stages % 2 == 0
     x = plan.build_schedule()
     validate_ranks(x)
-    assert len(plan.orders()) == x.num_ranks and "zbv with 2 stages per device group" in plan.planner
+    assert len(plan.orders()) == x.num_ranks and "ZB-V with 2 stages per device group" in plan.planner
 
 
 def _exhaustive_chunked(profile, topo, G, limits):
