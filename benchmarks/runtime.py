@@ -9,7 +9,11 @@
    row's ratio is of the mean over ranks; runs alternate ours/theirs `--repeats` times and each
    rank keeps its median, because 4 processes on 2 shared cores are noisy).
 3. saved activation bytes per stage (saved-tensor hooks, exact) on every row, ours / theirs.
-4. uneven: a model whose last layer holds most parameters (VGG's FC layers in miniature), on 4
+4. interleaved 1F1B and ZB-V (benchmarks/runtime_chunked.py): 8 stages on the 4 processes (2 per
+   rank) against torch's ScheduleInterleaved1F1B and ScheduleZBVZeroBubble on the same stages:
+   sleep rows (time, and the rank-order simulator with the runtime's per-action cost calibrated on
+   a no-sleep row), compute rows (CPU), saved bytes per rank.
+5. uneven: a model whose last layer holds most parameters (VGG's FC layers in miniature), on 4
    processes: the 3:1 plan torch.distributed.pipelining cannot express, against every uniform plan
    (4 data-parallel replicas, 2:2, 4 stages), each at its best micro-batch count; and the
    planner, given a profile of the known layer costs and a topology with gloo's bandwidth as
@@ -18,7 +22,8 @@
     python benchmarks/runtime.py [--quick] [--iterations N] [--out runtime.json]
 
 Writes runtime.json with sleep_time_ratio, cpu_time_ratio, activation_bytes_ratio (ours / theirs,
-worst row) and simulator_error (worst relative error of the sleep rows), plus every row.
+worst row) and simulator_error (worst relative error of the sleep rows), per schedule the same under
+"schedules", plus every row.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from dapple_launch.runtime.executor import GradientSync, StageExecutor  # noqa: 
 from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
 from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
 from dapple_launch.schedule import StageCosts, build_schedule, simulate  # noqa: E402
+from benchmarks import runtime_chunked as chunked  # noqa: E402
 from tests.multiproc import run_ranks  # noqa: E402
 
 WORLD, WIDTH = 4, 2048
@@ -201,7 +207,7 @@ def best_micro_batches(profile, topo, replicas, cuts) -> tuple[int, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="fewer rows and iterations (under 5 minutes here)")
+    ap.add_argument("--quick", action="store_true", help="fewer rows and iterations, every schedule (under 10 minutes here)")
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per compute row")
     ap.add_argument("--out", default="runtime.json")
@@ -216,20 +222,28 @@ def main() -> None:
                     repeats = 1 if kind == "sleep" else args.repeats
                     runs = [(run_ranks(WORLD, _ours, (kind, name, m, iters), tmp),
                              run_ranks(WORLD, _theirs, (kind, name, m, iters), tmp)) for _ in range(repeats)]
-                    ours, theirs = median_runs([o for o, _ in runs]), median_runs([t for _, t in runs])
-                    row = {"kind": kind, "schedule": name, "micro_batches": m,
-                           "ours_wall_s": max(r["wall_s"] for r in ours), "theirs_wall_s": max(r["wall_s"] for r in theirs),
-                           "ours_cpu_s": [r["cpu_s"] for r in ours], "theirs_cpu_s": [r["cpu_s"] for r in theirs],
-                           "ours_saved": [r["peak_saved_bytes"] for r in ours],
-                           "theirs_saved": [r["peak_saved_bytes"] for r in theirs]}
-                    row["time_ratio"] = row["ours_wall_s"] / row["theirs_wall_s"]
-                    row["cpu_ratio"] = sum(row["ours_cpu_s"]) / sum(row["theirs_cpu_s"])
-                    row["cpu_ratio_worst_rank"] = max(a / b for a, b in zip(row["ours_cpu_s"], row["theirs_cpu_s"]))
-                    row["saved_ratio"] = max(a / b for a, b in zip(row["ours_saved"], row["theirs_saved"]) if b)
+                    row = _row(kind, name, m, median_runs([o for o, _ in runs]), median_runs([t for _, t in runs]))
                     if kind == "sleep":
                         sim = simulate(build_schedule(name, WORLD, m), [StageCosts(SLEEP_F, SLEEP_B)] * WORLD)
                         row["simulated_s"] = sim.iteration_s
                         row["simulator_error"] = row["ours_wall_s"] / sim.iteration_s - 1
+                    rows.append(row)
+                    print(f"  {kind} {name} M={m}: ours {row['ours_wall_s']:.3f} s, theirs {row['theirs_wall_s']:.3f} s",
+                          flush=True)
+        for name in chunked.TORCH:  # 2 stages per rank
+            idle = run_ranks(WORLD, chunked.ours, ("idle", name, 2, micro[-1], iters), tmp)
+            per_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), name, 2, micro[-1])
+            for kind in ("sleep", "compute"):
+                for m in micro if kind == "sleep" else micro[-1:]:
+                    repeats = 1 if kind == "sleep" else args.repeats
+                    runs = [(run_ranks(WORLD, chunked.ours, (kind, name, 2, m, iters), tmp),
+                             run_ranks(WORLD, chunked.theirs, (kind, name, 2, m, iters), tmp)) for _ in range(repeats)]
+                    row = _row(kind, name, m, median_runs([o for o, _ in runs]), median_runs([t for _, t in runs]))
+                    row["chunks"] = 2
+                    if kind == "sleep":
+                        row["simulated_s"] = chunked.predicted(name, 2, m, per_action)
+                        row["per_action_s"] = per_action
+                        row["simulator_error"] = row["ours_wall_s"] / row["simulated_s"] - 1
                     rows.append(row)
                     print(f"  {kind} {name} M={m}: ours {row['ours_wall_s']:.3f} s, theirs {row['theirs_wall_s']:.3f} s",
                           flush=True)
@@ -248,6 +262,18 @@ def main() -> None:
     report(rows, uneven, probe, chosen, args.out)
 
 
+def _row(kind, name, m, ours, theirs) -> dict:
+    row = {"kind": kind, "schedule": name, "micro_batches": m,
+           "ours_wall_s": max(r["wall_s"] for r in ours), "theirs_wall_s": max(r["wall_s"] for r in theirs),
+           "ours_cpu_s": [r["cpu_s"] for r in ours], "theirs_cpu_s": [r["cpu_s"] for r in theirs],
+           "ours_saved": [r["peak_saved_bytes"] for r in ours], "theirs_saved": [r["peak_saved_bytes"] for r in theirs]}
+    row["time_ratio"] = row["ours_wall_s"] / row["theirs_wall_s"]
+    row["cpu_ratio"] = sum(row["ours_cpu_s"]) / sum(row["theirs_cpu_s"])
+    row["cpu_ratio_worst_rank"] = max(a / b for a, b in zip(row["ours_cpu_s"], row["theirs_cpu_s"]))
+    row["saved_ratio"] = max(a / b for a, b in zip(row["ours_saved"], row["theirs_saved"]) if b)
+    return row
+
+
 def report(rows, uneven, probe, chosen, out) -> None:
     print(f"\n{WORLD} gloo processes, 1 thread each; median of the timed iterations; ours / theirs = this runtime / "
           f"torch.distributed.pipelining\n")
@@ -259,7 +285,7 @@ def report(rows, uneven, probe, chosen, out) -> None:
         mib = lambda xs: ", ".join(f"{x / 2**20:.2f}" for x in xs)  # noqa: E731
         cpu = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
         sim = f"{r['simulator_error']:+.1%}" if "simulator_error" in r else ""
-        print(f"| {r['kind']} | {r['schedule']} | {r['micro_batches']} | {r['ours_wall_s']:.3f} | "
+        print(f"| {r['kind']} | {r['schedule']}{' (2 stages per rank)' if r.get('chunks') else ''} | {r['micro_batches']} | {r['ours_wall_s']:.3f} | "
               f"{r['theirs_wall_s']:.3f} | {r['time_ratio']:.3f} | {sim} | {cpu(r['ours_cpu_s'])} | "
               f"{cpu(r['theirs_cpu_s'])} | {r['cpu_ratio']:.3f}; {r['cpu_ratio_worst_rank']:.3f} | {mib(r['ours_saved'])} | {mib(r['theirs_saved'])} | "
               f"{r['saved_ratio']:.3f} |")
@@ -285,6 +311,12 @@ def report(rows, uneven, probe, chosen, out) -> None:
                "uneven_over_best_uniform": ours["measured_s"] / best_uniform["measured_s"],
                "planner_choice": {"layout": chosen.layout(), "num_micro_batches": chosen.num_micro_batches,
                                   "estimate_s": chosen.estimate.iteration_s},
+               "schedules": {name: {"sleep_time_ratio": max(r["time_ratio"] for r in sleep if r["schedule"] == name),
+                                    "activation_bytes_ratio": max(r["saved_ratio"] for r in rows if r["schedule"] == name),
+                                    "simulator_error": max(abs(r["simulator_error"]) for r in sleep if r["schedule"] == name),
+                                    "cpu_time_ratio": max(r["cpu_ratio"] for r in rows
+                                                          if r["schedule"] == name and r["kind"] == "compute")}
+                             for name in dict.fromkeys(r["schedule"] for r in rows)},
                "probe": probe, "rows": rows, "uneven": uneven}
     print("\n" + " · ".join(f"{k} {summary[k]:.3f}" for k in ("sleep_time_ratio", "cpu_time_ratio",
                                                              "activation_bytes_ratio", "simulator_error")))
