@@ -10,7 +10,7 @@ from .cluster import Topology
 from .config import GBPS, GIB
 from .models import PipelineModel, build_custom, build_model
 from .planner import Limits, Plan, fixed_plan
-from .planner.chunked import CHUNKED, chunks_of
+from .planner.chunked import CHUNKED, groups_for
 from .profile import ModelProfile, analytic_profile, read_profile_file
 from .schedule import validate
 
@@ -157,14 +157,14 @@ def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
 
 def auto_schedules(s: DictConfig) -> tuple[str, ...]:
     """The families the planner may choose: strategy.schedules, or all that apply to strategy.schedule
-    (1f1b: 1F1B, ZB-H1 on 1F1B's layouts, interleaved 1F1B and ZB-V on device groups holding several
-    stages; gpipe: GPipe alone)."""
+    (1f1b: 1F1B, ZB-H1 on 1F1B's layouts, interleaved 1F1B, ZB-V and Chimera on device groups holding
+    several stages; gpipe: GPipe alone)."""
     if s.schedules:
         return tuple(str(x) for x in s.schedules)
     if str(s.schedule) == "1f1b" and str(s.recompute) not in ("full", "selective"):
         # (a split backward does not run recomputed layers, nor does a device group holding several
         # stages yet: 1F1B alone with them)
-        return ("1f1b", "zb_h1", "interleaved_1f1b", "zbv")
+        return ("1f1b", "zb_h1", "interleaved_1f1b", "zbv", "chimera")
     return (str(s.schedule),)
 
 
@@ -189,7 +189,7 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     seq_len = slicing_seq_len(cfg)
     if s.name == "fixed":
         replicas = list(s.replicas)
-        groups = s.stages // chunks_of(str(s.schedule), s.chunks) if str(s.schedule) in CHUNKED else s.stages
+        groups = groups_for(str(s.schedule), s.stages, s.chunks) if str(s.schedule) in CHUNKED else s.stages
         if not replicas and groups:  # fill the cluster: the same count on every device group (stage)
             if topology.num_devices % groups:
                 what = "stages" if groups == s.stages else f"device groups ({s.stages} stages of {s.schedule})"

@@ -1,5 +1,5 @@
 """Several gloo processes: schedules whose device groups hold several stages (interleaved 1F1B,
-ZB-V) — loss and every gradient equal a single-process reference, and each rank keeps exactly the
+ZB-V, Chimera) — loss and every gradient equal a single-process reference, and each rank keeps exactly the
 activations the simulator of its rank order counts."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def chunked_plan(model, groups, schedule, stages, num_micro_batches, global_batc
     topo = Topology("test", 1, sum(groups), 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
     return fixed_plan(profile, topo, global_batch, stages, list(groups), num_micro_batches,
-                      Limits(schedule=schedule, chunks=stages // len(groups)))
+                      Limits(schedule=schedule, chunks=max(1, stages // len(groups))))
 
 
 def _compare(rank, world, model_name, plan_json, batch_n):
@@ -92,6 +92,11 @@ CASES = [
     ("gpt", (1, 1, 1, 1), "zbv", 8, 4, 9), ("gpt-untied", (1, 1, 1, 1), "zbv", 8, 13, 13),
     ("gpt", (2, 1, 1), "interleaved_1f1b", 6, 3, 7), ("gpt", (1, 2, 1), "zbv", 6, 4, 9),
     ("gpt", (3, 1), "interleaved_1f1b", 4, 4, 13), ("gpt", (1, 3), "zbv", 4, 2, 7),
+    # Chimera: two pipelines in opposite directions, each stage on two groups (its gradients summed
+    # over both copies), micro-batches in units of D
+    ("gpt", (1, 1), "chimera", 2, 2, 4), ("gpt-untied", (1, 1), "chimera", 2, 6, 12),
+    ("gpt", (1, 1, 1, 1), "chimera", 4, 4, 9), ("gpt", (1, 1, 1, 1), "chimera", 4, 16, 16),
+    ("skipnet", (1, 1, 1, 1), "chimera", 4, 8, 8), ("gpt", (2, 2), "chimera", 2, 4, 9),
 ]
 
 

@@ -139,13 +139,13 @@ def test_chimera_all_reduces_a_stage_after_its_last_backward_on_both_ranks():
     """Stage s sits on ranks s and D - 1 - s: its all-reduce waits for both copies' last backward."""
     D = 4
     x = chimera(D, 2 * D)
-    assert x.placement == ((0, 3), (1, 2), (1, 2), (0, 3))
+    assert x.placement == ((0, 3), (1, 2), (2, 1), (3, 0))  # down pipeline's group first
     costs = [StageCosts(1.0, 2.0, 0.1, 0.1, allreduce_s=5.0, activation_bytes=1.0) for _ in range(D)]
     sim = simulate_ranks(x, costs)
     for s in range(D):
         last = max(e.end for e in sim.timeline if e.kind == "backward" and e.label.endswith(f"·s{s}"))
         ars = [e for e in sim.timeline if e.kind == "allreduce" and e.label == f"AR·s{s}"]
-        assert sorted(e.stage for e in ars) == list(x.placement[s])
+        assert sorted(e.stage for e in ars) == sorted(x.placement[s])
         assert all(e.start >= last - 1e-12 for e in ars)
         assert len({(e.start, e.end) for e in ars}) == 1  # one collective over both copies
 
@@ -200,11 +200,11 @@ def _exhaustive_chunked(profile, topo, G, limits):
 
     from dapple_launch.planner.baselines import divisors
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import shapes
+    from dapple_launch.planner.chunked_search import num_stages, shapes
     best = math.inf
     L = profile.num_layers
     for family, v, groups, b in shapes(profile, topo, G, limits, sorted(divisors(G), reverse=True)):
-        S = v * len(groups)
+        S = num_stages(family, v, groups)
         for cut in itertools.combinations(range(1, L), S - 1):
             c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), [*cut, L], None, topo.num_devices),
                                  b, G // b, limits, family, v)
@@ -214,8 +214,8 @@ def _exhaustive_chunked(profile, topo, G, limits):
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_four_families(seed):
-    """Small instances: the search over layouts × {1F1B, ZB-H1, interleaved 1F1B, ZB-V} finds the
+def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_five_families(seed):
+    """Small instances: the search over layouts × {1F1B, ZB-H1, interleaved 1F1B, ZB-V, Chimera} finds the
     exhaustive optimum (every plain layout at every warm-up, every chunked shape at every cut) and
     proves it."""
     from dapple_launch.planner.search import search
@@ -227,7 +227,8 @@ def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_four_fam
                     inter_node_allreduce_bandwidth=3e9)
     profile = random_profile(rng, rng.choice([4, 5, 6]))
     G = rng.choice([4, 8])
-    limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "zbv"), max_warmup_depth=rng.choice([1, 2]))
+    limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "zbv", "chimera"),
+                    max_warmup_depth=rng.choice([1, 2]))
     best, _, _, stats = search(profile, topo, G, limits)
     exhaustive = min(brute_force_both(profile, topo, G, limits), _exhaustive_chunked(profile, topo, G, limits))
     if best is None:

@@ -46,7 +46,7 @@ class SearchStats:
     proven_optimal: bool = True  # False when the node budget ended the search first
     proven_gap: float = 0.0  # the result is at most this fraction above the optimum (a proven bound)
     gap_without_zero_bubble: float | None = None  # the same over 1F1B plans alone, when ZB-H1 was searched too
-    gap_without_chunked: float | None = None  # the same leaving interleaved 1F1B and ZB-V out, when they were searched
+    gap_without_chunked: float | None = None  # the same leaving interleaved 1F1B, ZB-V and Chimera out, when searched
 
 
 def replica_choices(topology: Topology, limit: int) -> list[int]:

@@ -1,7 +1,11 @@
-"""Layouts whose device groups hold several stages (interleaved 1F1B, ZB-V): costing and fixed plans.
+"""Layouts whose device groups hold several stages (interleaved 1F1B, ZB-V, Chimera): costing and
+fixed plans.
 
 The model is cut into S = v·P stages over P device groups; stage s runs on group
-interleaved: s mod P;   ZB-V (v = 2): s for s < P, else 2P - 1 - s (a V: the turn stays on group P - 1).
+interleaved: s mod P;   ZB-V (v = 2): s for s < P, else 2P - 1 - s (a V: the turn stays on group P - 1);
+Chimera (S = P = D, even): on two groups, s (the down pipeline's copy) and D - 1 - s (the up one's),
+whose replica counts must match (a stage's two copies split a micro-batch alike); its costs are the
+down pipeline's stages' and its all-reduce spans both copies, and each group keeps two weight copies.
 Every stage of a group runs on all of the group's devices, so the stages of a group share its
 replica count. Costs are the stages' own (stage_costs) with the transfers between two stages of one
 group set to zero (a local hand-off); the iteration time and each group's saved activations come
@@ -16,21 +20,35 @@ from functools import lru_cache
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule, simulate_ranks
+from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
 from .cost import Costed, Limits, StageSpec, stage_costs
 
-CHUNKED = ("interleaved_1f1b", "zbv")
+CHUNKED = ("interleaved_1f1b", "zbv", "chimera")
 
 
 def group_of(schedule: str, stage: int, groups: int) -> int:
+    """The group running a stage (Chimera: its down pipeline's copy; groups_of gives both)."""
     if schedule == "zbv":
         return stage if stage < groups else 2 * groups - 1 - stage
+    if schedule == "chimera":
+        return stage
     return stage % groups
 
 
+def groups_of(schedule: str, stage: int, groups: int) -> tuple[int, ...]:
+    if schedule == "chimera":
+        return (stage, groups - 1 - stage)
+    return (group_of(schedule, stage, groups),)
+
+
 def chunks_of(schedule: str, chunks: int) -> int:
-    """Stages per device group: ZB-V's V is two; interleaved's v as stated."""
-    return 2 if schedule == "zbv" else chunks
+    """Stages per device group: ZB-V's V and Chimera's two pipelines hold two; interleaved's v as stated."""
+    return 2 if schedule in ("zbv", "chimera") else chunks
+
+
+def groups_for(schedule: str, num_stages: int, chunks: int) -> int:
+    return num_stages if schedule == "chimera" else num_stages // chunks_of(schedule, chunks)
 
 
 @lru_cache(maxsize=64)
@@ -42,8 +60,14 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
                      num_micro_batches: int, limits: Limits, schedule: str, chunks: int) -> Costed:
     """A chunked candidate costed in full (layout: S stages, a group's stages on its devices)."""
     S = len(layout)
-    P = S // chunks
-    costs = stage_costs(profile, topology, layout, micro_batch_size)
+    P = groups_for(schedule, S, chunks)
+    if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies
+        down = tuple(StageSpec(st.start, st.stop, st.devices[:len(st.devices) // 2]) for st in layout)
+        costs = [replace(c, allreduce_s=c.allreduce_s - topology.allreduce_s(d.devices, profile.span(d.start, d.stop)[3])
+                         + topology.allreduce_s(st.devices, profile.span(st.start, st.stop)[3]))
+                 for c, d, st in zip(stage_costs(profile, topology, down, micro_batch_size), down, layout)]
+    else:
+        costs = stage_costs(profile, topology, layout, micro_batch_size)
     for s in range(S - 1):
         if layout[s].devices == layout[s + 1].devices:  # the same group: a local hand-off
             costs[s] = replace(costs[s], send_activation_s=0.0)
@@ -51,16 +75,17 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
     sim = simulate_ranks(_rank_schedule(schedule, P, num_micro_batches, chunks), costs, record=False)
     params = [0.0] * P
     for s, st in enumerate(layout):
-        params[group_of(schedule, s, P)] += profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+        for g in groups_of(schedule, s, P):  # (Chimera: a weight copy on each of its two groups)
+            params[g] += profile.span(st.start, st.stop)[3] * limits.optimizer_factor
     per_group = [params[g] + sim.peak_activation_bytes[g] for g in range(P)]
-    memory = [per_group[group_of(schedule, s, P)] for s in range(S)]
+    memory = [max(per_group[g] for g in groups_of(schedule, s, P)) for s in range(S)]
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     return Costed(layout, micro_batch_size, num_micro_batches, schedule, costs, sim.iteration_s, memory, capacity,
                   extra={"chunks": chunks})
 
 
 def simulate_chunked(c: Costed, record: bool = True):
-    P = len(c.layout) // c.extra["chunks"]
+    P = groups_for(c.schedule, len(c.layout), c.extra["chunks"])
     return simulate_ranks(_rank_schedule(c.schedule, P, c.num_micro_batches, c.extra["chunks"]), c.costs, record)
 
 
@@ -72,15 +97,26 @@ def chunked_layout(schedule: str, group_replicas: list[int], stops: list[int], d
         it = iter(range(num_devices))
         devices = [[next(it) for _ in range(r)] for r in group_replicas]
     starts = [0, *stops[:-1]]
-    return tuple(StageSpec(a, z, tuple(devices[group_of(schedule, s, P)])) for s, (a, z) in enumerate(zip(starts, stops)))
+    return tuple(StageSpec(a, z, tuple(d for g in groups_of(schedule, s, P) for d in devices[g]))
+                 for s, (a, z) in enumerate(zip(starts, stops)))
 
 
 def group_replicas(schedule: str, num_stages: int, chunks: int, replicas: list[int]) -> list[int]:
     """strategy.replicas for a chunked layout: one for all, one per group, or one per stage with the
-    stages of a group equal; else a ValueError naming the rule and what would do."""
-    P = num_stages // chunks
+    stages of a group equal; else a ValueError naming the rule and what would do. Chimera: a stage's
+    two copies split a micro-batch alike, so groups g and D - 1 - g take the same count."""
+    P = groups_for(schedule, num_stages, chunks)
     if len(replicas) == 1:
         return replicas * P
+    if schedule == "chimera" and len(replicas) == P:
+        bad = [g for g in range(P) if replicas[g] != replicas[P - 1 - g]]
+        if bad:
+            g = bad[0]
+            mirrored = [max(replicas[q], replicas[P - 1 - q]) for q in range(P)]
+            raise ValueError(f"strategy.replicas={replicas}: under chimera device groups {g} and {P - 1 - g} hold the "
+                             f"two copies of stages {g} and {P - 1 - g}, so they take the same count, but have "
+                             f"{replicas[g]} and {replicas[P - 1 - g]}; mirror them, e.g. {mirrored}")
+        return list(replicas)
     if len(replicas) == P:
         return list(replicas)
     if len(replicas) == num_stages:
@@ -108,7 +144,7 @@ def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches
     if schedule == "interleaved_1f1b" and v < 2:
         raise ValueError(f"strategy.chunks={v}: interleaved 1F1B holds at least 2 stages per device group; "
                          f"1 is plain 1F1B (strategy.schedule=1f1b)")
-    if num_stages % v or num_stages < v:
+    if schedule != "chimera" and (num_stages % v or num_stages < v):
         lo, hi = max(v, num_stages // v * v), (num_stages // v + 1) * v
         near = sorted({lo, hi} - {num_stages})
         raise ValueError(f"strategy.stages={num_stages} with {v} stages per device group ({schedule}): the stages "
@@ -117,12 +153,16 @@ def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches
         why = interleaved_constraint(num_stages // v, num_micro_batches, v)
         if why:
             raise ValueError(f"{why} (strategy.num_micro_batches)")
+    if schedule == "chimera":
+        why = chimera_constraint(num_stages, num_micro_batches)
+        if why:
+            raise ValueError(f"{why} (strategy.stages, strategy.num_micro_batches)")
 
 
 def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: int, num_stages: int,
                        replicas: list[int], num_micro_batches: int, limits: Limits,
                        boundaries: list[int] | None = None, devices: list[list[int]] | None = None):
-    """build.fixed_plan for interleaved_1f1b and zbv: `num_stages` stages (the model's chunks),
+    """build.fixed_plan for interleaved_1f1b, zbv and chimera: `num_stages` stages (the model's chunks),
     `replicas` per device group (or per stage, equal within a group), `devices` per group."""
     from .baselines import balanced_boundaries, data_parallel
     from .build import to_plan
@@ -131,7 +171,7 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
     v = chunks_of(schedule, limits.chunks)
     if num_stages > L:
         raise ValueError(f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; use at most "
-                         f"{L // v * v} stages ({v} per device group)")
+                         f"{L if schedule == 'chimera' else L // v * v} stages")
     check_chunked(schedule, num_stages, limits.chunks, num_micro_batches)
     if limits.recompute in ("full", "selective") or limits.token_slices:
         raise ValueError(f"schedule {schedule} runs without recomputation and token slices for now; use "

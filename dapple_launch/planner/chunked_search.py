@@ -1,4 +1,4 @@
-"""The planner's pass over device groups holding several stages (interleaved 1F1B, ZB-V).
+"""The planner's pass over device groups holding several stages (interleaved 1F1B, ZB-V, Chimera).
 
 A shape is (family, stages per group v, the groups' replica counts, micro-batch size b); a plan of
 that shape also fixes the S = vP - 1 cuts. Every candidate is costed by the simulator of its rank
@@ -51,17 +51,27 @@ def groupings(topology: Topology, groups: int) -> list[tuple[int, ...]]:
     return out
 
 
+def num_stages(family: str, v: int, groups: tuple[int, ...]) -> int:
+    """Chimera: one stage per group (each on two groups); else v per group."""
+    return len(groups) if family == "chimera" else v * len(groups)
+
+
 def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int]):
     """(family, v, groups, b) for every chunked family the limits allow."""
     L, D = profile.num_layers, topology.num_devices
     families = [f for f in (limits.schedules or (limits.schedule,)) if f in CHUNKED]
     for family in families:
         for v in (INTERLEAVED_CHUNKS if family == "interleaved_1f1b" else (2,)):
-            for P in range(2, min(D, L // v) + 1):  # (one group: a plain stage does as well)
+            most = min(D, L) if family == "chimera" else min(D, L // v)
+            for P in range(2, most + 1):  # (one group: a plain stage does as well)
+                if family == "chimera" and P % 2:
+                    continue
                 for groups in groupings(topology, P):
+                    if family == "chimera" and groups != groups[::-1]:  # a stage's two copies alike
+                        continue
                     for b in sizes:
                         M = global_batch // b
-                        if b < max(groups) or (family == "interleaved_1f1b" and (M % P or M < P)):
+                        if b < max(groups) or (family in ("interleaved_1f1b", "chimera") and (M % P or M < P)):
                             continue
                         yield family, v, groups, b
 
@@ -113,7 +123,7 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
             for rest in todo[k:]:
                 bounds[rest[4]] = min(bounds.get(rest[4], math.inf), rest[0])
             break
-        S, M, P = v * len(groups), global_batch // b, len(groups)
+        S, M, P = num_stages(family, v, groups), global_batch // b, len(groups)
         each = _cost(S, M)
         if scored + math.comb(L - 1, S - 1) * each <= budget:  # every cut of this shape
             for cut in itertools.combinations(range(1, L), S - 1):

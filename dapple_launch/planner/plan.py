@@ -105,8 +105,8 @@ class Plan:
         needs the previous stage's F of that micro-batch, its B or I the next stage's B or I."""
         schedule = self.build_schedule()
         if hasattr(schedule, "orders"):  # device groups holding several stages: one order per group
-            return [{"devices": list(self.stages[schedule.stages_of(r)[0]].devices),
-                     "actions": [a.to_json() for a in order]} for r, order in enumerate(schedule.orders)]
+            return [{"devices": list(self.group_devices(schedule, r)), "actions": [a.to_json() for a in order]}
+                    for r, order in enumerate(schedule.orders)]
         K = schedule.num_slices
         if K > 1:  # token slices: [kind, stage, micro_batch, slice]
             return [{"devices": list(st.devices),
@@ -115,6 +115,17 @@ class Plan:
         return [{"devices": list(st.devices),
                  "actions": [[a.kind.value, s, a.micro_batch] for a in schedule.compute_order(s)]}
                 for s, st in enumerate(self.stages)]
+
+    def group_devices(self, schedule, group: int) -> tuple[int, ...]:
+        """The devices of the device group running orders[group]: its first stage's, or where a stage
+        sits on two groups (Chimera) the half of that stage's devices that group holds (a stage lists
+        its down pipeline's copy first)."""
+        s = schedule.stages_of(group)[0]
+        devices = self.stages[s].devices
+        if len(schedule.placement[s]) == 1:
+            return tuple(devices)
+        half = len(devices) // 2
+        return tuple(devices[:half] if schedule.placement[s][0] == group else devices[half:])
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
@@ -154,10 +165,10 @@ class Plan:
 
     def build_schedule(self):
         """The action lists every reader of this plan uses: runtime, simulator, timeline."""
-        from ..schedule import CHUNKED_SCHEDULES, build_rank_schedule, build_schedule
+        from ..schedule import CHUNKED_SCHEDULES, build_rank_schedule, build_schedule, num_groups
         if self.schedule in CHUNKED_SCHEDULES:
-            return build_rank_schedule(self.schedule, self.num_stages // self.chunks, self.num_micro_batches,
-                                       self.chunks)
+            return build_rank_schedule(self.schedule, num_groups(self.schedule, self.num_stages, self.chunks),
+                                       self.num_micro_batches, self.chunks)
         return build_schedule(self.schedule, self.num_stages, self.num_micro_batches, self.warmup, self.token_slices)
 
     def to_json(self) -> str:

@@ -97,7 +97,7 @@ class StageExecutor:
         self.blocks = with_recomputation(self.layers, self.recompute)  # what the forward runs
         self.stage, self.replica, self.num_stages = p2p.stage, p2p.replica, num_stages
         self.is_first, self.is_last = self.stage == 0, self.stage == num_stages - 1
-        self.replicas = p2p.grid.replicas[self.stage]
+        self.replicas = p2p.replicas_of(self.stage)  # (Chimera: the replicas of this copy)
         self.on_last_backward = on_last_backward
         self.precision = precision or MixedPrecision()
         self.saved_peak = 0  # most micro-batches whose activations were alive at once (memory check)
@@ -155,10 +155,12 @@ class StageExecutor:
                                  f"batch's sequences have {width}: the slices must sum to the sequence length")
             if self.is_last and self.slice_loss_fn is None:
                 raise ValueError("token slicing needs the model's slice_loss (models/token_slices.py)")
-        if min(hi - lo for lo, hi in micro) < max(self.p2p.grid.replicas):
+        stages = range(len(self.p2p.grid.replicas))  # this stage and its neighbours split each micro-batch
+        widest = max(self.p2p.replicas_of(s) for s in (self.stage - 1, self.stage, self.stage + 1) if s in stages)
+        if min(hi - lo for lo, hi in micro) < widest:
             raise ValueError(
                 f"a batch of {n_total} samples split into {sequences * K} micro-batches leaves fewer "
-                f"samples per micro-batch than a stage has replicas ({max(self.p2p.grid.replicas)})")
+                f"samples per micro-batch than a stage has replicas ({widest})")
         device = as_tuple(batch[0])[0].device
         return _Iteration(batch, n_total, micro, train, {}, {}, {}, {}, {}, torch.zeros((), device=device), {}, K,
                           tokens, {})

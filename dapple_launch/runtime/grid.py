@@ -37,12 +37,12 @@ class ProcessGrid:
     def __post_init__(self):
         if not self.devices:
             object.__setattr__(self, "devices", _stage_major(self.replicas))
-        # a device group (rank of a schedule's orders) may hold several stages: the same devices, in the
-        # same order (interleaved, ZB-V); groups never share a device
-        groups = list(dict.fromkeys(self.devices))
+        # several stages may share their devices (interleaved and ZB-V: a device group's chunks; Chimera:
+        # the two copies of stages s and D-1-s on the same two groups): then all of them; else none
+        groups = list(dict.fromkeys(frozenset(ds) for ds in self.devices))
         flat = [d for ds in groups for d in ds]
         if [len(d) for d in self.devices] != list(self.replicas) or len(set(flat)) != len(flat) \
-                or any(len(set(ds)) != len(ds) for ds in groups):
+                or any(len(set(ds)) != len(ds) for ds in self.devices):
             raise ValueError(f"devices {list(map(list, self.devices))} must name {list(self.replicas)} distinct "
                              f"devices per stage; stages sharing devices share all of them")
         order = {d: r for r, d in enumerate(sorted(flat))}
@@ -58,7 +58,7 @@ class ProcessGrid:
 
     def chunk_of(self, stage: int) -> int:
         """Which of its device group's stages `stage` is (0 where a group holds one stage)."""
-        return sum(1 for s in range(stage) if self.devices[s] == self.devices[stage])
+        return sum(1 for s in range(stage) if set(self.devices[s]) == set(self.devices[stage]))
 
     def stages_at(self, rank: int) -> tuple[int, ...]:
         """The stages a rank holds (several where a device group holds chunks), in stage order."""

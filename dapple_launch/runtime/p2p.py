@@ -117,12 +117,21 @@ class PointToPoint:
     layouts: dict = field(default_factory=dict)
     header_expected: set = field(default_factory=set)
     bytes_sent: int = 0  # payload bytes this rank has sent (activations and gradients), headers aside
+    # Chimera: stage -> the ranks of the copy this endpoint exchanges with (its own stage's included);
+    # None: every rank holding the stage (one copy per stage)
+    copies: dict | None = None
+
+    def ranks_of(self, stage: int) -> list[int]:
+        return list(self.copies[stage]) if self.copies and stage in self.copies else self.grid.stage_ranks(stage)
+
+    def replicas_of(self, stage: int) -> int:
+        return len(self.copies[stage]) if self.copies and stage in self.copies else self.grid.replicas[stage]
 
     def _send_pieces(self, carry: tuple, logical: tuple, n: int, peer_stage: int, space: str,
                      micro_batch: int, variant: int | None = None) -> None:
-        my_lo = split_bounds(n, self.grid.replicas[self.stage])[self.replica][0]
-        peer_ranks = self.grid.stage_ranks(peer_stage)
-        for _, k, lo, hi in overlaps(n, self.grid.replicas[self.stage], self.grid.replicas[peer_stage], src=self.replica):
+        my_lo = split_bounds(n, self.replicas_of(self.stage))[self.replica][0]
+        peer_ranks = self.ranks_of(peer_stage)
+        for _, k, lo, hi in overlaps(n, self.replicas_of(self.stage), self.replicas_of(peer_stage), src=self.replica):
             pieces = tuple(t[lo - my_lo:hi - my_lo].contiguous() for t in carry)
             key = (space, peer_ranks[k], hi - lo, variant, self.stage)
             layout = tuple((tuple(p.shape[1:]), p.dtype, dt) for p, dt in zip(pieces, logical))
@@ -145,9 +154,9 @@ class PointToPoint:
     def _post(self, n: int, peer_stage: int, space: str, micro_batch: int, variant: int | None = None) -> None:
         if (space, micro_batch) in self.posted:
             return
-        peer_ranks = self.grid.stage_ranks(peer_stage)
+        peer_ranks = self.ranks_of(peer_stage)
         posted = []
-        for j, _, lo, hi in overlaps(n, self.grid.replicas[peer_stage], self.grid.replicas[self.stage], dst=self.replica):
+        for j, _, lo, hi in overlaps(n, self.replicas_of(peer_stage), self.replicas_of(self.stage), dst=self.replica):
             key = (space, peer_ranks[j], hi - lo, variant, peer_stage)
             tag = _tag(space, micro_batch, 0, self.grid.chunk_of(peer_stage))
             piece = _PostedPiece(None, None, None, [], peer_ranks[j], tag, key)

@@ -50,6 +50,9 @@ class ChunkLinks:
     def sent_layouts(self) -> dict:
         return self.remote.sent_layouts
 
+    def replicas_of(self, stage: int) -> int:
+        return self.remote.replicas_of(stage)
+
     def post_activation(self, n: int, micro_batch: int, eval_: bool = False, variant: int | None = None) -> None:
         if not self.local_prev:
             self.remote.post_activation(n, micro_batch, eval_, variant)
@@ -159,6 +162,18 @@ class RankExecutor:
         return StepResult(torch.stack(losses).sum(), its[next(iter(its))].n_total)
 
 
+def group_ranks(grid, schedule: RankSchedule, group: int) -> list[int]:
+    """The ranks of device group `group` (the one running orders[group]): the devices of its first
+    stage, or for a stage on two groups (Chimera) that stage's first copy, which lists the group of
+    its down pipeline (its own index) first."""
+    s = schedule.stages_of(group)[0]
+    ranks = grid.stage_ranks(s)
+    if len(schedule.placement[s]) == 1:
+        return ranks
+    half = len(ranks) // 2
+    return ranks[:half] if schedule.placement[s][0] == group else ranks[half:]
+
+
 def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module], loss_fn: Callable,
                         stage_groups: dict[int, object], precision=None, device=None) -> tuple[RankExecutor, list]:
     """This rank's executor for a plan whose device groups hold several stages, and the gradient
@@ -169,16 +184,23 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
     when both stages' contributions are in."""
     from .executor import GradientSync
     schedule = plan.build_schedule()
-    group = next(r for r, order in enumerate(schedule.orders)
-                 if grid.stages_at(rank) == schedule.stages_of(r))  # the device group whose order this rank runs
+    groups = [group_ranks(grid, schedule, g) for g in range(schedule.num_ranks)]
+    group = next(g for g, ranks in enumerate(groups) if rank in ranks)  # the device group whose order it runs
     mailbox = Mailbox()
-    local = grid.stages_at(rank)
+    local = schedule.stages_of(group)
     chunks = {}
-    replica = grid.stage_ranks(local[0]).index(rank)
+    replica = groups[group].index(rank)
     for s in local:
         a, b = plan.stages[s].layers
-        remote = PointToPoint(grid, s, replica, device or torch.device("cpu"))
-        links = ChunkLinks(remote, mailbox, local_prev=s - 1 in local, local_next=s + 1 in local)
+        copies = None
+        if any(len(p) > 1 for p in schedule.placement):  # Chimera: this copy's pipeline neighbours
+            down = schedule.placement[s][0] == group
+            D = schedule.num_stages
+            near = {s: group, s - 1: s - 1 if down else D - s, s + 1: s + 1 if down else D - 2 - s}
+            copies = {t: tuple(groups[g]) for t, g in near.items() if 0 <= t < D}
+        remote = PointToPoint(grid, s, replica, device or torch.device("cpu"), copies=copies)
+        links = ChunkLinks(remote, mailbox, local_prev=s - 1 in local and copies is None,
+                           local_next=s + 1 in local and copies is None)
         chunks[s] = StageExecutor([layers[i] for i in range(a, b)], loss_fn, links, grid.num_stages,
                                   precision=precision, recompute=[i - a for i in plan.stages[s].recompute_layers])
     steps = expand(schedule.orders[group], schedule.num_stages)

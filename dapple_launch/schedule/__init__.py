@@ -60,7 +60,15 @@ def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chun
     return from_stages(build_schedule(name, num_groups, num_micro_batches))
 
 
-CHUNKED_SCHEDULES = ("interleaved_1f1b", "zbv")  # several stages per device group
+CHUNKED_SCHEDULES = ("interleaved_1f1b", "zbv", "chimera")  # several stages per device group
 
-__all__ += ["CHUNKED_SCHEDULES", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "validate_ranks",
+
+def num_groups(name: str, num_stages: int, chunks: int) -> int:
+    """Device groups (orders) a chunked schedule runs on: Chimera's D stages sit on D groups (two
+    copies each), interleaved's v·P and ZB-V's 2P stages on P."""
+    if name == "chimera":
+        return num_stages
+    return num_stages // (2 if name == "zbv" else chunks)
+
+__all__ += ["CHUNKED_SCHEDULES", "num_groups", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "validate_ranks",
             "zbv"]

@@ -52,5 +52,5 @@ def chimera(num_ranks: int, num_micro_batches: int) -> RankSchedule:
         taken = [slot for slot, _ in slots[w]]
         assert len(set(taken)) == len(taken), "Chimera's slots collide"  # the construction's invariant
         orders.append(tuple(step for _, step in sorted(slots[w])))
-    placement = tuple(tuple(sorted({s, D - 1 - s})) for s in range(D))
+    placement = tuple((s, D - 1 - s) for s in range(D))  # the down pipeline's group, then the up one's
     return RankSchedule("chimera", D, N, tuple(orders), placement)
