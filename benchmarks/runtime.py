@@ -214,7 +214,7 @@ def main() -> None:
     args = ap.parse_args()
     iters = args.iterations or (3 if args.quick else 5)
     micro = (4, 8) if args.quick else (4, 8, 16)
-    rows, uneven = [], []
+    rows, uneven, chimera = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("sleep", "compute"):
             for name in ("gpipe", "1f1b"):
@@ -230,6 +230,18 @@ def main() -> None:
                     rows.append(row)
                     print(f"  {kind} {name} M={m}: ours {row['ours_wall_s']:.3f} s, theirs {row['theirs_wall_s']:.3f} s",
                           flush=True)
+        for m in micro:  # Chimera: ours only (torch has none), against the simulator and our 1F1B row
+            idle = run_ranks(WORLD, chunked.ours, ("idle", "chimera", 2, m, iters), tmp)
+            per_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), "chimera", 2, m)
+            res = run_ranks(WORLD, chunked.ours, ("sleep", "chimera", 2, m, iters), tmp)
+            one = next(r for r in rows if r["kind"] == "sleep" and r["schedule"] == "1f1b" and r["micro_batches"] == m)
+            row = {"kind": "sleep", "schedule": "chimera", "micro_batches": m, "chunks": 2,
+                   "ours_wall_s": max(r["wall_s"] for r in res), "ours_saved": [r["peak_saved_bytes"] for r in res],
+                   "simulated_s": chunked.predicted("chimera", 2, m, per_action), "per_action_s": per_action,
+                   "over_1f1b": max(r["wall_s"] for r in res) / one["ours_wall_s"]}
+            row["simulator_error"] = row["ours_wall_s"] / row["simulated_s"] - 1
+            chimera.append(row)
+            print(f"  sleep chimera M={m}: ours {row['ours_wall_s']:.3f} s (1F1B {one['ours_wall_s']:.3f} s)", flush=True)
         for name in chunked.TORCH:  # 2 stages per rank
             idle = run_ranks(WORLD, chunked.ours, ("idle", name, 2, micro[-1], iters), tmp)
             per_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), name, 2, micro[-1])
@@ -259,7 +271,7 @@ def main() -> None:
             uneven.append({"plan": label, "micro_batches": m, "measured_s": measured, "estimate_s": estimate,
                            "estimate_error": estimate / measured - 1})
             print(f"  uneven {label} M={m}: {measured:.3f} s (estimate {estimate:.3f} s)", flush=True)
-    report(rows, uneven, probe, chosen, args.out)
+    report(rows, uneven, probe, chosen, args.out, chimera)
 
 
 def _row(kind, name, m, ours, theirs) -> dict:
@@ -274,7 +286,7 @@ def _row(kind, name, m, ours, theirs) -> dict:
     return row
 
 
-def report(rows, uneven, probe, chosen, out) -> None:
+def report(rows, uneven, probe, chosen, out, chimera=()) -> None:
     print(f"\n{WORLD} gloo processes, 1 thread each; median of the timed iterations; ours / theirs = this runtime / "
           f"torch.distributed.pipelining\n")
     print("| layers | schedule | M | ours s | theirs s | time ours/theirs | ours vs simulator | CPU s/rank ours "
@@ -289,6 +301,14 @@ def report(rows, uneven, probe, chosen, out) -> None:
               f"{r['theirs_wall_s']:.3f} | {r['time_ratio']:.3f} | {sim} | {cpu(r['ours_cpu_s'])} | "
               f"{cpu(r['theirs_cpu_s'])} | {r['cpu_ratio']:.3f}; {r['cpu_ratio_worst_rank']:.3f} | {mib(r['ours_saved'])} | {mib(r['theirs_saved'])} | "
               f"{r['saved_ratio']:.3f} |")
+    if chimera:
+        print(f"\nChimera (torch.distributed.pipelining has none): 4 stages on 4 processes, two pipelines in opposite "
+              f"directions, same per-stage costs as the 1F1B sleep rows\n")
+        print("| M | ours s | simulator s | ours vs simulator | / our 1F1B | saved MiB/rank |")
+        print("|---|---|---|---|---|---|")
+        for r in chimera:
+            print(f"| {r['micro_batches']} | {r['ours_wall_s']:.3f} | {r['simulated_s']:.3f} | {r['simulator_error']:+.1%} "
+                  f"| {r['over_1f1b']:.3f} | {', '.join(f'{x / 2**20:.2f}' for x in r['ours_saved'])} |")
     best_uniform = min((u for u in uneven if "uneven" not in u["plan"]), key=lambda u: u["measured_s"])
     ours = next(u for u in uneven if "uneven" in u["plan"])
     print(f"\nuneven model (3 layers of {UNEVEN_F * 1e3:g}/{UNEVEN_B * 1e3:g} ms per sample, the last with "
@@ -316,8 +336,10 @@ def report(rows, uneven, probe, chosen, out) -> None:
                                     "simulator_error": max(abs(r["simulator_error"]) for r in sleep if r["schedule"] == name),
                                     "cpu_time_ratio": max(r["cpu_ratio"] for r in rows
                                                           if r["schedule"] == name and r["kind"] == "compute")}
-                             for name in dict.fromkeys(r["schedule"] for r in rows)},
-               "probe": probe, "rows": rows, "uneven": uneven}
+                             for name in dict.fromkeys(r["schedule"] for r in rows)}
+               | ({"chimera": {"simulator_error": max(abs(r["simulator_error"]) for r in chimera),
+                               "over_1f1b": max(r["over_1f1b"] for r in chimera)}} if chimera else {}),
+               "probe": probe, "rows": rows, "uneven": uneven, "chimera": list(chimera)}
     print("\n" + " · ".join(f"{k} {summary[k]:.3f}" for k in ("sleep_time_ratio", "cpu_time_ratio",
                                                              "activation_bytes_ratio", "simulator_error")))
     Path(out).write_text(json.dumps(summary, indent=2))

@@ -1,7 +1,8 @@
 """benchmarks/runtime.py's rows for device groups holding several stages: interleaved 1F1B and ZB-V
 through this runtime (runtime/rank_executor.py) and through torch.distributed.pipelining's
 ScheduleInterleaved1F1B and ScheduleZBVZeroBubble, on the same stages, cut, chunks and micro-batches,
-4 gloo processes.
+4 gloo processes; Chimera (which torch does not have) through this runtime alone, against the
+simulator and against 1F1B on the same 4 stages' costs.
 
 sleep rows: every stage one layer whose forward sleeps T_F and whose backward sleeps T_I on the
 input's branch and T_W on the weight's (benchmarks/zero_bubble.py's SplitSleepLayer): iteration time
@@ -30,7 +31,11 @@ from dapple_launch.schedule import StageCosts, simulate_ranks
 
 WORLD, BATCH = 4, 4
 COMPUTE_WIDTH, COMPUTE_BATCH = 512, 32
-TORCH = {"interleaved_1f1b": "ScheduleInterleaved1F1B", "zbv": "ScheduleZBVZeroBubble"}
+TORCH = {"interleaved_1f1b": "ScheduleInterleaved1F1B", "zbv": "ScheduleZBVZeroBubble"}  # (Chimera: none)
+
+
+def stages(schedule: str, chunks: int) -> int:
+    return WORLD if schedule == "chimera" else chunks * WORLD
 
 
 def _layer(kind: str, stage: int) -> nn.Module:
@@ -57,7 +62,7 @@ def _loss(y, t):
 
 
 def chunked_plan(schedule: str, chunks: int, micro_batches: int, width: int):
-    S = chunks * WORLD
+    S = stages(schedule, chunks)
     layers = [LayerProfile(f"l{i}", T_F, T_I + T_W, width * 4.0, width * 4.0) for i in range(S)]
     topo = Topology("bench", 1, WORLD, 8e9, 1.0, 1e10, 1e10, device_kind="cpu")
     return fixed_plan(chain("bench", layers, batch_size=1), topo, micro_batches * WORLD, S, [1], micro_batches,
@@ -121,9 +126,9 @@ def theirs(rank, world, kind, schedule, chunks, micro_batches, iterations):
     return _timed(step, iterations, SavedBytes(params), params)
 
 
-def sleep_costs(chunks: int) -> list[StageCosts]:
+def sleep_costs(schedule: str, chunks: int) -> list[StageCosts]:
     # the first stage's input needs no gradient: its backward is its weight gradient alone
-    S = chunks * WORLD
+    S = stages(schedule, chunks)
     return [StageCosts(T_F, T_W, weight_grad_s=T_W)] + [StageCosts(T_F, T_I + T_W, weight_grad_s=T_W)] * (S - 1)
 
 
@@ -131,7 +136,7 @@ def _simulated(schedule: str, chunks: int, micro_batches: int, sleep: bool, per_
     """The rank-order simulator on this row: each compute action its sleep (if any) plus the
     runtime's own cost per action."""
     x = chunked_plan(schedule, chunks, micro_batches, WIDTH).build_schedule()
-    base = sleep_costs(chunks) if sleep else [StageCosts(0.0, 0.0, weight_grad_s=0.0)] * x.num_stages
+    base = sleep_costs(schedule, chunks) if sleep else [StageCosts(0.0, 0.0, weight_grad_s=0.0)] * x.num_stages
     a = per_action_s
     costs = [StageCosts(c.forward_s + a, c.backward_s + 2 * a, weight_grad_s=c.weight_s + a) if schedule == "zbv"
              else StageCosts(c.forward_s + a, c.backward_s + a) for c in base]
