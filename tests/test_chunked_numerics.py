@@ -74,7 +74,28 @@ def _compare(rank, world, model_name, plan_json, batch_n):
         worst = max(worst, (p.grad.float() - r).abs().max().item() / (r.abs().max().item() + 1e-12))
     return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst, "group": ex.group,
             "names": sorted(n for n, _ in local.named_parameters(remove_duplicate=False)),
-            "saved_peak": ex.saved_peak, "saved_bytes": counter.peak}
+            "saved_peak": ex.saved_peak, "saved_bytes": counter.peak,
+            "one_forward_bytes": {s: _one_forward_bytes(plan, ref, local, model, s, batch, batch_n // plan.num_micro_batches
+                                                        // ex.chunks[s].replicas) for s in local_stages}}
+
+
+def _one_forward_bytes(plan, ref, local, model, stage, batch, rows) -> int:
+    """What one forward of `stage` on `rows` samples keeps for backward (saved-tensor hooks), its
+    input taken as the previous stages compute it: the bytes the simulator charges per micro-batch."""
+    from dapple_launch.models.contract import carry_map, run_layers
+    a, b = plan.stages[stage].layers
+    x = carry_map(lambda t: t[:rows], batch[0])
+    if a:
+        with torch.no_grad():
+            x = carry_map(lambda t: t.detach().requires_grad_(t.is_floating_point()),
+                          run_layers([ref.layers[str(i)] for i in range(a)], x))
+    one = SavedBytes(weights=list(local.parameters()))
+    with one.hooks():
+        y = run_layers([local.layers[str(i)] for i in range(a, b)], x)
+        kept = model.loss(y, batch[1][:rows]).sum() if b == plan.num_layers else y
+        n = one.live
+    del y, kept
+    return n
 
 
 def _many(rank, world, cases):
@@ -92,6 +113,7 @@ CASES = [
     ("gpt", (1, 1, 1, 1), "zbv", 8, 4, 9), ("gpt-untied", (1, 1, 1, 1), "zbv", 8, 13, 13),
     ("gpt", (2, 1, 1), "interleaved_1f1b", 6, 3, 7), ("gpt", (1, 2, 1), "zbv", 6, 4, 9),
     ("gpt", (3, 1), "interleaved_1f1b", 4, 4, 13), ("gpt", (1, 3), "zbv", 4, 2, 7),
+    ("gpt", (1, 2, 1), "zbv", 6, 4, 8), ("gpt", (2, 2), "zbv", 4, 2, 8),  # (even splits: bytes compared too)
     # Chimera: two pipelines in opposite directions, each stage on two groups (its gradients summed
     # over both copies), micro-batches in units of D
     ("gpt", (1, 1), "chimera", 2, 2, 4), ("gpt-untied", (1, 1), "chimera", 2, 6, 12),
@@ -116,9 +138,21 @@ def test_chunked_schedules_equal_the_reference(tmp_path):
             everything = {n for n, _ in PipelineModule(model_of(case[0])).materialize().named_parameters(
                 remove_duplicate=False)}
             names = set()
-            for r in (res[j] for res in per_rank):
+            results = [res[j] for res in per_rank]
+            for r in results:
                 assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
                 assert r["worst_grad_rel"] < 1e-4, case
                 assert r["saved_peak"] == sim.peak_in_flight[r["group"]], case
                 names |= set(r["names"])
             assert names == everything, case
+            rows, m = case[5], case[4]
+            if rows % m == 0 and all((rows // m) % g == 0 for g in case[1]):  # every micro-batch alike
+                # the bytes each rank kept at once, exactly as the simulator charges them: each
+                # stage's one-forward bytes per micro-batch in flight, from F to its B or W
+                per_stage = {}
+                for r in results:
+                    per_stage.update({int(k): v for k, v in r["one_forward_bytes"].items()})
+                costs = [StageCosts(1.0, 2.0, activation_bytes=float(per_stage[s])) for s in range(plan.num_stages)]
+                peaks = simulate_ranks(schedule, costs, record=False).peak_activation_bytes
+                for r in results:
+                    assert r["saved_bytes"] == peaks[r["group"]], (case, r["group"])
