@@ -34,8 +34,11 @@ Keys set most often:
   trainer.precision=P            auto | 32 | bf16-mixed | 16-mixed
   strategy.stages=S strategy.replicas=[R,..] strategy.num_micro_batches=M   (strategy=fixed)
   strategy.schedule=1f1b|gpipe|zb_h1 strategy.warmup_depth=K                 (strategy=fixed)
+  strategy.schedule=interleaved_1f1b|interleaved_zb strategy.chunks=v | zbv | chimera  (strategy=fixed; groups
+      holding several stages: stages counts all of them, replicas one per group)
   strategy.max_stages=S strategy.search_nodes=N                             (strategy=auto)
-  strategy.schedules=[1f1b,zb_h1]  the schedule families the planner may choose (strategy=auto)
+  strategy.schedules=[1f1b,zb_h1,interleaved_1f1b,interleaved_zb,zbv,chimera]  the families to choose from
+      (strategy=auto; default all six)
   strategy.recompute=none|full|selective|auto  activation recomputation; selective takes
       strategy.recompute_counts=[first layers per stage] or strategy.recompute_layers=[positions]
   strategy.objective=time|memory|pareto strategy.memory_budget_gib=G       (strategy=auto; pareto writes

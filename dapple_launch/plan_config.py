@@ -157,14 +157,14 @@ def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
 
 def auto_schedules(s: DictConfig) -> tuple[str, ...]:
     """The families the planner may choose: strategy.schedules, or all that apply to strategy.schedule
-    (1f1b: 1F1B, ZB-H1 on 1F1B's layouts, interleaved 1F1B, ZB-V and Chimera on device groups holding
-    several stages; gpipe: GPipe alone)."""
+    (1f1b: 1F1B, ZB-H1 on 1F1B's layouts, interleaved 1F1B and zero bubble, ZB-V and Chimera on device
+    groups holding several stages; gpipe: GPipe alone)."""
     if s.schedules:
         return tuple(str(x) for x in s.schedules)
     if str(s.schedule) == "1f1b" and str(s.recompute) not in ("full", "selective"):
         # (a split backward does not run recomputed layers, nor does a device group holding several
         # stages yet: 1F1B alone with them)
-        return ("1f1b", "zb_h1", "interleaved_1f1b", "zbv", "chimera")
+        return ("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
     return (str(s.schedule),)
 
 

@@ -1,5 +1,5 @@
-"""Several gloo processes: schedules whose device groups hold several stages (interleaved 1F1B,
-ZB-V, Chimera) — loss and every gradient equal a single-process reference, and each rank keeps exactly the
+"""Several gloo processes: schedules whose device groups hold several stages (interleaved 1F1B and
+zero bubble, ZB-V, Chimera) — loss and every gradient equal a single-process reference, and each rank keeps exactly the
 activations the simulator of its rank order counts."""
 from __future__ import annotations
 
@@ -114,6 +114,9 @@ CASES = [
     ("gpt", (2, 1, 1), "interleaved_1f1b", 6, 3, 7), ("gpt", (1, 2, 1), "zbv", 6, 4, 9),
     ("gpt", (3, 1), "interleaved_1f1b", 4, 4, 13), ("gpt", (1, 3), "zbv", 4, 2, 7),
     ("gpt", (1, 2, 1), "zbv", 6, 4, 8), ("gpt", (2, 2), "zbv", 4, 2, 8),  # (even splits: bytes compared too)
+    # interleaved zero bubble: interleaved's order with the backward split, W's filling the waits
+    ("gpt", (1, 1), "interleaved_zb", 4, 4, 8), ("skipnet", (1, 1), "interleaved_zb", 4, 6, 12),
+    ("gpt", (1, 1, 1, 1), "interleaved_zb", 8, 8, 16), ("gpt", (2, 1, 1), "interleaved_zb", 6, 3, 7),
     # Chimera: two pipelines in opposite directions, each stage on two groups (its gradients summed
     # over both copies), micro-batches in units of D
     ("gpt", (1, 1), "chimera", 2, 2, 4), ("gpt-untied", (1, 1), "chimera", 2, 6, 12),

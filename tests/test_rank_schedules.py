@@ -13,7 +13,7 @@ import pytest
 from dapple_launch.cluster import Topology
 from dapple_launch.planner.cost import Limits
 from dapple_launch.planner.search import plan
-from dapple_launch.schedule import Kind, ScheduleError, StageCosts, build_schedule, simulate
+from dapple_launch.schedule import Kind, ScheduleError, StageCosts, build_rank_schedule, build_schedule, simulate
 from dapple_launch.schedule.chimera import chimera
 from dapple_launch.schedule.interleaved import interleaved_1f1b
 from dapple_launch.schedule.rank_simulate import simulate_ranks
@@ -39,6 +39,9 @@ def _unit(x: RankSchedule, chunk_share: float):
     ("zb_h1", lambda: from_stages(build_schedule("zb_h1", P, M)), 1, 0.111, [4, 4, 4, 4]),
     # rank 0: (v - 1) P + 2 (P - 1) + 1 = 11 half-stage micro-batches = P + (P - 1) / v stages' worth
     ("interleaved v=2", lambda: interleaved_1f1b(P, M, 2), 0.5, 0.158, [11, 9, 7, 5]),
+    # torch's InterleavedZeroBubble: interleaved's order, W's filling its waits, rank r holding back r of them
+    ("interleaved zero bubble v=2", lambda: build_rank_schedule("interleaved_zb", P, M, 2), 0.5, 0.059,
+     [11, 10, 9, 8]),
     ("zbv", lambda: zbv(P, M), 0.5, 0.059, [8, 8, 8, 8]),  # P half-stage pairs on every rank: balanced
     ("chimera", lambda: chimera(P, M), 1, 0.200, [3, 4, 4, 3]),  # D/2 + 1 … D
 ])
@@ -76,13 +79,14 @@ def test_validator_accepts_every_generated_schedule():
             for v in (2, 3, 4):
                 if m % ranks == 0:
                     validate_ranks(interleaved_1f1b(ranks, m, v))
-                    count += 1
+                    validate_ranks(build_rank_schedule("interleaved_zb", ranks, m, v))
+                    count += 2
             validate_ranks(zbv(ranks, m))
             count += 1
             if ranks % 2 == 0 and m % ranks == 0:
                 validate_ranks(chimera(ranks, m))
                 count += 1
-    assert count == 340
+    assert count == 514
 
 
 def _edit(x: RankSchedule, rank: int, order: list[Step]) -> RankSchedule:
@@ -214,8 +218,9 @@ def _exhaustive_chunked(profile, topo, G, limits):
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_five_families(seed):
-    """Small instances: the search over layouts × {1F1B, ZB-H1, interleaved 1F1B, ZB-V, Chimera} finds the
+def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_six_families(seed):
+    """Small instances: the search over layouts × {1F1B, ZB-H1, interleaved 1F1B and zero bubble, ZB-V,
+    Chimera} finds the
     exhaustive optimum (every plain layout at every warm-up, every chunked shape at every cut) and
     proves it."""
     from dapple_launch.planner.search import search
@@ -227,7 +232,7 @@ def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_five_fam
                     inter_node_allreduce_bandwidth=3e9)
     profile = random_profile(rng, rng.choice([4, 5, 6]))
     G = rng.choice([4, 8])
-    limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "zbv", "chimera"),
+    limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera"),
                     max_warmup_depth=rng.choice([1, 2]))
     best, _, _, stats = search(profile, topo, G, limits)
     exhaustive = min(brute_force_both(profile, topo, G, limits), _exhaustive_chunked(profile, topo, G, limits))

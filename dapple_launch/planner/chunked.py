@@ -2,7 +2,7 @@
 fixed plans.
 
 The model is cut into S = v·P stages over P device groups; stage s runs on group
-interleaved: s mod P;   ZB-V (v = 2): s for s < P, else 2P - 1 - s (a V: the turn stays on group P - 1);
+interleaved (1F1B or zero bubble): s mod P;   ZB-V (v = 2): s for s < P, else 2P - 1 - s (a V: the turn stays on group P - 1);
 Chimera (S = P = D, even): on two groups, s (the down pipeline's copy) and D - 1 - s (the up one's),
 whose replica counts must match (a stage's two copies split a micro-batch alike); its costs are the
 down pipeline's stages' and its all-reduce spans both copies, and each group keeps two weight copies.
@@ -24,7 +24,8 @@ from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
 from .cost import Costed, Limits, StageSpec, stage_costs
 
-CHUNKED = ("interleaved_1f1b", "zbv", "chimera")
+CHUNKED = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
+INTERLEAVED = ("interleaved_1f1b", "interleaved_zb")  # v stages per group, s on group s mod P
 
 
 def group_of(schedule: str, stage: int, groups: int) -> int:
@@ -141,7 +142,7 @@ def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches
         raise ValueError(f"strategy.chunks={chunks}: ZB-V holds exactly 2 stages per device group (a V); leave "
                          f"strategy.chunks=2")
     v = chunks_of(schedule, chunks)
-    if schedule == "interleaved_1f1b" and v < 2:
+    if schedule in INTERLEAVED and v < 2:
         raise ValueError(f"strategy.chunks={v}: interleaved 1F1B holds at least 2 stages per device group; "
                          f"1 is plain 1F1B (strategy.schedule=1f1b)")
     if schedule != "chimera" and (num_stages % v or num_stages < v):
@@ -149,7 +150,7 @@ def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches
         near = sorted({lo, hi} - {num_stages})
         raise ValueError(f"strategy.stages={num_stages} with {v} stages per device group ({schedule}): the stages "
                          f"must be a multiple of {v}; use {' or '.join(map(str, near))}")
-    if schedule == "interleaved_1f1b":
+    if schedule in INTERLEAVED:
         why = interleaved_constraint(num_stages // v, num_micro_batches, v)
         if why:
             raise ValueError(f"{why} (strategy.num_micro_batches)")

@@ -23,11 +23,11 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .chunked import CHUNKED, chunked_layout, evaluate_chunked, group_of
+from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_of
 from .cost import Costed, Limits, speed_ratio
 from .warmup import CELLS_PER_NODE
 
-INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved 1F1B's stages per group, tried
+INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
 
 
@@ -61,7 +61,7 @@ def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     L, D = profile.num_layers, topology.num_devices
     families = [f for f in (limits.schedules or (limits.schedule,)) if f in CHUNKED]
     for family in families:
-        for v in (INTERLEAVED_CHUNKS if family == "interleaved_1f1b" else (2,)):
+        for v in (INTERLEAVED_CHUNKS if family in INTERLEAVED else (2,)):
             most = min(D, L) if family == "chimera" else min(D, L // v)
             for P in range(2, most + 1):  # (one group: a plain stage does as well)
                 if family == "chimera" and P % 2:
@@ -71,7 +71,7 @@ def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits:
                         continue
                     for b in sizes:
                         M = global_batch // b
-                        if b < max(groups) or (family in ("interleaved_1f1b", "chimera") and (M % P or M < P)):
+                        if b < max(groups) or (family != "zbv" and (M % P or M < P)):
                             continue
                         yield family, v, groups, b
 

@@ -171,7 +171,8 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     return (unique[0] if unique else None), unique[1:keep + 1], baselines, stats
 
 
-LABELS = {"1f1b": "1F1B", "zb_h1": "ZB-H1", "interleaved_1f1b": "interleaved 1F1B", "zbv": "ZB-V", "chimera": "Chimera"}
+LABELS = {"1f1b": "1F1B", "zb_h1": "ZB-H1", "interleaved_1f1b": "interleaved 1F1B",
+          "interleaved_zb": "interleaved zero bubble", "zbv": "ZB-V", "chimera": "Chimera"}
 
 
 def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[str, ...], deep: bool) -> str:

@@ -49,10 +49,13 @@ from .zbv import zbv  # noqa: E402
 
 
 def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chunks: int = 1):
-    """A RankSchedule for any family: interleaved_1f1b (`chunks` per group), zbv, chimera, or a
+    """A RankSchedule for any family: interleaved_1f1b and interleaved_zb (`chunks` per group), zbv, chimera, or a
     stage-per-group one (GPipe, 1F1B, ZB-H1) lifted to rank orders."""
     if name == "interleaved_1f1b":
         return interleaved_1f1b(num_groups, num_micro_batches, chunks)
+    if name == "interleaved_zb":  # interleaved 1F1B's F and I order, W's filling its waits
+        from .weights_fill import fill_with_weights
+        return fill_with_weights(interleaved_1f1b(num_groups, num_micro_batches, chunks), "interleaved_zb")
     if name == "zbv":
         return zbv(num_groups, num_micro_batches)
     if name == "chimera":
@@ -60,7 +63,7 @@ def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chun
     return from_stages(build_schedule(name, num_groups, num_micro_batches))
 
 
-CHUNKED_SCHEDULES = ("interleaved_1f1b", "zbv", "chimera")  # several stages per device group
+CHUNKED_SCHEDULES = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")  # several stages per device group
 
 
 def num_groups(name: str, num_stages: int, chunks: int) -> int:
