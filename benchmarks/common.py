@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,3 +60,18 @@ class SleepLayer(nn.Module):
 def median_runs(runs: list[list[dict]]) -> list[dict]:
     """Per rank, the median of each figure over repeated runs."""
     return [{k: statistics.median(run[rank][k] for run in runs) for k in runs[0][rank]} for rank in range(len(runs[0]))]
+
+
+def time_iterations(step, iterations: int, counter: SavedBytes) -> dict:
+    """Median wall and CPU seconds of `iterations` calls of step() (all ranks start each together,
+    torch.distributed initialised), and the most saved bytes at once over them."""
+    walls, cpus = [], []
+    for i in range(iterations + 1):  # the first iteration connects peers and learns shapes
+        dist.barrier()
+        w0, c0 = time.perf_counter(), time.process_time()
+        with counter.hooks():
+            step()
+        if i:
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_saved_bytes": counter.peak}

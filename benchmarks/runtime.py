@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, SleepLayer, median_runs  # noqa: E402
+from benchmarks.common import SavedBytes, SleepLayer, median_runs, time_iterations  # noqa: E402
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.planner import Limits  # noqa: E402
 from dapple_launch.planner.cost import StageSpec, evaluate  # noqa: E402
@@ -72,19 +72,6 @@ def _per_sample_loss(y, t):
     return y.float().pow(2).mean(1)
 
 
-def _time_iterations(step, iterations: int, counter: SavedBytes) -> dict:
-    walls, cpus = [], []
-    for i in range(iterations + 1):  # the first iteration connects peers and learns shapes
-        dist.barrier()
-        w0, c0 = time.perf_counter(), time.process_time()
-        with counter.hooks():
-            step()
-        if i:
-            walls.append(time.perf_counter() - w0)
-            cpus.append(time.process_time() - c0)
-    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_saved_bytes": counter.peak}
-
-
 def _ours(rank, world, kind, schedule_name, micro_batches, iterations):
     grid = ProcessGrid((1,) * world)
     layers = _stage_layers(kind)
@@ -97,7 +84,7 @@ def _ours(rank, world, kind, schedule_name, micro_batches, iterations):
     def step():
         ex.run(schedule, batch)
         layers.zero_grad(set_to_none=True)
-    return _time_iterations(step, iterations, SavedBytes())
+    return time_iterations(step, iterations, SavedBytes())
 
 
 def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
@@ -119,7 +106,7 @@ def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
         else:
             sched.step()
         layers.zero_grad(set_to_none=True)
-    return _time_iterations(step, iterations, SavedBytes())
+    return time_iterations(step, iterations, SavedBytes())
 
 
 # ---- uneven plans ----------------------------------------------------------------------------
@@ -165,7 +152,7 @@ def _uneven(rank, world, replicas, cuts, micro_batches, iterations):
         ex.run(schedule, batch)
         sync.finish()
         layers.zero_grad(set_to_none=True)
-    return _time_iterations(step, iterations, SavedBytes())
+    return time_iterations(step, iterations, SavedBytes())
 
 
 def uneven_profile() -> ModelProfile:

@@ -13,14 +13,12 @@ keeps for backward at once (saved-tensor hooks, exact), ours / theirs.
 """
 from __future__ import annotations
 
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from benchmarks.common import SavedBytes
+from benchmarks.common import SavedBytes, time_iterations
 from benchmarks.zero_bubble import T_F, T_I, T_W, WIDTH, SplitSleepLayer
 from dapple_launch.cluster import Topology
 from dapple_launch.planner import Limits, fixed_plan
@@ -75,21 +73,6 @@ def _batch(kind: str, micro_batches: int):
             torch.zeros(n * micro_batches))
 
 
-def _timed(step, iterations: int, counter: SavedBytes, params) -> dict:
-    walls, cpus = [], []
-    for i in range(iterations + 1):  # the first iteration connects peers and learns shapes
-        dist.barrier()
-        w0, c0 = time.perf_counter(), time.process_time()
-        with counter.hooks():
-            step()
-        for p in params:
-            p.grad = None
-        if i:
-            walls.append(time.perf_counter() - w0)
-            cpus.append(time.process_time() - c0)
-    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_saved_bytes": counter.peak}
-
-
 def ours(rank, world, kind, schedule, chunks, micro_batches, iterations):
     plan = chunked_plan(schedule, chunks, micro_batches, COMPUTE_WIDTH if kind == "compute" else WIDTH)
     grid = ProcessGrid.from_plan(plan)
@@ -105,7 +88,9 @@ def ours(rank, world, kind, schedule, chunks, micro_batches, iterations):
         ex.run(x, batch)
         for sync in syncs:
             sync.finish()
-    return _timed(step, iterations, SavedBytes(params), params)
+        for p in params:
+            p.grad = None
+    return time_iterations(step, iterations, SavedBytes(params))
 
 
 def theirs(rank, world, kind, schedule, chunks, micro_batches, iterations):
@@ -123,7 +108,9 @@ def theirs(rank, world, kind, schedule, chunks, micro_batches, iterations):
         args = (x,) if first else ()
         kwargs = {"target": target, "losses": []} if last else {}
         sched.step(*args, **kwargs)
-    return _timed(step, iterations, SavedBytes(params), params)
+        for p in params:
+            p.grad = None
+    return time_iterations(step, iterations, SavedBytes(params))
 
 
 def sleep_costs(schedule: str, chunks: int) -> list[StageCosts]:

@@ -58,6 +58,15 @@ def check_micro_batches(schedule: str, num_stages: int, num_micro_batches: int) 
             + (" or use strategy.schedule=gpipe" if schedule == "1f1b" else ""))
 
 
+def stated_cuts(boundaries: list[int], num_stages: int, num_layers: int) -> list[int]:
+    """strategy.boundaries, sorted, or a ValueError naming the rule."""
+    cuts = sorted(boundaries)
+    if len(cuts) != num_stages - 1 or cuts[0] <= 0 or cuts[-1] >= num_layers or len(set(cuts)) != len(cuts):
+        raise ValueError(f"strategy.boundaries={boundaries} must be {num_stages - 1} distinct cut positions "
+                         f"strictly between 0 and {num_layers} (the model's layer count)")
+    return cuts
+
+
 def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num_stages: int,
                replicas: list[int], num_micro_batches: int, limits: Limits,
                boundaries: list[int] | None = None, devices: list[list[int]] | None = None,
@@ -85,10 +94,7 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             f"cluster {topology.name} has {D} ({topology.nodes} node(s) × {topology.devices_per_node}); every device "
             f"must hold a replica: change strategy.replicas or cluster.devices_per_node/cluster.nodes so they match")
     if boundaries:
-        cuts = sorted(boundaries)
-        if len(cuts) != num_stages - 1 or cuts[0] <= 0 or cuts[-1] >= L or len(set(cuts)) != len(cuts):
-            raise ValueError(f"strategy.boundaries={boundaries} must be {num_stages - 1} distinct cut positions "
-                             f"strictly between 0 and {L} (the model's layer count)")
+        cuts = stated_cuts(boundaries, num_stages, L)
     else:
         cuts = balanced_boundaries(profile, num_stages, replicas)
     if global_batch % num_micro_batches:

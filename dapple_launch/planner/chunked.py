@@ -166,7 +166,7 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
     """build.fixed_plan for interleaved_1f1b, zbv and chimera: `num_stages` stages (the model's chunks),
     `replicas` per device group (or per stage, equal within a group), `devices` per group."""
     from .baselines import balanced_boundaries, data_parallel
-    from .build import to_plan
+    from .build import stated_cuts, to_plan
     from .explain import human_bytes
     schedule, L, D = limits.schedule, profile.num_layers, topology.num_devices
     v = chunks_of(schedule, limits.chunks)
@@ -191,10 +191,7 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
         raise ValueError(f"a micro-batch of {b} samples cannot be split across {max(groups)} replicas; lower "
                          f"strategy.num_micro_batches to <= {global_batch // max(groups)}")
     if boundaries:
-        cuts = sorted(boundaries)
-        if len(cuts) != num_stages - 1 or cuts[0] <= 0 or cuts[-1] >= L or len(set(cuts)) != len(cuts):
-            raise ValueError(f"strategy.boundaries={boundaries} must be {num_stages - 1} distinct cut positions "
-                             f"strictly between 0 and {L} (the model's layer count)")
+        cuts = stated_cuts(boundaries, num_stages, L)
     else:
         cuts = balanced_boundaries(profile, num_stages, [groups[group_of(schedule, s, P)] for s in range(num_stages)])
     if devices:
