@@ -103,15 +103,20 @@ def test_twelve_layers_on_eight_devices_is_optimal():
 V100X16 = Topology("v100x16", 2, 8, 16 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
 
 
-def test_vgg_large_batch_cuts_after_conv5_2_with_uneven_replicas():
-    """In DAPPLE's own space (its minimal warm-up) the planner finds DAPPLE's published VGG-19 plan;
+def test_vgg_large_batch_beats_dapples_published_plan_with_uneven_replicas():
+    """In DAPPLE's own space (its minimal warm-up) the planner finds an uneven plan (VGG's famous
+    shape) at least as fast, simulated, as DAPPLE's published one (cut after Conv2d_5_2, 15:1);
     allowed deeper warm-ups, it finds a faster one, and the simulator agrees with its estimate."""
-    from dapple_launch.planner.cost import simulate_costed
+    from dapple_launch.planner.cost import evaluate, simulate_costed
     p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32, device_tflops=125)
     dapple = plan(p, V100X16, 1024, Limits(max_warmup_depth=1))
-    assert dapple.stages[0].layer_names[-1] == "node19"  # Conv2d_5_2, DAPPLE's published cut
     assert dapple.stages[0].replicas > dapple.stages[1].replicas  # uneven, VGG's famous shape
     assert "optimal under the cost model (" in dapple.planner
+    cut = [x.name for x in p.layers].index("node19") + 1
+    for b in (32, 64, 128):
+        published = evaluate(p, V100X16, (StageSpec(0, cut, tuple(range(15))), StageSpec(cut, p.num_layers, (15,))),
+                             b, 1024 // b, Limits(max_warmup_depth=1))
+        assert dapple.estimate.iteration_s <= published.iteration_s
     best, _, _, stats = search(p, V100X16, 1024, Limits())
     assert stats.proven_optimal and best.warmup_depth > 1
     assert best.iteration_s < dapple.estimate.iteration_s * 0.9
@@ -312,12 +317,13 @@ def _shipped_cluster(name: str) -> Topology:
 def test_a_layout_slowest_under_the_minimal_warmup_is_deepened_too():
     """BERT-48 on sixteen single-V100 nodes over 10 Gbps: DAPPLE's straight 16-stage pipeline waits
     on every link under the minimal warm-up (more than twice the best plan's time) and is the
-    optimum with a deeper one. The default budget finds it: the plan a 15× budget proves optimal."""
+    optimum with a deeper one. The default budget finds it: the plan a 15× budget proves within 0.5 %
+    of the optimum (a 50× budget proves it optimal: 10.7 s, too long for a test)."""
     p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2, device_tflops=125)
     topo = _shipped_cluster("v100-16x1-10g")
     best, _, baselines, _ = search(p, topo, 128, Limits())
     optimum, _, _, stats = search(p, topo, 128, Limits(search_nodes=300_000))
-    assert stats.proven_optimal
+    assert stats.proven_gap < 0.005
     assert best.iteration_s == pytest.approx(optimum.iteration_s, rel=1e-12)
     straight = baselines["DAPPLE straight"]
     assert straight.iteration_s > 2 * best.iteration_s
@@ -331,7 +337,7 @@ def test_local_search_under_a_deeper_warmup_ends_at_a_local_optimum_within_its_b
     that spends it."""
     from dapple_launch.planner.cost import simulate_costed
     from dapple_launch.planner.polish import descend
-    from dapple_launch.planner.warmup import CELLS_PER_NODE
+    from dapple_launch.planner.branch import CELLS_PER_NODE
     profile = chain("links", [LayerProfile(f"l{i}", 1e-3, 2e-3, 2.5e6, 2e8) for i in range(8)], batch_size=4)
     topo = Topology("t", 4, 1, 8e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=1e9)
     G, limits = 64, Limits()

@@ -71,7 +71,6 @@ class SuffixBounds:
     bottleneck: np.ndarray  # the least max over its stages of (stage time, outgoing transfer)
     choice: np.ndarray  # [i, d] -> (stop, first device, replicas) of a first stage attaining it
     pass_sum: np.ndarray  # the least sum over its stages of (stage time + 2 × outgoing transfer)
-    pass_tail: np.ndarray  # the least sum plus all-reduce tail X (cost.py: T = E_0 + X), bounded
     stage_end: np.ndarray  # the least over completions of max over its stages of when that stage's all-reduce can end
     # Valid for any 1F1B warm-up (warmup.py), where a stage may run ahead and hide the stages after it:
     reach_end: np.ndarray  # least max over p of sum_{j<p}(F_j + c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p) + AR_p
@@ -81,14 +80,10 @@ class SuffixBounds:
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
-    """One backward dynamic programme over first layer i and first free device d, three tables.
+    """One backward dynamic programme over first layer i and first free device d: its tables.
 
     bottleneck: min over completions of max(t_s, c_s) (c_s the least outgoing transfer).
-    pass_sum:   min over completions of sum(t_s + 2 c_s): the warm-up and ending of E_0.
-    pass_tail:  with the all-reduce tail X = max_s(AR_s - sum_{j<s}(B_j + c_j)) of cost.py, a
-                completion starting with stage p has sum + X = max(t_p + 2c_p + AR_p + rest's sum,
-                F_p + c_p + rest's (sum + X)); each rest term is bounded by its own table, so
-                pass_tail bounds sum + X from below.
+    pass_sum:   min over completions of sum(t_s + 2 c_s): one micro-batch's pass through them.
     stage_end:  stage s of a plan runs M micro-batches and then its all-reduce, after the first
                 micro-batch's forward reached it and before the rest's last pass leaves:
                 T >= sum_{j<s}(F_j + c_j) + M t_s + 2 c_s + AR_s + sum_{j>s}(t_j + 2 c_j), for
@@ -121,8 +116,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
     # (always inf), where a stage that would run past the last device points.
     shape = (L + 1, D + 2)
-    bound, pass_sum, pass_tail, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(7))
-    for table in (bound, pass_sum, pass_tail, stage_end, reach_end, round_end, compute_end):
+    bound, pass_sum, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(6))
+    for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end):
         table[L, :D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     starts = np.arange(D)
@@ -153,7 +148,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         sent_all = np.where(z_all < L, cut[np.minimum(z_all, L - 1)] * x.micro_batch / pbs, 0.0)
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
-        sum_at, tail_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(6))
+        sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         for R, nxt, lat, bw, slope, fixed, n_all in chunks:  # arrays laid out (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
@@ -186,8 +181,6 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                           stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :], 0.0)
             forward = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None]
             forward_in = forward + link
-            tail = np.maximum(per_pass + ar + rest_sum, forward_in + pass_tail[z][:, nxt].transpose(1, 0, 2))
-            tail_at = np.minimum(tail_at, tail.min(axis=(0, 1)))
             end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
             end_at = np.minimum(end_at, end.min(axis=(0, 1)))
             slow_side = (M - 1) * np.maximum(forward, t - forward) if M > 1 else 0.0  # (0 × inf is nan)
@@ -204,12 +197,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         bound[i, :D] = best_at[s]
         choice[i, :D] = np.stack([stop_at[s], s, replicas_at[s]], axis=1)
         pass_sum[i, :D] = np.minimum(sum_at, sum_at[fresh])
-        pass_tail[i, :D] = np.minimum(tail_at, tail_at[fresh])
         stage_end[i, :D] = np.minimum(end_at, end_at[fresh])
         reach_end[i, :D] = np.minimum(reach_at, reach_at[fresh])
         round_end[i, :D] = np.minimum(round_at, round_at[fresh])
         compute_end[i, :D] = np.minimum(compute_at, compute_at[fresh])
-    return SuffixBounds(bound, choice, pass_sum, pass_tail, stage_end, reach_end, round_end, compute_end)
+    return SuffixBounds(bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end)
 
 
 def _allreduce_factors(t: Topology, r: int) -> tuple[np.ndarray, np.ndarray]:

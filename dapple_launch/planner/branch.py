@@ -13,12 +13,11 @@ the next open node is the deepest dive's best sibling, alternating, when the gap
 with the open node of least bound (`_explore`). When the node budget ends, the least bound of
 everything left unexplored is kept (`open_bound`): the caller states that gap.
 
-Lower bound of a partial plan (stages placed so far, layers [i, L) left from device d on), with
-DAPPLE's minimal warm-up, T = (M - 1) beta + sum_s (t_s + 2 c_s) + X (cost.py): beta is at least
-the placed stages', links' and windows' times, the remaining work spread over the remaining
-devices, and the least bottleneck of any completion; the sum and the all-reduce tail X of the
-completion, and each of its stages' end, are bounded by the tables of bounds.py; each part on
-its own. Deeper warm-ups have their own bound (warmup.py), which reuses this search's tree.
+Lower bound of a partial plan (stages placed so far, layers [i, L) left from device d on): for
+1F1B the bound of warmup.py's module doc with DAPPLE's S - s micro-batches in flight (the deeper
+warm-up pass reuses this tree with more), for GPipe its closed form (the simulator's time exactly),
+each part over the placed stages and, through the tables of bounds.py, every completion. Leaves
+are costed by the simulator (cost.evaluate): the bounds are what the tests check below it.
 """
 from __future__ import annotations
 
@@ -32,6 +31,12 @@ from ..profile.model_profile import ModelProfile
 from .bounds import BoundInputs, least_bottleneck_stages, stage_starts, suffix_bound
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
+
+
+# A simulated candidate (every leaf: cost.evaluate walks its S M compute actions) counts as
+# S M / CELLS_PER_NODE scored candidates of the node budget, about what its time is worth in
+# branching (measured: ~0.7 µs per cell simulated, ~12 µs per candidate scored).
+CELLS_PER_NODE = 16
 
 
 class _OutOfTime(Exception):
@@ -79,9 +84,8 @@ class BranchAndBound:
         self.fast_bw = max(topology.intra_node_bandwidth, topology.inter_node_bandwidth)
         self.fast_lat = min(topology.intra_node_latency_s, topology.inter_node_latency_s)
         self.stats = SearchStats()
-        # 1F1B with DAPPLE's minimal warm-up puts each window of adjacent stages on the steady
-        # cycle (cost.py); GPipe and deeper warm-ups (warmup.py) do not, so their bounds leave them out
-        self.windows = limits.schedule == "1f1b"
+        # the most micro-batches a 1F1B stage s keeps in flight, in units of DAPPLE's S - s (warmup.py)
+        self.in_flight_depth = 1
         self.node_budget = node_budget
         self.scored = 0
         self.open_bound = math.inf  # least lower bound of what the budget left unexplored
@@ -152,16 +156,22 @@ class BranchAndBound:
                 self.best_t, self.best = cand.iteration_s, cand
 
     def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
-        """No completion of `placed` (stages so far; layers [i, L) left from device d on) is faster.
-        T = (M - 1) beta + sum_s (t_s + 2 c_s) + X (cost.py): each part is bounded on its own."""
+        """No completion of `placed` (stages so far; layers [i, L) left from device d on) is faster."""
+        if self.limits.schedule == "1f1b":
+            return self._warmup_bound(i, d, placed)
+        return self._gpipe_bound(i, d, placed)
+
+    def _gpipe_bound(self, i: int, d: int, placed: Prefix | None) -> float:
+        """GPipe's closed form (the simulator's time exactly: tests), each part bounded on its own:
+        T = (M - 1) beta + sum_s (t_s + 2 c_s) + the first stage's all-reduce, and every later stage
+        ends after the forward path through the placed ones (bounds.py: stage_end)."""
         left = self.D - d
-        rest, pass_sum, pass_tail, stage_end, out_link = 0.0, 0.0, 0.0, 0.0, 0.0
+        rest, pass_sum, stage_end, out_link = 0.0, 0.0, 0.0, 0.0
         if i < self.L:
             if left == 0 or not math.isfinite(self.suffix[i, d]):
                 return math.inf  # no device left, or no cut of the remaining layers fits in memory
             rest = self.rest_work_per_sample(i) * self.b / left
             pass_sum = max(float(self.bounds.pass_sum[i, d]), self.one_pass(i, left))
-            pass_tail = float(self.bounds.pass_tail[i, d])
             stage_end = float(self.bounds.stage_end[i, d])
             if placed is not None:  # the transfer out of the last placed stage: its share over the fastest link
                 total = self.p.cut_bytes[i - 1] * self.b / self.pbs
@@ -169,15 +179,49 @@ class BranchAndBound:
         if placed is None:
             placed = _EMPTY
         steady = (self.M - 1) * max(placed.beta, rest, out_link, float(self.suffix[i, d]) if left else 0.0)
-        e0 = steady + placed.total + 2 * out_link + pass_sum
-        # every stage still to come ends (its all-reduce included) after the forward path through the
-        # placed ones (bounds.py: stage_end)
-        ends = placed.forward + out_link + stage_end
-        if self.limits.schedule != "1f1b":  # GPipe's stages end paced differently: only the first stage's tail holds
-            return max(e0 + placed.ar0, ends)
-        # X >= AR_s - (backward and gradient transfers before s), for placed s and, through
-        # pass_tail, for the stages still to come (behind them: every placed stage and its link).
-        return max(e0 + max(placed.tail, 0.0), ends, steady + placed.total + out_link + pass_tail - placed.back)
+        return max(steady + placed.total + 2 * out_link + pass_sum + placed.ar0, placed.forward + out_link + stage_end)
+
+    def _warmup_bound(self, i: int, d: int, placed: Prefix | None) -> float:
+        """1F1B with at most `in_flight_depth` times DAPPLE's micro-batches in flight per stage
+        (warmup.py's module doc): the work, links and round trips of the placed stages, the tables
+        of bounds.py for the stages still to come, and the steady cycle through the last stage."""
+        placed = placed or _EMPTY
+        if i == self.L:
+            return max(placed.finish, self._cycles(placed, 0.0, len(placed.stages)))
+        left = self.D - d
+        if left == 0 or not math.isfinite(self.suffix[i, d]):
+            return math.inf  # no device left, or no cut of the remaining layers fits in memory
+        M, tables = self.M, self.bounds
+        out_link, behind = 0.0, 0.0
+        if placed.stages:  # the transfer out of the last placed stage: its share over the fastest link
+            total = self.p.cut_bytes[i - 1] * self.b / self.pbs
+            out_link = self.fast_lat + total / len(placed.stages[-1][2]) / self.fast_bw
+            behind = out_link + placed.last_backward + placed.down  # a later stage's gradient path home
+        reach = placed.forward + out_link  # when the first micro-batch reaches the next stage
+        rest = self.rest_work_per_sample(i) * self.b / left  # some later stage computes at least this
+        most_stages = len(placed.stages) + min(left, self.max_stages - len(placed.stages), self.L - i)
+        return max(placed.finish,
+                   reach + M * max(rest, float(self.suffix[i, d])),
+                   reach + float(tables.reach_end[i, d]),
+                   reach + float(tables.round_end[i, d]) + behind,
+                   placed.forward + M * out_link + behind if placed.stages else 0.0,
+                   self._cycles(placed, 2 * out_link + float(tables.pass_sum[i, d]), most_stages))
+
+    def _cycles(self, placed: Prefix, beyond: float, most_stages: int) -> float:
+        """The steady-cycle bound (warmup.py's module doc) of each placed stage: its round trip R_s is
+        at least the placed stages after it, their links, and `beyond` (the least pass through the
+        rest), and it keeps at most min(M, in_flight_depth × (S - s)) micro-batches in flight
+        (S <= most_stages)."""
+        M, depth, bound = self.M, self.in_flight_depth, 0.0
+        trip = beyond
+        for s in range(len(placed.stages) - 1, -1, -1):
+            reach, f, bk, down = placed.starts[s]
+            k = min(M, depth * (most_stages - s))
+            cycles = (M - 1) // k + 1
+            bound = max(bound, reach + cycles * (f + trip + bk) + (M - 1 - (cycles - 1) * k) * bk + down)
+            if s:
+                trip += f + bk + 2 * placed.links[s - 1]
+        return bound
 
     def _explore(self) -> None:
         """Dives: from an open node, follow the best child down to a leaf, leaving the other
@@ -261,7 +305,7 @@ class BranchAndBound:
                     if (self.M - 1) * max(beta_placed, f + bk) + f + bk >= self.cutoff:
                         break  # a longer stage is only slower
                     chain = (placed or _EMPTY).then(i, z, devices, f, bk, link_in,
-                                                    self.t.allreduce_s(devices, params), self.windows, self.M)
+                                                    self.t.allreduce_s(devices, params), self.M)
                     self.scored += 1  # the budget counts scored candidates: the unit of work
                     if self.scored > self.node_budget:
                         self.open_bound = min(self.open_bound, self._lower_bound(i, d, placed))
@@ -275,6 +319,10 @@ class BranchAndBound:
         S = len(placed.stages)
         if self.M < MIN_MICRO_BATCHES[self.limits.schedule](S):
             return
+        self.scored += math.ceil(S * self.M / CELLS_PER_NODE) - 1  # (its node counted one already)
+        if self.scored > self.node_budget:
+            self.open_bound = min(self.open_bound, self._lower_bound(self.L, self.D, placed))
+            raise _OutOfTime
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits)
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
@@ -313,19 +361,16 @@ def exact_sweep(passes: list[BranchAndBound], incumbent: float, budget: int,
 
 class Prefix(NamedTuple):
     """The stages placed so far and what the bounds need of them, kept as running totals so a
-    child's bound costs O(stages) (its windows), not O(stages²). A named tuple: the search builds
+    child's bound costs O(1) (the steady-cycle bound: O(stages)). A named tuple: the search builds
     one per child, and a tuple is built several times faster than a frozen dataclass. Links are
     those between placed stages; the one out of the last stage is not known until the next stage is."""
     stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # (first layer, stop, devices)
-    times: tuple[float, ...]  # t = F + B per stage
     links: tuple[float, ...]  # transfer time between stage j and j + 1
-    beta: float  # max of stage times, links and (1F1B) window means: the bottleneck so far
+    beta: float  # max of stage times and links: the bottleneck so far
     total: float  # sum of t + 2 × link
     forward: float  # sum of F + link: when the first micro-batch reaches the next stage
-    back: float  # sum of B + link: the backward path back down to stage 0
-    tail: float  # max over stages of AR_s - (B + link before s): the all-reduce tail X so far
-    ar0: float  # the first stage's all-reduce
-    # For any warm-up (warmup.py): stage s starts no earlier than a_s = sum_{j<s}(F_j + link_j),
+    ar0: float  # the first stage's all-reduce (GPipe's closed form ends with it)
+    # For any 1F1B warm-up (warmup.py): stage s starts no earlier than a_s = sum_{j<s}(F_j + link_j),
     # computes M t_s, and after its last backward the gradient still goes down to stage 0 and each
     # stage j <= s all-reduces: down_s = max(AR_s, link + B_{s-1} + down_{s-1}).
     last_backward: float  # B of the last placed stage
@@ -337,29 +382,19 @@ class Prefix(NamedTuple):
     compute_end: float = 0.0
 
     def then(self, a: int, z: int, devices: tuple[int, ...], f: float, bk: float, link_in: float, ar: float,
-             windows: bool, M: int) -> Prefix:
+             M: int) -> Prefix:
         t = f + bk
         if not self.stages:
-            return Prefix(((a, z, devices),), (t,), (), t, t, f, bk, ar, ar, bk, ar, M * t + ar, ((0.0, f, bk, ar),),
-                          M * t + ar)
-        beta = max(self.beta, t, link_in)
-        if windows:  # 1F1B: the windows ending at the new stage (cost.py)
-            window, n = t, 1
-            for j in range(len(self.times) - 1, -1, -1):
-                window += self.times[j] + 2 * (link_in if j == len(self.times) - 1 else self.links[j])
-                n += 1
-                beta = max(beta, window / n)
-        behind = self.back + link_in
+            return Prefix(((a, z, devices),), (), t, t, f, ar, bk, ar, M * t + ar, ((0.0, f, bk, ar),), M * t + ar)
         down = max(ar, link_in + self.last_backward + self.down)
         # the new stage; and the link before it, which carries M activations one way and M gradients
         # the other, after the first micro-batch reached it and before the last one's round trip
         finish = max(self.finish, self.forward + link_in + M * t + down,
                      self.forward + (M + 1) * link_in + t + self.last_backward + self.down)
-        return Prefix(self.stages + ((a, z, devices),), self.times + (t,), self.links + (link_in,), beta,
-                      self.total + 2 * link_in + t, self.forward + link_in + f, behind + bk,
-                      max(self.tail, ar - behind), self.ar0, bk, down, finish,
+        return Prefix(self.stages + ((a, z, devices),), self.links + (link_in,), max(self.beta, t, link_in),
+                      self.total + 2 * link_in + t, self.forward + link_in + f, self.ar0, bk, down, finish,
                       self.starts + ((self.forward + link_in, f, bk, down),),
                       max(self.compute_end, self.forward + link_in + M * t + ar))
 
 
-_EMPTY = Prefix((), (), (), 0.0, 0.0, 0.0, 0.0, -math.inf, 0.0, 0.0, 0.0, 0.0, ())
+_EMPTY = Prefix((), (), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ())

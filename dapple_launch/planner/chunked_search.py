@@ -25,7 +25,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_of
 from .cost import Costed, Limits, speed_ratio
-from .warmup import CELLS_PER_NODE
+from .branch import CELLS_PER_NODE
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)

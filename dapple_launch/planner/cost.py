@@ -1,22 +1,18 @@
-"""DAPPLE's cost model: per-stage costs, the closed-form iteration time, and memory per device.
+"""DAPPLE's cost model: per-stage costs, a candidate's time by the simulator, and memory per device.
 
 A stage's replicas each run ceil(b / r) samples of a micro-batch of b. Between stages the
 activations (and, backward, their gradients) are split and concatenated across the two stages'
 replica counts over the slowest link used. Each stage all-reduces its gradients over the slowest
 link of its devices, starting when its last backward ends.
 
-Closed form for early-backward (1F1B), with t_s = F_s + B_s and the bottleneck
-beta = max(max_s t_s, max over links of the per-micro-batch transfer):
-
-    E_0 = sum_s t_s + sum_links (A + G)      warm-up and ending of one micro-batch through all stages
-        + (M - 1) * beta                     steady phase, driven by the pivot: the window of adjacent
-                                             stages with the largest mean (t + transfers inside it)
-    E_s = E_0 - sum_{j<s} (B_j + G_j)        stage s's last backward ends before the earlier stages'
-    T   = max_s (E_s + AR_s)                 each all-reduce overlaps the earlier stages' backward
-
-For GPipe the forward phase is paced by max(F, A) and stage s's backward phase by the slowest
-backward or gradient link among the stages from s on. The discrete-event simulator of the same
-schedule is the ground truth this formula is checked against (see tests and benchmarks).
+Every candidate's time is the simulator's (schedule/simulate.iteration_time) over its schedule's
+compute orders: one cost path for GPipe, 1F1B at every warm-up, ZB-H1 and (planner/chunked.py) the
+rank-order schedules. DAPPLE's closed form for 1F1B, (M - 1) beta plus one pass with beta the
+largest window mean of adjacent stages, is not a time: on random layouts with slow links it
+overstates the simulator by up to 43 % and understates it by up to 4 % (its windows are not the
+schedule's dependency cycles, and its steady phase spans the warm-up). What survives of closed
+forms are the lower bounds the branch and bound cuts with (branch.py, warmup.py,
+planner/schedules.py), each checked below the simulator by the tests.
 """
 from __future__ import annotations
 
@@ -27,8 +23,9 @@ from functools import lru_cache
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts, build_schedule, simulate, zero_bubble
+from ..schedule.gpipe import compute_orders as gpipe_orders
 from ..schedule.one_f_one_b import compute_orders, deeper_warmup
-from ..schedule.simulate import iteration_time, program
+from ..schedule.simulate import encode_orders, orders_time, program
 
 
 @dataclass(frozen=True)
@@ -296,52 +293,19 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
     return costs
 
 
-def formula_iteration_s(costs: list[StageCosts], num_micro_batches: int, schedule: str) -> float:
-    S, M = len(costs), num_micro_batches
-    F = [c.forward_s for c in costs]
-    B = [c.backward_s for c in costs]
-    A = [costs[s].send_activation_s for s in range(S - 1)]  # link s -> s+1
-    G = [costs[s + 1].send_gradient_s for s in range(S - 1)]  # link s+1 -> s
-    if schedule == "gpipe":
-        # Forward phase, then the backward phase flows from the last stage to the first; stage s
-        # ends when the last micro-batch's backward has passed it, paced by the stages after it.
-        forward_end = sum(F) + sum(A) + (M - 1) * max([*F, *A])
-        ends = [forward_end + sum(B[s:]) + sum(G[s:]) + (M - 1) * max([*B[s:], *G[s:]]) for s in range(S)]
-    else:
-        # Early backward: every stage runs at the pivot's pace; stage s finishes when the last
-        # micro-batch's gradient has come back down to it. With the minimal warm-up the hop to the
-        # next stage and back lies on the steady-state cycle, so the pivot is the window of
-        # adjacent stages with the largest average of compute plus the transfers inside it:
-        # (t + 2c(S-1)/S for S uniform stages, exactly; a dominant stage alone hides transfers).
-        t = [f + b for f, b in zip(F, B)]
-        hop = [a + g for a, g in zip(A, G)]  # there and back over the link after stage e - 1
-        beta = max(t + [max(a, g) for a, g in zip(A, G)])
-        for s in range(S):  # (the planner's inner loop: comparisons, not max() calls)
-            window, n = t[s], 1
-            for e in range(s + 1, S):
-                window += t[e] + hop[e - 1]
-                n += 1
-                if window > beta * n:
-                    beta = window / n
-        end0 = sum(F) + sum(B) + sum(A) + sum(G) + (M - 1) * beta
-        ends = [end0 - sum(B[:s]) - sum(G[:s]) for s in range(S)]
-    # Each stage's all-reduce starts at its last backward and overlaps the others' remaining work.
-    return max(e + c.allreduce_s for e, c in zip(ends, costs))
-
-
 def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
              num_micro_batches: int, limits: Limits, warmup_depth: int = 1,
              costs: list[StageCosts] | None = None) -> Costed:
-    """A candidate costed in full. DAPPLE's minimal warm-up (depth 1) by the closed form; a deeper
-    1F1B warm-up by the simulator, the ground truth, as the closed form's windows do not model it.
+    """A candidate costed in full: its time by the simulator of the schedule's compute orders (the one
+    cost path; the branch and bound's closed forms only bound it from below, branch.py).
     `costs`: the layout's stage_costs when the caller already has them."""
     if costs is None:
         costs = stage_costs(profile, topology, layout, micro_batch_size)
     S = len(layout)
     warmup = ()
     if warmup_depth > 1:
-        if limits.schedule not in SIMULATED:
-            raise ValueError(f"warm-up depth {warmup_depth} needs a schedule with a warm-up ({sorted(SIMULATED)}), "
+        if limits.schedule not in WARMUP_FAMILIES:
+            raise ValueError(f"warm-up depth {warmup_depth} needs a schedule with a warm-up ({sorted(WARMUP_FAMILIES)}), "
                              f"not {limits.schedule}")
         warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
@@ -352,29 +316,30 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
     if limits.recompute == "auto" and max(memory) > capacity and limits.schedule != "zb_h1":
         sets, costs, memory = fit_by_recomputation(profile, topology, layout, costs, micro_batch_size,
                                                    num_micro_batches, limits, warmup, capacity)
-    if warmup or limits.schedule != "1f1b" and limits.schedule in SIMULATED:
-        iteration_s = iteration_time(SIMULATED[limits.schedule](S, num_micro_batches, warmup), costs, num_micro_batches)
-    else:
-        iteration_s = formula_iteration_s(costs, num_micro_batches, limits.schedule)
+    iteration_s = orders_time(compute_orders_of(limits.schedule, S, num_micro_batches, warmup), costs,
+                              num_micro_batches)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
                   capacity, warmup=warmup, warmup_depth=warmup_depth, recompute=tuple(sets))
 
 
-@lru_cache(maxsize=64)
-def _zb_h1_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()):
-    return zero_bubble.compute_orders(num_stages, num_micro_batches, warmup or None)
+WARMUP_FAMILIES = ("1f1b", "zb_h1")  # the schedules with a warm-up depth to search
 
 
-@lru_cache(maxsize=64)
-def _warmup_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]):
-    """A deeper warm-up's compute orders, shared by every layout of that shape (deeper_warmup's
-    warm-ups are valid by construction; iteration_time refuses orders that deadlock)."""
-    return compute_orders(num_stages, num_micro_batches, warmup)
-
-
-# the simulator of their compute orders costs every candidate: ZB-H1 always (no closed form), 1F1B
-# when its warm-up is deeper than DAPPLE's (the closed form's windows do not model it)
-SIMULATED = {"zb_h1": _zb_h1_orders, "1f1b": _warmup_orders}
+@lru_cache(maxsize=128)
+def compute_orders_of(schedule: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = ()):
+    """Each stage's compute order under `schedule` (() = DAPPLE's minimal warm-up), encoded for
+    orders_time and shared by every layout of that shape: what the simulator walks for every
+    candidate. The generators' orders are valid by construction (the tests validate them over
+    grids); orders_time refuses a deadlock."""
+    if schedule == "zb_h1":
+        compute = zero_bubble.compute_orders(num_stages, num_micro_batches, warmup or None)
+    elif schedule == "gpipe":
+        compute = gpipe_orders(num_stages, num_micro_batches)
+    elif schedule == "1f1b":
+        compute = compute_orders(num_stages, num_micro_batches, warmup or deeper_warmup(num_stages, num_micro_batches, 1))
+    else:
+        raise ValueError(f"no stage-order generator for schedule {schedule!r} (device groups: planner/chunked.py)")
+    return encode_orders(compute)
 
 
 @lru_cache(maxsize=32)

@@ -6,7 +6,7 @@ devices that either continues at the next free device or starts on a fresh node,
 replica count, a micro-batch size dividing the global batch. Steepest descent over the moves a
 person would try by hand — shift a cut by one or two layers, hand a device to the neighbouring
 stage, start a stage on a fresh node or not, merge two stages, split one, halve or double the
-micro-batch — each neighbour costed by the same closed form as everything else. Deterministic:
+micro-batch — each neighbour costed by the same simulator as everything else. Deterministic:
 neighbours are tried in a fixed order and only a strictly better one is taken.
 
 Why it matters: the least-bottleneck seed ignores the transfers that the steady state's windows
@@ -25,7 +25,9 @@ from ..profile.model_profile import ModelProfile
 from .bounds import fresh_node_start
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
-from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS, worth_simulating
+from ..schedule.one_f_one_b import deeper_warmup
+from .branch import CELLS_PER_NODE
+from .warmup import WARMUP_MAX_ACTIONS, warmup_bound, worth_simulating
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,8 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
     """Steepest descent from `start`; (the local optimum, the cost of the neighbours costed).
 
     A start with a deeper 1F1B warm-up descends at that depth, one step deeper or shallower being
-    two more moves; its neighbours are simulated, each costing S M / CELLS_PER_NODE (warmup.py) of
-    `cost_budget`, which ends the descent when spent. Under DAPPLE's minimal warm-up each costs 1."""
+    two more moves. Each neighbour simulated costs S M / CELLS_PER_NODE (branch.py) of `cost_budget`,
+    which ends the descent when spent; one screened out by its bound or memory costs 1."""
     allowed = frozenset(allowed_replicas)
     sizes = sorted(sizes)
     best, shape, depth = start, shape_of(start, topology), start.warmup_depth
@@ -134,13 +136,13 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
                     or n.micro_batch < max(n.replicas) or (d > 1 and len(layout) * M > WARMUP_MAX_ACTIONS):
                 continue
             costs = stage_costs(profile, topology, layout, n.micro_batch, memo)
-            if d > 1 and not worth_simulating(profile, layout, costs, M, d, limits, capacity,
-                                              (step or best).iteration_s * (1 - 1e-12)):
-                costed += 1  # screened out by memory or by its bound: no simulation
+            beat = (step or best).iteration_s * (1 - 1e-12)
+            if d > 1 and not worth_simulating(profile, layout, costs, M, d, limits, capacity, beat) or \
+                    d == 1 and limits.schedule == "1f1b" and warmup_bound(costs, M, deeper_warmup(len(layout), M, 1)) >= beat:
+                costed += 1  # screened out by memory or by its bound (O(S)): no simulation (O(S M))
                 continue
             cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs)
-            # a simulated candidate (a deeper warm-up, or ZB-H1 at any depth) costs its schedule's size
-            costed += -(-len(layout) * M // CELLS_PER_NODE) if d > 1 or limits.schedule == "zb_h1" else 1
+            costed += -(-len(layout) * M // CELLS_PER_NODE)  # a simulated candidate costs its schedule's size
             if cand.fits and cand.iteration_s < (step or best).iteration_s * (1 - 1e-12):
                 step, step_shape, step_depth = cand, n, d
             if costed >= cost_budget:

@@ -28,7 +28,8 @@ from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime, exact_sweep, rep
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
-from .warmup import CELLS_PER_NODE, WARMUP_MAX_ACTIONS, DeepWarmupSearch
+from .branch import CELLS_PER_NODE
+from .warmup import WARMUP_MAX_ACTIONS, DeepWarmupSearch
 
 FAMILY = "zb_h1"
 # of the node budget, what local search under ZB-H1 may spend (each neighbour is simulated), and what

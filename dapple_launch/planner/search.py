@@ -43,6 +43,9 @@ __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_s
 # lost more than they found).
 DEEP_DESCENT_SHARE = 1 / 8
 DEEP_DESCENT_STARTS = 2
+# what local search from the best starts (before any branching, and after a budget-cut pass) may
+# spend of the node budget, shared by its starts: every neighbour is simulated
+POLISH_SHARE = 1 / 4
 # layouts found good under 1F1B that zero bubble is costed on before its own exact pass
 ZB_START_LAYOUTS = 6
 
@@ -238,7 +241,8 @@ def _polished(starts: list[Costed], profile: ModelProfile, topology: Topology, g
         if shape in seen or shape.layout(topology) != c.layout or any(r not in allowed for r in shape.replicas):
             continue  # not a plan of the search's space (a baseline placed otherwise)
         seen.add(shape)
-        better, costed = descend(c, profile, topology, global_batch, limits, allowed, sizes)
+        better, costed = descend(c, profile, topology, global_batch, limits, allowed, sizes,
+                                 cost_budget=limits.search_nodes * POLISH_SHARE / top)
         stats.nodes += costed
         if better is not c:
             out.append(better)

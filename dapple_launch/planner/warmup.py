@@ -2,10 +2,10 @@
 
 DAPPLE's minimal warm-up keeps S - s micro-batches in flight on stage s; depth k keeps k times
 that (schedule.deeper_warmup), for k times the activation memory. Where a slow link sits on the
-steady state's dependency cycle (cost.py: the windows), running further ahead hides it, as GPipe
-does. The closed form does not describe deeper warm-ups, so they are costed by the simulator,
-the ground truth, and searched by a second branch and bound over the same tree (branch.py) whose
-bounds leave out everything a deeper warm-up can hide:
+steady state's dependency cycle (below), running further ahead hides it, as GPipe does. Every
+depth is costed by the simulator, and searched by branch and bound over one tree (branch.py):
+DAPPLE's minimal warm-up first, then the deeper ones, each cut by the bound below with the most
+micro-batches its depths keep in flight; the bound leaves out everything such a warm-up can hide:
 
 Stage s starts no earlier than a_s = sum_{j<s}(F_j + A_j), the first micro-batch's forward path.
 It computes M (F_s + B_s). Its first backward waits for a round trip R_s through the later
@@ -18,7 +18,7 @@ down_s = max(AR_s, G_{s-1} + B_{s-1} + down_{s-1}). So, for every stage and link
     T >= a_s + F_s + M A_s + (F + R + B)_{s+1} + G_s + B_s + down_s         (and M G_s alike)
 
 and, with k_s = w_s + 1 micro-batches in flight, the steady state's cycle through the last stage
-(DAPPLE's windows, k_s times wider): B_s(m) -> F_s(m + k_s) -> round trip -> B_s(m + k_s), so
+(for the minimal warm-up, k_s = S - s: DAPPLE's window from s to the last stage): B_s(m) -> F_s(m + k_s) -> round trip -> B_s(m + k_s), so
     T >= a_s + ceil(M / k_s) (F_s + R_s + B_s) + (backwards left after the last cycle) B_s + down_s
 
 With w_s unknown (a partial plan) the wait term is left out, except with every micro-batch in
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime, exact_sweep
+from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, _OutOfTime, exact_sweep
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from ..cluster import Topology
@@ -39,11 +39,9 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts
 from ..schedule.one_f_one_b import deeper_warmup
 
-# The simulator walks about 6 S M actions per candidate: bounded work per candidate (S M at most
-# WARMUP_MAX_ACTIONS), and a simulated candidate counts as S M / CELLS_PER_NODE scored candidates
-# of the node budget, about what its time is worth in branching (measured: ~0.7 µs per cell
-# simulated, ~12 µs per candidate scored).
-WARMUP_LAYOUTS, WARMUP_MAX_ACTIONS, CELLS_PER_NODE = 3, 8192, 16
+# Deeper warm-ups: bounded work per candidate (S M at most WARMUP_MAX_ACTIONS simulated; each
+# simulated candidate costs branch.CELLS_PER_NODE's share of the node budget).
+WARMUP_LAYOUTS, WARMUP_MAX_ACTIONS = 3, 8192
 
 
 def warmup_bound(costs: list[StageCosts], num_micro_batches: int, warmup: tuple[int, ...]) -> float:
@@ -149,57 +147,21 @@ def worth_simulating(profile: ModelProfile, layout: tuple[StageSpec, ...], costs
 
 class DeepWarmupSearch(BranchAndBound):
     """The branch and bound of one micro-batch size over layouts with warm-ups deeper than DAPPLE's,
-    sharing the minimal pass's bound tables (built for plans that beat an incumbent at least as
-    slow as this pass's)."""
+    sharing the minimal pass's tree and bound tables (built for plans that beat an incumbent at least
+    as slow as this pass's); its bound is the minimal pass's with up to max_warmup_depth times as
+    many micro-batches in flight."""
 
     @classmethod
     def over(cls, base: BranchAndBound) -> DeepWarmupSearch:
         x = cls.__new__(cls)
         x.__dict__.update(base.__dict__)
-        x.windows, x._root_bound, x.seed = False, None, None
+        x._root_bound, x.seed = None, None
+        x.in_flight_depth = base.limits.max_warmup_depth  # its bound (branch.py: _warmup_bound) holds for every depth
         return x
 
     def run(self) -> Costed | None:
         self._explore()
         return self.best
-
-    def _lower_bound(self, i: int, d: int, placed: Prefix | None) -> float:
-        placed = placed or _EMPTY
-        if i == self.L:
-            return max(placed.finish, self._cycles(placed, 0.0, len(placed.stages)))
-        left = self.D - d
-        if left == 0 or not math.isfinite(self.suffix[i, d]):
-            return math.inf  # no device left, or no cut of the remaining layers fits in memory
-        M, tables = self.M, self.bounds
-        out_link, behind = 0.0, 0.0
-        if placed.stages:  # the transfer out of the last placed stage: its share over the fastest link
-            total = self.p.cut_bytes[i - 1] * self.b / self.pbs
-            out_link = self.fast_lat + total / len(placed.stages[-1][2]) / self.fast_bw
-            behind = out_link + placed.last_backward + placed.down  # a later stage's gradient path home
-        reach = placed.forward + out_link  # when the first micro-batch reaches the next stage
-        rest = self.rest_work_per_sample(i) * self.b / left  # some later stage computes at least this
-        most_stages = len(placed.stages) + min(left, self.max_stages - len(placed.stages), self.L - i)
-        return max(placed.finish,
-                   reach + M * max(rest, float(self.suffix[i, d])),
-                   reach + float(tables.reach_end[i, d]),
-                   reach + float(tables.round_end[i, d]) + behind,
-                   placed.forward + M * out_link + behind if placed.stages else 0.0,
-                   self._cycles(placed, 2 * out_link + float(tables.pass_sum[i, d]), most_stages))
-
-    def _cycles(self, placed: Prefix, beyond: float, most_stages: int) -> float:
-        """The steady-cycle bound (module doc) of each placed stage: its round trip R_s is at least
-        the placed stages after it, their links, and `beyond` (the least pass through the rest), and
-        it keeps at most min(M, max_warmup_depth × (S - s)) micro-batches in flight (S <= most_stages)."""
-        M, depth, bound = self.M, self.limits.max_warmup_depth, 0.0
-        trip = beyond
-        for s in range(len(placed.stages) - 1, -1, -1):
-            reach, f, bk, down = placed.starts[s]
-            k = min(M, depth * (most_stages - s))
-            cycles = (M - 1) // k + 1
-            bound = max(bound, reach + cycles * (f + trip + bk) + (M - 1 - (cycles - 1) * k) * bk + down)
-            if s:
-                trip += f + bk + 2 * placed.links[s - 1]
-        return bound
 
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1

@@ -1,7 +1,7 @@
 """Discrete-event simulator: action lists + costs -> iteration time, timeline, peak memory.
 
-It is the ground truth the planner's closed-form estimate is checked against, and the source of
-the predicted timeline. Semantics match the runtime: compute on a stage is sequential; a send
+It is the planner's cost of every candidate (orders_time: its inner loop) and the source of the
+predicted timeline. Semantics match the runtime: compute on a stage is sequential; a send
 does not block its stage but occupies the directed link to the neighbour (links are serial
 resources, one per direction); a receive waits for the data's arrival; each stage's gradient
 all-reduce starts when its last backward ends and overlaps whatever other stages still do.
@@ -69,65 +69,80 @@ def program(schedule: Schedule, validated: bool = False) -> list[tuple[int, Acti
     return [(s, schedule.stage_actions[s][i]) for s, i in execute_order(schedule)]
 
 
+_CODES = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.INPUT_GRAD: 2, Kind.WEIGHT_GRAD: 3}
+
+
+def encode_orders(compute: list[list[Action]]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Compute orders as (kind code, micro-batch) pairs (F 0, B 1, I 2, W 3): what orders_time
+    walks. A planner costing many layouts of one shape encodes its orders once."""
+    return tuple(tuple((_CODES[a.kind], a.micro_batch) for a in order) for order in compute)
+
+
 def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_micro_batches: int) -> float:
     """simulate(with_communication(compute)).iteration_s without building or ordering the
-    communication actions: the planner costs many layouts and shapes, so this is its inner loop.
+    communication actions (orders_time of the encoded orders)."""
+    return orders_time(encode_orders(compute), costs, num_micro_batches)
 
-    Same semantics (actions.with_communication: a forward's input arrives over the link from the
-    previous stage, a backward's from the next, each send starting when its compute ends and its
-    link is free). Each stage advances through its compute order until it needs an input that has
-    not been sent yet; the stage that sends it is then resumed: every action is visited once."""
+
+def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[StageCosts],
+                num_micro_batches: int) -> float:
+    """The planner's inner loop: every candidate's time. Same semantics as simulate
+    (actions.with_communication: a forward's input arrives over the link from the previous stage, a
+    backward's from the next, each send starting when its compute ends and its link is free). Each
+    stage advances through its order until it needs an input that has not been sent yet; the stage
+    that sends it is then resumed: every action is visited once."""
     S, M = len(costs), num_micro_batches
     forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
     input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     missing = -1.0
-    FORWARD, WEIGHT = Kind.FORWARD, Kind.WEIGHT_GRAD
     activation = [[missing] * M for _ in range(S)]  # [stage][micro-batch] -> arrival of its input
     gradient = [[missing] * M for _ in range(S)]
-    for m in range(M):
-        activation[0][m] = 0.0  # the first stage reads the batch
+    activation[0] = [0.0] * M  # the first stage reads the batch
     clock, link_up, link_down = [0.0] * S, [0.0] * S, [0.0] * S
     last_backward_end, done = [0.0] * S, [0] * S
     last = S - 1
     pending = list(range(S - 1, -1, -1))
     while pending:
         s = pending.pop()
-        order, k, t = compute[s], done[s], clock[s]
-        while k < len(order):
-            a = order[k]
-            m = a.micro_batch
-            if a.kind is WEIGHT:
-                t += weight[s]
-                last_backward_end[s] = t
-            elif a.kind is FORWARD:
-                arrival = activation[s][m]
+        order, k, t = orders[s], done[s], clock[s]
+        n = len(order)
+        f_s, b_s, i_s, w_s = forward[s], backward[s], input_[s], weight[s]
+        arrivals, gradients = activation[s], gradient[s]
+        has_next, has_prev = s < last, s > 0
+        while k < n:
+            code, m = order[k]
+            if code == 0:  # forward
+                arrival = arrivals[m]
                 if arrival < 0:
                     break
-                t = (t if t > arrival else arrival) + forward[s]
-                if s < last:
+                t = (t if t > arrival else arrival) + f_s
+                if has_next:
                     start = t if t > link_up[s] else link_up[s]
                     activation[s + 1][m] = link_up[s] = start + send_up[s]
                     pending.append(s + 1)
-            else:
-                if s < last:
-                    arrival = gradient[s][m]
+            elif code == 3:  # weight gradient: local
+                t += w_s
+                last_backward_end[s] = t
+            else:  # backward or input gradient: waits for the gradient from the next stage
+                if has_next:
+                    arrival = gradients[m]
                     if arrival < 0:
                         break
                     if arrival > t:
                         t = arrival
-                if a.kind is Kind.BACKWARD:
-                    t += backward[s]
+                if code == 1:
+                    t += b_s
                     last_backward_end[s] = t
                 else:
-                    t += input_[s]
-                if s > 0:
+                    t += i_s
+                if has_prev:
                     start = t if t > link_down[s] else link_down[s]
                     gradient[s - 1][m] = link_down[s] = start + send_down[s]
                     pending.append(s - 1)
             k += 1
         done[s], clock[s] = k, t
-    if any(d < len(order) for d, order in zip(done, compute)):
+    if any(d < len(order) for d, order in zip(done, orders)):
         raise ValueError("iteration_time: the compute orders deadlock (validate the schedule first)")
     return max(clock[s] if costs[s].allreduce_s <= 0 else max(clock[s], last_backward_end[s] + costs[s].allreduce_s)
                for s in range(S))
