@@ -314,15 +314,20 @@ class BranchAndBound:
                     if lb < self.cutoff:
                         yield lb, z, start + r, chain
 
+    def _spend(self, cost: int, bound: float) -> None:
+        """Charge a simulation to the node budget; past it, leave the candidate open with its bound."""
+        self.scored += cost
+        if self.scored > self.node_budget:
+            self.open_bound = min(self.open_bound, bound)
+            raise _OutOfTime
+
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
         S = len(placed.stages)
         if self.M < MIN_MICRO_BATCHES[self.limits.schedule](S):
             return
-        self.scored += math.ceil(S * self.M / CELLS_PER_NODE) - 1  # (its node counted one already)
-        if self.scored > self.node_budget:
-            self.open_bound = min(self.open_bound, self._lower_bound(self.L, self.D, placed))
-            raise _OutOfTime
+        self._spend(math.ceil(S * self.M / CELLS_PER_NODE) - 1,  # (its node counted one already)
+                    self._lower_bound(self.L, self.D, placed))
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits)
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
@@ -361,7 +366,7 @@ def exact_sweep(passes: list[BranchAndBound], incumbent: float, budget: int,
 
 class Prefix(NamedTuple):
     """The stages placed so far and what the bounds need of them, kept as running totals so a
-    child's bound costs O(1) (the steady-cycle bound: O(stages)). A named tuple: the search builds
+    child's bound costs O(stages) (its steady cycles), not O(stages²). A named tuple: the search builds
     one per child, and a tuple is built several times faster than a frozen dataclass. Links are
     those between placed stages; the one out of the last stage is not known until the next stage is."""
     stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # (first layer, stop, devices)

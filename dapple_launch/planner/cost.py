@@ -5,7 +5,7 @@ activations (and, backward, their gradients) are split and concatenated across t
 replica counts over the slowest link used. Each stage all-reduces its gradients over the slowest
 link of its devices, starting when its last backward ends.
 
-Every candidate's time is the simulator's (schedule/simulate.iteration_time) over its schedule's
+Every candidate's time is the simulator's (schedule/simulate.orders_time) over its schedule's
 compute orders: one cost path for GPipe, 1F1B at every warm-up, ZB-H1 and (planner/chunked.py) the
 rank-order schedules. DAPPLE's closed form for 1F1B, (M - 1) beta plus one pass with beta the
 largest window mean of adjacent stages, is not a time: on random layouts with slow links it

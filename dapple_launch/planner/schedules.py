@@ -24,7 +24,7 @@ from dataclasses import replace
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
-from .branch import _EMPTY, BranchAndBound, Prefix, _OutOfTime, exact_sweep, replica_choices
+from .branch import _EMPTY, BranchAndBound, Prefix, exact_sweep, replica_choices
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
@@ -140,10 +140,7 @@ class ZeroBubbleSearch(DeepWarmupSearch):
         for depth, warmup in depths(S, M, self.limits):
             if max(memory_per_device(self.p, layout, costs, M, self.family, warmup)) > self.cap:
                 return  # a deeper warm-up keeps more micro-batches: it does not fit either
-            self.scored += math.ceil(S * M / CELLS_PER_NODE)
-            if self.scored > self.node_budget:
-                self.open_bound = min(self.open_bound, placed.compute_end)
-                raise _OutOfTime
+            self._spend(math.ceil(S * M / CELLS_PER_NODE), placed.compute_end)
             cand = evaluate(self.p, self.t, layout, self.b, M, self.family, warmup_depth=depth, costs=costs)
             if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
                 self.best_t, self.best = cand.iteration_s, cand

@@ -18,7 +18,8 @@ down_s = max(AR_s, G_{s-1} + B_{s-1} + down_{s-1}). So, for every stage and link
     T >= a_s + F_s + M A_s + (F + R + B)_{s+1} + G_s + B_s + down_s         (and M G_s alike)
 
 and, with k_s = w_s + 1 micro-batches in flight, the steady state's cycle through the last stage
-(for the minimal warm-up, k_s = S - s: DAPPLE's window from s to the last stage): B_s(m) -> F_s(m + k_s) -> round trip -> B_s(m + k_s), so
+(for the minimal warm-up, k_s = S - s: DAPPLE's window from s to the last stage):
+B_s(m) -> F_s(m + k_s) -> round trip -> B_s(m + k_s), so
     T >= a_s + ceil(M / k_s) (F_s + R_s + B_s) + (backwards left after the last cycle) B_s + down_s
 
 With w_s unknown (a partial plan) the wait term is left out, except with every micro-batch in
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, _OutOfTime, exact_sweep
+from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from ..cluster import Topology
@@ -179,10 +180,7 @@ class DeepWarmupSearch(BranchAndBound):
             if S * M > WARMUP_MAX_ACTIONS:
                 self.open_bound = min(self.open_bound, bound)  # too large to simulate: left open, said so
                 continue
-            self.scored += math.ceil(S * M / CELLS_PER_NODE)
-            if self.scored > self.node_budget:
-                self.open_bound = min(self.open_bound, bound)
-                raise _OutOfTime
+            self._spend(math.ceil(S * M / CELLS_PER_NODE), bound)
             cand = evaluate(self.p, self.t, layout, self.b, M, self.limits, warmup_depth=depth, costs=costs)
             if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
                 self.best_t, self.best = cand.iteration_s, cand
