@@ -9,8 +9,9 @@
    row's ratio is of the mean over ranks; runs alternate ours/theirs `--repeats` times and each
    rank keeps its median, because 4 processes on 2 shared cores are noisy).
 3. saved activation bytes per stage (saved-tensor hooks, exact) on every row, ours / theirs.
-4. interleaved 1F1B and ZB-V (benchmarks/runtime_chunked.py): 8 stages on the 4 processes (2 per
-   rank) against torch's ScheduleInterleaved1F1B and ScheduleZBVZeroBubble on the same stages:
+4. interleaved 1F1B, interleaved zero bubble and ZB-V (benchmarks/runtime_chunked.py): 8 stages on
+   the 4 processes (2 per rank) against torch's ScheduleInterleaved1F1B,
+   ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble on the same stages:
    sleep rows (time, and the rank-order simulator with the runtime's per-action cost calibrated on
    a no-sleep row), compute rows (CPU), saved bytes per rank.
 5. uneven: a model whose last layer holds most parameters (VGG's FC layers in miniature), on 4

@@ -1,6 +1,7 @@
-"""benchmarks/runtime.py's rows for device groups holding several stages: interleaved 1F1B and ZB-V
-through this runtime (runtime/rank_executor.py) and through torch.distributed.pipelining's
-ScheduleInterleaved1F1B and ScheduleZBVZeroBubble, on the same stages, cut, chunks and micro-batches,
+"""benchmarks/runtime.py's rows for device groups holding several stages: interleaved 1F1B, interleaved
+zero bubble and ZB-V through this runtime (runtime/rank_executor.py) and through
+torch.distributed.pipelining's ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble and
+ScheduleZBVZeroBubble, on the same stages, cut, chunks and micro-batches,
 4 gloo processes; Chimera (which torch does not have) through this runtime alone, against the
 simulator and against 1F1B on the same 4 stages' costs.
 
@@ -29,7 +30,9 @@ from dapple_launch.schedule import StageCosts, simulate_ranks
 
 WORLD, BATCH = 4, 4
 COMPUTE_WIDTH, COMPUTE_BATCH = 512, 32
-TORCH = {"interleaved_1f1b": "ScheduleInterleaved1F1B", "zbv": "ScheduleZBVZeroBubble"}  # (Chimera: none)
+TORCH = {"interleaved_1f1b": "ScheduleInterleaved1F1B", "interleaved_zb": "ScheduleInterleavedZeroBubble",
+         "zbv": "ScheduleZBVZeroBubble"}  # (Chimera: none)
+SPLIT = ("interleaved_zb", "zbv")  # backward split into I and W actions
 
 
 def stages(schedule: str, chunks: int) -> int:
@@ -96,7 +99,7 @@ def ours(rank, world, kind, schedule, chunks, micro_batches, iterations):
 def theirs(rank, world, kind, schedule, chunks, micro_batches, iterations):
     import torch.distributed.pipelining as pp
     S = chunks * world
-    local = [rank + c * world for c in range(chunks)] if schedule == "interleaved_1f1b" else [rank, 2 * world - 1 - rank]
+    local = [rank, 2 * world - 1 - rank] if schedule == "zbv" else [rank + c * world for c in range(chunks)]
     mods = {s: _layer(kind, s) for s in local}
     stages = [pp.PipelineStage(mods[s], s, S, torch.device("cpu")) for s in local]
     sched = getattr(pp, TORCH[schedule])(stages, micro_batches, loss_fn=lambda y, t: _loss(y, t).mean())
@@ -125,7 +128,7 @@ def _simulated(schedule: str, chunks: int, micro_batches: int, sleep: bool, per_
     x = chunked_plan(schedule, chunks, micro_batches, WIDTH).build_schedule()
     base = sleep_costs(schedule, chunks) if sleep else [StageCosts(0.0, 0.0, weight_grad_s=0.0)] * x.num_stages
     a = per_action_s
-    costs = [StageCosts(c.forward_s + a, c.backward_s + 2 * a, weight_grad_s=c.weight_s + a) if schedule == "zbv"
+    costs = [StageCosts(c.forward_s + a, c.backward_s + 2 * a, weight_grad_s=c.weight_s + a) if schedule in SPLIT
              else StageCosts(c.forward_s + a, c.backward_s + a) for c in base]
     return simulate_ranks(x, costs, record=False).iteration_s
 

@@ -79,10 +79,12 @@ def _compare(rank, world, model_name, plan_json, batch_n):
                                                         // ex.chunks[s].replicas) for s in local_stages}}
 
 
-def _one_forward_bytes(plan, ref, local, model, stage, batch, rows) -> int:
+def _one_forward_bytes(plan, ref, local, model, stage, batch, rows) -> tuple[int, int]:
     """What one forward of `stage` on `rows` samples keeps for backward (saved-tensor hooks), its
-    input taken as the previous stages compute it: the bytes the simulator charges per micro-batch."""
-    from dapple_launch.models.contract import carry_map, run_layers
+    input taken as the previous stages compute it: the bytes the simulator charges per micro-batch;
+    and of those, what a split backward's I frees."""
+    from dapple_launch.models.contract import as_tuple, carry_map, run_layers
+    from dapple_launch.models.split_backward import backward_input
     a, b = plan.stages[stage].layers
     x = carry_map(lambda t: t[:rows], batch[0])
     if a:
@@ -90,12 +92,20 @@ def _one_forward_bytes(plan, ref, local, model, stage, batch, rows) -> int:
             x = carry_map(lambda t: t.detach().requires_grad_(t.is_floating_point()),
                           run_layers([ref.layers[str(i)] for i in range(a)], x))
     one = SavedBytes(weights=list(local.parameters()))
+    layers = [local.layers[str(i)] for i in range(a, b)]
     with one.hooks():
-        y = run_layers([local.layers[str(i)] for i in range(a, b)], x)
+        y = run_layers(layers, x)
         kept = model.loss(y, batch[1][:rows]).sum() if b == plan.num_layers else y
         n = one.live
-    del y, kept
-    return n
+    # and what a split backward's I frees of it (what only the input gradient reads: a loss)
+    outputs = [kept] if b == plan.num_layers else [t for t in as_tuple(kept) if t.requires_grad]
+    grads = None if b == plan.num_layers else [torch.ones_like(t) for t in outputs]
+    inputs = [t for t in as_tuple(x) if t.is_floating_point()] if a else []
+    _, pending = backward_input(outputs, grads, inputs, [p for m in layers for p in m.parameters()])
+    del y, kept, outputs, grads
+    after_input = one.live
+    del pending
+    return n, n - after_input
 
 
 def _many(rank, world, cases):
@@ -151,11 +161,16 @@ def test_chunked_schedules_equal_the_reference(tmp_path):
             rows, m = case[5], case[4]
             if rows % m == 0 and all((rows // m) % g == 0 for g in case[1]):  # every micro-batch alike
                 # the bytes each rank kept at once, exactly as the simulator charges them: each
-                # stage's one-forward bytes per micro-batch in flight, from F to its B or W
+                # stage's one-forward bytes per micro-batch in flight, from F to its B or W (less what
+                # I frees, where the backward is split)
+                split = case[2] in ("interleaved_zb", "zbv")
+                assert not split or any(per_stage[s][1] for s in per_stage), case  # a loss freed at I
                 per_stage = {}
                 for r in results:
                     per_stage.update({int(k): v for k, v in r["one_forward_bytes"].items()})
-                costs = [StageCosts(1.0, 2.0, activation_bytes=float(per_stage[s])) for s in range(plan.num_stages)]
+                costs = [StageCosts(1.0, 2.0, activation_bytes=float(per_stage[s][0]),
+                                    input_only_bytes=float(per_stage[s][1]) if split else 0.0)
+                         for s in range(plan.num_stages)]
                 peaks = simulate_ranks(schedule, costs, record=False).peak_activation_bytes
                 for r in results:
                     assert r["saved_bytes"] == peaks[r["group"]], (case, r["group"])

@@ -342,24 +342,33 @@ def stage_input(model, start: int, x, earlier: PipelineModule | None = None) -> 
 
 
 def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
-    """This stage's peak saved bytes over one iteration, and what one micro-batch's forward saves."""
+    """This stage's peak saved bytes over one iteration, what one micro-batch's forward saves, and
+    what of that a split backward's I frees."""
     from dapple_launch.models.contract import as_tuple, run_layers
+    from dapple_launch.models.split_backward import backward_input
     plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
     layers = local.local_stack()
     n = 2 * num_micro_batches
     batch = model.batch(n, torch.Generator().manual_seed(1))
     one = SavedBytes(local.parameters())
     x = stage_input(model, plan.stages[stage].layers[0], tuple(t[:2] for t in as_tuple(batch[0])))
+    last = stage == grid.num_stages - 1
     with one.hooks():  # one micro-batch's forward as the executor runs it (a later stage's input needs a gradient)
         y = run_layers(layers, x)
-        kept = model.loss(y, batch[1][:2]).sum() if stage == grid.num_stages - 1 else y
+        kept = model.loss(y, batch[1][:2]).sum() if last else y
         per_micro_batch = one.live
-    del x, y, kept
+    # what a split backward's I frees of it: what only the input gradient reads (the loss)
+    outputs = [kept] if last else [t for t in as_tuple(kept) if t.requires_grad]
+    _, pending = backward_input(outputs, None if last else [torch.ones_like(t) for t in outputs],
+                                [t for t in x if t.is_floating_point()] if stage else [], list(local.parameters()))
+    del x, y, kept, outputs
+    freed_at_input = per_micro_batch - one.live
+    del pending
     counter = SavedBytes(local.parameters())
     ex = StageExecutor(layers, model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
     with counter.hooks():
         ex.run(plan.build_schedule(), batch)
-    return {"stage": stage, "peak": counter.peak, "per_micro_batch": per_micro_batch}
+    return {"stage": stage, "peak": counter.peak, "per_micro_batch": per_micro_batch, "freed_at_input": freed_at_input}
 
 
 def _saved_bytes_many(rank, world, cases):
@@ -369,13 +378,21 @@ def _saved_bytes_many(rank, world, cases):
 def test_peak_saved_bytes_per_stage_equal_the_simulators(tmp_path):
     """Counted exactly (saved-tensor hooks), each stage's peak saved bytes over an iteration are the
     simulator's peak in-flight micro-batches times what one micro-batch's forward saves there: GPipe,
-    1F1B, ZB-H1 (whose activations live until W) and ZB-H1 with twice the warm-up."""
+    1F1B, ZB-H1 (whose activations live until W, but for the loss's, freed at I) and ZB-H1 with twice
+    the warm-up."""
     model, M = tiny_model(), 8
     grid = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("zb_h1", 2)]
     plans = [make_plan(model, (1, 1, 1, 1), schedule, M, 2 * M, warmup_depth=depth) for schedule, depth in grid]
     per_rank = run_ranks(4, _saved_bytes_many, ([(s, M, p.to_json()) for (s, _), p in zip(grid, plans)],), tmp_path)
     for k, (case, plan) in enumerate(zip(grid, plans)):
-        sim = simulate(plan.build_schedule(), [StageCosts(1.0, 2.0)] * 4)
-        for r in (rank[k] for rank in per_rank):
+        results = sorted((rank[k] for rank in per_rank), key=lambda r: r["stage"])
+        split = case[0] == "zb_h1"
+        costs = [StageCosts(1.0, 2.0, activation_bytes=r["per_micro_batch"],
+                            input_only_bytes=r["freed_at_input"] if split else 0.0) for r in results]
+        sim = simulate(plan.build_schedule(), costs)
+        assert not split or results[-1]["freed_at_input"] > 0  # the loss's saved input goes at I
+        for r in results:
             assert r["per_micro_batch"] > 0
-            assert r["peak"] == sim.peak_in_flight[r["stage"]] * r["per_micro_batch"], (case, r)
+            assert r["peak"] == sim.peak_activation_bytes[r["stage"]], (case, r)
+            if not split or not r["freed_at_input"]:
+                assert r["peak"] == sim.peak_in_flight[r["stage"]] * r["per_micro_batch"], (case, r)

@@ -39,9 +39,10 @@ def _unit(x: RankSchedule, chunk_share: float):
     ("zb_h1", lambda: from_stages(build_schedule("zb_h1", P, M)), 1, 0.111, [4, 4, 4, 4]),
     # rank 0: (v - 1) P + 2 (P - 1) + 1 = 11 half-stage micro-batches = P + (P - 1) / v stages' worth
     ("interleaved v=2", lambda: interleaved_1f1b(P, M, 2), 0.5, 0.158, [11, 9, 7, 5]),
-    # torch's InterleavedZeroBubble: interleaved's order, W's filling its waits, rank r holding back r of them
+    # torch's InterleavedZeroBubble (ZB1P): interleaved's order at one warm-up forward per hop, W's filling
+    # its waits, rank r holding back r of them: (v - 1) P + (P - 1 - r) + 1 + r = v P on every rank
     ("interleaved zero bubble v=2", lambda: build_rank_schedule("interleaved_zb", P, M, 2), 0.5, 0.059,
-     [11, 10, 9, 8]),
+     [8, 8, 8, 8]),
     ("zbv", lambda: zbv(P, M), 0.5, 0.059, [8, 8, 8, 8]),  # P half-stage pairs on every rank: balanced
     ("chimera", lambda: chimera(P, M), 1, 0.200, [3, 4, 4, 3]),  # D/2 + 1 … D
 ])

@@ -12,7 +12,9 @@ micro-batch's activations live from its F to its W (the simulator's accounting).
 
 Weights whose branch reaches the outputs without meeting the input path (a stage whose input needs
 no gradient, the first stage; a weight used only on a side output) have no anchor: W computes them
-from the outputs directly, as a whole backward would.
+from the outputs directly, as a whole backward would. Where every weight has an anchor, I lets go of the
+outputs: what only the input gradient needed above the anchors (a last stage's loss, which saved
+its own input) is freed at I, as torch.distributed.pipelining's stage_backward_input does.
 """
 from __future__ import annotations
 
@@ -166,4 +168,6 @@ def backward_input(outputs, grad_outputs, inputs, params) -> tuple[list, Pending
         for h in hooks:
             h.remove()
     by_input = dict(zip(map(id, want), got))
+    if not unanchored:  # W starts at the anchors: the graph above them (a loss, say) and what it saved goes now
+        outputs = grad_outputs = None
     return [by_input.get(id(x)) for x in inputs], PendingWeights(outputs, grad_outputs, groups, unanchored)

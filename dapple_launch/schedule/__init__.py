@@ -53,9 +53,9 @@ def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chun
     stage-per-group one (GPipe, 1F1B, ZB-H1) lifted to rank orders."""
     if name == "interleaved_1f1b":
         return interleaved_1f1b(num_groups, num_micro_batches, chunks)
-    if name == "interleaved_zb":  # interleaved 1F1B's F and I order, W's filling its waits
-        from .weights_fill import fill_with_weights
-        return fill_with_weights(interleaved_1f1b(num_groups, num_micro_batches, chunks), "interleaved_zb")
+    if name == "interleaved_zb":  # interleaved 1F1B's F and I order at one warm-up forward per hop (torch's ZB1P),
+        from .weights_fill import fill_with_weights  # W's filling its waits
+        return fill_with_weights(interleaved_1f1b(num_groups, num_micro_batches, chunks, hop_warmup=1), "interleaved_zb")
     if name == "zbv":
         return zbv(num_groups, num_micro_batches)
     if name == "chimera":

@@ -28,7 +28,9 @@ def interleaved_constraint(num_ranks: int, num_micro_batches: int, chunks: int) 
     return ""
 
 
-def interleaved_1f1b(num_ranks: int, num_micro_batches: int, chunks: int) -> RankSchedule:
+def interleaved_1f1b(num_ranks: int, num_micro_batches: int, chunks: int, hop_warmup: int = 2) -> RankSchedule:
+    """`hop_warmup`: the warm-up forwards each hop from the last rank adds (Megatron's 2; interleaved
+    zero bubble runs 1, since its W's fill what the extra forwards would, at less memory)."""
     P, M, v = num_ranks, num_micro_batches, chunks
     why = interleaved_constraint(P, M, v)
     if why:
@@ -42,7 +44,7 @@ def interleaved_1f1b(num_ranks: int, num_micro_batches: int, chunks: int) -> Ran
         def backward(k: int) -> Step:
             return Step(Kind.BACKWARD, (v - 1 - (k // P) % v) * P + r, k // (P * v) * P + k % P)
 
-        warm = min((v - 1) * P + 2 * (P - 1 - r), total)
+        warm = min((v - 1) * P + hop_warmup * (P - 1 - r), total)
         order = [forward(k) for k in range(warm)]
         for k in range(total - warm):
             order += [forward(warm + k), backward(k)]

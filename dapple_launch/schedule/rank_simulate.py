@@ -32,6 +32,7 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     kept = [c.activation_bytes for c in costs]
+    early = [c.input_only_bytes for c in costs]  # freed at I (StageCosts.input_only_bytes), the rest at W
     several = [len(schedule.stages_of(r)) > 1 for r in range(R)]
     FORWARD, WEIGHT, BACKWARD = Kind.FORWARD, Kind.WEIGHT_GRAD, Kind.BACKWARD
     where = schedule.route_table  # [stage][micro-batch] -> the rank that runs it
@@ -83,6 +84,8 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                         break
                     start = t if t > arrival else arrival
                 t = start + (backward[s] if kind is BACKWARD else input_[s])
+                if kind is not BACKWARD:
+                    live[r] -= early[s]
                 if s > 0:
                     to = where[s - 1][m]
                     if to == r:
@@ -94,7 +97,7 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
             if kind is BACKWARD or kind is WEIGHT:
                 if costs[s].recompute_bytes:
                     peak_bytes[r] = max(peak_bytes[r], live[r] + costs[s].recompute_bytes)
-                live[r] -= kept[s]
+                live[r] -= kept[s] - early[s] if kind is WEIGHT else kept[s]
                 in_flight[r] -= 1
                 if t > last_backward[s]:
                     last_backward[s] = t

@@ -24,8 +24,11 @@ class StageCosts:
     activation_bytes: float = 0.0  # saved per in-flight micro-batch on one device of this stage
     # split backward (I then W): W's share of backward_s; None = half, the rule for profiles that time
     # the backward whole (a matmul's weight gradient costs what its input gradient costs). A micro-batch's
-    # activations stay saved until its W: the weight gradients need them.
+    # activations stay saved until its W (the weight gradients need them) but for input_only_bytes.
     weight_grad_s: float | None = None
+    # of activation_bytes, what only the input gradient reads (above every weight: a last stage's loss):
+    # freed at I. Profiles time layers, not the loss, so the planner's costs leave it 0 (freed at W).
+    input_only_bytes: float = 0.0
     # activation recomputation (runtime/recompute.py): backward_s includes the forward run again;
     # this is what a micro-batch holds above activation_bytes while its backward runs (the
     # recomputed activations of one segment), once per stage at a time
@@ -172,6 +175,7 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
                 Kind.INPUT_GRAD: [c.input_s for c in costs], Kind.WEIGHT_GRAD: [c.weight_s for c in costs]}
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     F, SA, SG, RA = Kind.FORWARD, Kind.SEND_ACTIVATION, Kind.SEND_GRADIENT, Kind.RECV_ACTIVATION
+    I_, W_ = Kind.INPUT_GRAD, Kind.WEIGHT_GRAD
     label = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.INPUT_GRAD: "input", Kind.WEIGHT_GRAD: "weight"}
     if scale is not None and not isinstance(scale, (list, tuple)):
         scale = [scale] * S  # one SliceScale for every stage, or one per stage
@@ -186,10 +190,13 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
             end = clock[s] = start + took
             if record:
                 timeline.append(Event(s, schedule.label(a), label[kind], start, end))
-            if kind is F or kind.frees_activations:
-                kept = (unit_bytes[s][a.micro_batch] if unit_bytes is not None else
-                        costs[s].activation_bytes * (scale[s].memory[a.micro_batch] if scale is not None else 1.0))
-            if kind is F:
+            kept = (unit_bytes[s][a.micro_batch] if unit_bytes is not None else
+                    costs[s].activation_bytes * (scale[s].memory[a.micro_batch] if scale is not None else 1.0))
+            # what I frees early: the input-only share, scaled as the micro-batch's bytes are
+            early = kept * costs[s].input_only_bytes / costs[s].activation_bytes if costs[s].input_only_bytes else 0.0
+            if kind is I_:
+                live[s] -= early
+            elif kind is F:
                 in_flight[s] += 1
                 if in_flight[s] > peak[s]:
                     peak[s] = in_flight[s]
@@ -199,7 +206,7 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
                 if costs[s].recompute_bytes:
                     peak_bytes[s] = max(peak_bytes[s], live[s] + costs[s].recompute_bytes)
                 in_flight[s] -= 1
-                live[s] -= kept
+                live[s] -= kept - early if kind is W_ else kept
                 last_backward_end[s] = end
         elif kind is SA or kind is SG:
             links, dur = (link_up, send_up[s]) if kind is SA else (link_down, send_down[s])

@@ -4,8 +4,9 @@ The given orders fix the forwards and input gradients (what other ranks wait for
 with unit costs (T_F = T_I = T_W = 1, transfers free), a rank that would wait for an input runs a
 pending W instead, and a rank that holds more than `cap` pending W's runs the oldest at once
 (each pending W keeps its micro-batch's activations: the cap bounds the memory a rank adds over
-the given schedule); the rest run after its last input gradient. Applied to interleaved 1F1B this
-is interleaved zero bubble (torch's ScheduleInterleavedZeroBubble fills the same waits).
+the given schedule); the rest run after its last input gradient. Applied to interleaved 1F1B with
+one warm-up forward per hop this is interleaved zero bubble, torch's ScheduleInterleavedZeroBubble
+(ZB1P): the same warm-up, rank r holding back r W's, so v·P chunk micro-batches in flight on every rank.
 """
 from __future__ import annotations
 
