@@ -433,3 +433,33 @@ def test_one_f_one_b_branches_stop_at_as_many_stages_as_micro_batches():
     limits = Limits(max_warmup_depth=2)
     best, *_ = search(profile, topo, 8, limits)
     assert best.iteration_s == pytest.approx(brute_force(profile, topo, 8, limits), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_first_over_layouts_and_micro_batches_equals_the_full_sweep(seed):
+    """baselines.fastest simulates candidates in the order of their bound and stops where the bound
+    passes the best: the same (layout, micro-batch count) as simulating every one, ties to the
+    earlier layout and the fewer micro-batches, under memory caps that rule some out."""
+    from dapple_launch.planner.baselines import fastest
+    rng = random.Random(70 + seed)
+    profile = random_profile(rng, 7)
+    for _ in range(6):
+        topo = Topology("t", rng.choice([1, 2]), 4, rng.choice([2e9, 8e9, 32e9]), 1.0, 5e10, rng.choice([1e9, 1e10]))
+        layouts = [(layout, rng.choice([1, len(layout)])) for layout in
+                   rng.sample(list(all_layouts(profile, topo, 4, 4)), 12)]
+        G = rng.choice([16, 32, 48])
+        for limits in (Limits(), Limits(recompute="auto"), Limits(schedule="gpipe")):
+            full = None
+            for index, (layout, least) in enumerate(layouts):
+                for m in divisors(G):
+                    if m < least or G // m < max(s.replicas for s in layout):
+                        continue
+                    c = evaluate(profile, topo, layout, G // m, m, limits)
+                    if c.fits and (full is None or c.iteration_s < full.iteration_s * (1 - 1e-12)):
+                        full = c
+            got = fastest(profile, topo, layouts, G, limits)
+            if full is None:
+                assert got is None
+                continue
+            assert got.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
+            assert got.fits

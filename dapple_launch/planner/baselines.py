@@ -7,7 +7,8 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .cost import Costed, Limits, StageSpec, evaluate
+from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
+from ..schedule.one_f_one_b import deeper_warmup
 
 
 @lru_cache(maxsize=64)
@@ -24,18 +25,41 @@ def divisors(n: int) -> list[int]:
 def best_over_micro_batches(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
                             global_batch: int, limits: Limits, min_micro_batches: int = 1) -> Costed | None:
     """The fastest micro-batch count for a fixed layout that fits memory (None if none does)."""
-    widest = max(s.replicas for s in layout)
-    best = None
-    for m in divisors(global_batch):
-        b = global_batch // m
-        if m < min_micro_batches or b < widest:
-            continue
-        if limits.micro_batch_size and b != limits.micro_batch_size:
-            continue
-        c = evaluate(profile, topology, layout, b, m, limits)
-        if c.fits and (best is None or c.iteration_s < best.iteration_s):
-            best = c
+    return fastest(profile, topology, [(layout, min_micro_batches)], global_batch, limits)
+
+
+def fastest(profile: ModelProfile, topology: Topology, layouts: list[tuple[tuple[StageSpec, ...], int]],
+            global_batch: int, limits: Limits) -> Costed | None:
+    """The fastest (layout, micro-batch count) that fits memory over `layouts`, each with its least
+    micro-batch count; ties (within rounding) go to the earlier layout, then the fewer micro-batches.
+    Under 1F1B the candidates are simulated best-first by warmup.py's bound (valid at any warm-up;
+    recomputation only adds time) and the rest skipped once the bound passes the best found: the
+    full sweep's answer at a fraction of its simulations."""
+    from .warmup import warmup_bound  # (warmup.py's search imports this module's callers)
+    todo = []
+    for index, (layout, min_micro_batches) in enumerate(layouts):
+        widest = max(s.replicas for s in layout)
+        for m in divisors(global_batch):
+            b = global_batch // m
+            if m < min_micro_batches or b < widest:
+                continue
+            if limits.micro_batch_size and b != limits.micro_batch_size:
+                continue
+            costs = stage_costs(profile, topology, layout, b)
+            bound = warmup_bound(costs, m, deeper_warmup(len(layout), m, 1)) if limits.schedule == "1f1b" else 0.0
+            todo.append((bound, index, m, layout, costs))
+    best, best_key = None, None
+    for bound, index, m, layout, costs in sorted(todo, key=lambda x: x[:3]):
+        if best is not None and bound > best.iteration_s * (1 + TIE):
+            break  # none left can be faster (ties within rounding are still simulated)
+        c = evaluate(profile, topology, layout, global_batch // m, m, limits, costs=costs, time_unless_fits=False)
+        if c.fits and (best is None or c.iteration_s < best.iteration_s * (1 - TIE)
+                       or (c.iteration_s <= best.iteration_s * (1 + TIE) and (index, m) < best_key)):
+            best, best_key = c, (index, m)
     return best
+
+
+TIE = 1e-12  # two times this close are one time summed in two orders
 
 
 def data_parallel(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
@@ -83,18 +107,14 @@ def gpipe_even(profile: ModelProfile, topology: Topology, global_batch: int, lim
     """GPipe: layers split evenly by count into S stages, D/S replicas each, the GPipe schedule."""
     from dataclasses import replace
     L, D = profile.num_layers, topology.num_devices
-    gl = replace(limits, schedule="gpipe")
-    best = None
+    layouts = []
     for S in divisors(D):
         if S > L or S == 1:
             continue
         r = D // S
         cuts = [round(L * k / S) for k in range(S + 1)]
-        layout = tuple(StageSpec(cuts[s], cuts[s + 1], tuple(range(s * r, (s + 1) * r))) for s in range(S))
-        c = best_over_micro_batches(profile, topology, layout, global_batch, gl)
-        if c and (best is None or c.iteration_s < best.iteration_s):
-            best = c
-    return best
+        layouts.append((tuple(StageSpec(cuts[s], cuts[s + 1], tuple(range(s * r, (s + 1) * r))) for s in range(S)), 1))
+    return fastest(profile, topology, layouts, global_batch, replace(limits, schedule="gpipe"))
 
 
 def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
@@ -150,14 +170,9 @@ def dapple_two_stage(profile: ModelProfile, topology: Topology, global_batch: in
     Beyond 16 devices P takes the search's replica counts (1..devices per node, whole nodes)."""
     from .branch import replica_choices
     L, D = profile.num_layers, topology.num_devices
-    best = None
-    for P in (p for p in replica_choices(topology, D) if p < D):
-        for cut in range(1, L):
-            layout = (StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D))))
-            c = best_over_micro_batches(profile, topology, layout, global_batch, limits, _min_micro(limits, 2))
-            if c and (best is None or c.iteration_s < best.iteration_s):
-                best = c
-    return best
+    layouts = [((StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D)))), _min_micro(limits, 2))
+               for P in replica_choices(topology, D) if P < D for cut in range(1, L)]
+    return fastest(profile, topology, layouts, global_batch, limits)
 
 
 def dapple_straight(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
@@ -188,14 +203,11 @@ def balanced_uniform(profile: ModelProfile, topology: Topology, global_batch: in
     """Every stage count S, D // S replicas each, cuts balanced by compute: cheap, and feasible
     wherever a deeper pipeline fits memory; the search starts from the best of these."""
     L, D = profile.num_layers, topology.num_devices
-    best = None
+    layouts = []
     counts = range(1, min(L, D, limits.max_stages or L) + 1)
     for S in counts if D <= 16 else [s for s in counts if D % s == 0]:  # beyond 16: even splits only
         r = D // S
         cuts = balanced_boundaries(profile, S)
-        layout = tuple(StageSpec(a, z, tuple(range(s * r, (s + 1) * r)))
-                       for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, L])))
-        c = best_over_micro_batches(profile, topology, layout, global_batch, limits, _min_micro(limits, S))
-        if c and (best is None or c.iteration_s < best.iteration_s):
-            best = c
-    return best
+        layouts.append((tuple(StageSpec(a, z, tuple(range(s * r, (s + 1) * r)))
+                              for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, L]))), _min_micro(limits, S)))
+    return fastest(profile, topology, layouts, global_batch, limits)

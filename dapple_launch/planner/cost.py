@@ -295,10 +295,11 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
 
 def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
              num_micro_batches: int, limits: Limits, warmup_depth: int = 1,
-             costs: list[StageCosts] | None = None) -> Costed:
+             costs: list[StageCosts] | None = None, time_unless_fits: bool = True) -> Costed:
     """A candidate costed in full: its time by the simulator of the schedule's compute orders (the one
     cost path; the branch and bound's closed forms only bound it from below, branch.py).
-    `costs`: the layout's stage_costs when the caller already has them."""
+    `costs`: the layout's stage_costs when the caller already has them. `time_unless_fits=False`: a
+    candidate over memory is not simulated (its iteration_s is inf), for callers that drop it anyway."""
     if costs is None:
         costs = stage_costs(profile, topology, layout, micro_batch_size)
     S = len(layout)
@@ -316,8 +317,8 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
     if limits.recompute == "auto" and max(memory) > capacity and limits.schedule != "zb_h1":
         sets, costs, memory = fit_by_recomputation(profile, topology, layout, costs, micro_batch_size,
                                                    num_micro_batches, limits, warmup, capacity)
-    iteration_s = orders_time(compute_orders_of(limits.schedule, S, num_micro_batches, warmup), costs,
-                              num_micro_batches)
+    iteration_s = math.inf if not time_unless_fits and max(memory) > capacity else \
+        orders_time(compute_orders_of(limits.schedule, S, num_micro_batches, warmup), costs, num_micro_batches)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
                   capacity, warmup=warmup, warmup_depth=warmup_depth, recompute=tuple(sets))
 
@@ -350,17 +351,18 @@ def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tup
     return sched, program(sched, validated=True)  # a shipped generator's lists (validated when a plan is read)
 
 
-def simulate_costed(c: Costed):
-    """Run the discrete-event simulator on the schedule this candidate would execute."""
+def simulate_costed(c: Costed, record: bool = False):
+    """Run the discrete-event simulator on the schedule this candidate would execute (`record`: with
+    its timeline, which a plan's check of its estimate does not need)."""
     if "chunks" in c.extra:  # device groups holding several stages: the rank orders' simulator
         from .chunked import simulate_chunked
-        return simulate_chunked(c)
+        return simulate_chunked(c, record)
     if c.schedule == "terapipe":  # its per-slice costs: planner/terapipe.py
         from .terapipe import stage_scales
         lengths = c.extra["token_slices"]
         sched = build_schedule("terapipe", len(c.layout), c.num_micro_batches, token_slices=lengths)
-        return simulate(sched, c.costs, steps=program(sched, validated=True),
+        return simulate(sched, c.costs, record, steps=program(sched, validated=True),
                         scale=stage_scales(c.extra["profile"], c.extra["topology"], c.layout, c.costs,
                                            c.micro_batch_size, lengths, c.num_micro_batches))
     sched, steps = _program(c.schedule, len(c.layout), c.num_micro_batches, tuple(c.warmup))
-    return simulate(sched, c.costs, steps=steps)
+    return simulate(sched, c.costs, record, steps=steps)

@@ -110,9 +110,16 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
         s = pending.pop()
         order, k, t = orders[s], done[s], clock[s]
         n = len(order)
+        if k == n:
+            continue
         f_s, b_s, i_s, w_s = forward[s], backward[s], input_[s], weight[s]
+        up_s, down_s = send_up[s], send_down[s]
         arrivals, gradients = activation[s], gradient[s]
-        has_next, has_prev = s < last, s > 0
+        # what only this stage writes, kept local while it runs: its links and its neighbours' inputs
+        to_next = activation[s + 1] if s < last else None
+        to_prev = gradient[s - 1] if s > 0 else None
+        up_free, down_free, end_b = link_up[s], link_down[s], last_backward_end[s]
+        sent_up = sent_down = False
         while k < n:
             code, m = order[k]
             if code == 0:  # forward
@@ -120,15 +127,14 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
                 if arrival < 0:
                     break
                 t = (t if t > arrival else arrival) + f_s
-                if has_next:
-                    start = t if t > link_up[s] else link_up[s]
-                    activation[s + 1][m] = link_up[s] = start + send_up[s]
-                    pending.append(s + 1)
+                if to_next is not None:
+                    up_free = to_next[m] = (t if t > up_free else up_free) + up_s
+                    sent_up = True
             elif code == 3:  # weight gradient: local
                 t += w_s
-                last_backward_end[s] = t
+                end_b = t
             else:  # backward or input gradient: waits for the gradient from the next stage
-                if has_next:
+                if to_next is not None:
                     arrival = gradients[m]
                     if arrival < 0:
                         break
@@ -136,15 +142,20 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
                         t = arrival
                 if code == 1:
                     t += b_s
-                    last_backward_end[s] = t
+                    end_b = t
                 else:
                     t += i_s
-                if has_prev:
-                    start = t if t > link_down[s] else link_down[s]
-                    gradient[s - 1][m] = link_down[s] = start + send_down[s]
-                    pending.append(s - 1)
+                if to_prev is not None:
+                    down_free = to_prev[m] = (t if t > down_free else down_free) + down_s
+                    sent_down = True
             k += 1
         done[s], clock[s] = k, t
+        link_up[s], link_down[s], last_backward_end[s] = up_free, down_free, end_b
+        # resume the neighbours this run sent to (the walk's result does not depend on the order)
+        if sent_up:
+            pending.append(s + 1)
+        if sent_down:
+            pending.append(s - 1)
     if any(d < len(order) for d, order in zip(done, orders)):
         raise ValueError("iteration_time: the compute orders deadlock (validate the schedule first)")
     return max(clock[s] if costs[s].allreduce_s <= 0 else max(clock[s], last_backward_end[s] + costs[s].allreduce_s)
