@@ -3,7 +3,8 @@
 1. sleep rows: 4 stages × 1 replica, layers that sleep a known time (20 ms forward, 40 ms
    backward per micro-batch), GPipe and 1F1B through our executor and through
    torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on PipelineStage: iteration time
-   ours / theirs and ours / the simulator's prediction.
+   ours / theirs and ours / the simulator's prediction (each action its sleep plus the runtime's
+   own cost per action, calibrated on a run of the same layers sleeping nothing).
 2. compute rows: the same cut with real layers (Linear + GELU): CPU seconds per rank per
    iteration, ours / theirs (process CPU time, so gloo's own threads count on both sides; the
    row's ratio is of the mean over ranks; runs alternate ours/theirs `--repeats` times and each
@@ -62,8 +63,8 @@ UNEVEN_F, UNEVEN_B, UNEVEN_BIG, UNEVEN_G = 0.0015, 0.003, 4_000_000, 24
 
 
 def _stage_layers(kind: str) -> nn.Module:
-    if kind == "sleep":
-        return nn.Sequential(SleepLayer(WIDTH, SLEEP_F, SLEEP_B))
+    if kind in ("sleep", "idle"):  # idle: the same tensors and actions, nothing to wait for (the runtime's own cost)
+        return nn.Sequential(SleepLayer(WIDTH, SLEEP_F, SLEEP_B) if kind == "sleep" else SleepLayer(WIDTH, 0.0, 0.0))
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU(),
                          nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU())
@@ -78,8 +79,8 @@ def _ours(rank, world, kind, schedule_name, micro_batches, iterations):
     layers = _stage_layers(kind)
     ex = StageExecutor(layers, _per_sample_loss, PointToPoint(grid, rank, 0), world)
     schedule = build_schedule(schedule_name, world, micro_batches)
-    n = (SLEEP_BATCH if kind == "sleep" else COMPUTE_BATCH) * micro_batches
-    width = WIDTH if kind == "sleep" else COMPUTE_WIDTH
+    n = (COMPUTE_BATCH if kind == "compute" else SLEEP_BATCH) * micro_batches
+    width = COMPUTE_WIDTH if kind == "compute" else WIDTH
     batch = (torch.randn(n, width, generator=torch.Generator().manual_seed(1)), torch.zeros(n))
 
     def step():
@@ -204,6 +205,11 @@ def main() -> None:
     micro = (4, 8) if args.quick else (4, 8, 16)
     rows, uneven, chimera = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
+        per_action = {}  # the runtime's own cost per compute action, from a no-sleep run (as the chunked rows)
+        for name in ("gpipe", "1f1b"):
+            idle = run_ranks(WORLD, _ours, ("idle", name, micro[-1], iters), tmp)
+            unit = simulate(build_schedule(name, WORLD, micro[-1]), [StageCosts(1.0, 1.0)] * WORLD, record=False)
+            per_action[name] = max(r["wall_s"] for r in idle) / unit.iteration_s
         for kind in ("sleep", "compute"):
             for name in ("gpipe", "1f1b"):
                 for m in micro if kind == "sleep" else micro[-1:]:
@@ -212,8 +218,10 @@ def main() -> None:
                              run_ranks(WORLD, _theirs, (kind, name, m, iters), tmp)) for _ in range(repeats)]
                     row = _row(kind, name, m, median_runs([o for o, _ in runs]), median_runs([t for _, t in runs]))
                     if kind == "sleep":
-                        sim = simulate(build_schedule(name, WORLD, m), [StageCosts(SLEEP_F, SLEEP_B)] * WORLD)
-                        row["simulated_s"] = sim.iteration_s
+                        a = per_action[name]
+                        sim = simulate(build_schedule(name, WORLD, m), [StageCosts(SLEEP_F + a, SLEEP_B + a)] * WORLD,
+                                       record=False)
+                        row["simulated_s"], row["per_action_s"] = sim.iteration_s, a
                         row["simulator_error"] = row["ours_wall_s"] / sim.iteration_s - 1
                     rows.append(row)
                     print(f"  {kind} {name} M={m}: ours {row['ours_wall_s']:.3f} s, theirs {row['theirs_wall_s']:.3f} s",

@@ -463,3 +463,29 @@ def test_best_first_over_layouts_and_micro_batches_equals_the_full_sweep(seed):
                 continue
             assert got.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
             assert got.fits
+
+
+def test_the_screen_never_drops_a_candidate_that_fits_and_beats():
+    """For every family local search runs (1F1B and ZB-H1), every warm-up depth (the minimal one
+    with recompute=auto too): a candidate that evaluate() finds fitting and faster than the time to
+    beat always passes worth_simulating. (ZB-H1 runs faster than 1F1B's bound: 1F1B's bound must
+    not screen it.)"""
+    from dapple_launch.planner.cost import stage_costs
+    from dapple_launch.planner.warmup import worth_simulating
+    rng = random.Random(78)
+    topo = Topology("t", 2, 2, 2e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=3e9)
+    capacity = 2e9 * (1 - Limits().memory_headroom)
+    passed = 0
+    for _ in range(60):
+        profile = random_profile(rng, 6)
+        cuts = sorted(rng.sample(range(1, 6), rng.choice([1, 2, 3])))
+        layout = tuple(StageSpec(a, z, (s,)) for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, 6])))
+        b, M, depth = rng.choice([1, 2, 4]), rng.choice([4, 6, 8]), rng.choice([1, 1, 2, 3])
+        limits = rng.choice([Limits(), Limits(recompute="auto"), Limits(schedule="zb_h1")])
+        costs = stage_costs(profile, topo, layout, b)
+        c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=depth, costs=costs)
+        if c.fits:
+            beat = c.iteration_s * rng.choice([1.0001, 1.05])
+            assert worth_simulating(profile, layout, costs, M, depth, limits, capacity, beat), (limits.schedule, depth)
+            passed += 1
+    assert passed > 10

@@ -314,11 +314,12 @@ class BranchAndBound:
                     if lb < self.cutoff:
                         yield lb, z, start + r, chain
 
-    def _spend(self, cost: int, bound: float) -> None:
-        """Charge a simulation to the node budget; past it, leave the candidate open with its bound."""
+    def _spend(self, cost: int, bound) -> None:
+        """Charge a simulation to the node budget; past it, leave the candidate open with its bound
+        (a number, or a function computing it: only a budget running out reads it)."""
         self.scored += cost
         if self.scored > self.node_budget:
-            self.open_bound = min(self.open_bound, bound)
+            self.open_bound = min(self.open_bound, bound() if callable(bound) else bound)
             raise _OutOfTime
 
     def _leaf(self, placed: Prefix) -> None:
@@ -327,7 +328,7 @@ class BranchAndBound:
         if self.M < MIN_MICRO_BATCHES[self.limits.schedule](S):
             return
         self._spend(math.ceil(S * self.M / CELLS_PER_NODE) - 1,  # (its node counted one already)
-                    self._lower_bound(self.L, self.D, placed))
+                    lambda: self._lower_bound(self.L, self.D, placed))
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits)
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):

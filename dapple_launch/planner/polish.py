@@ -25,9 +25,8 @@ from ..profile.model_profile import ModelProfile
 from .bounds import fresh_node_start
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
-from ..schedule.one_f_one_b import deeper_warmup
 from .branch import CELLS_PER_NODE
-from .warmup import WARMUP_MAX_ACTIONS, warmup_bound, worth_simulating
+from .warmup import WARMUP_MAX_ACTIONS, worth_simulating
 
 
 @dataclass(frozen=True)
@@ -137,8 +136,7 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
                 continue
             costs = stage_costs(profile, topology, layout, n.micro_batch, memo)
             beat = (step or best).iteration_s * (1 - 1e-12)
-            if d > 1 and not worth_simulating(profile, layout, costs, M, d, limits, capacity, beat) or \
-                    d == 1 and limits.schedule == "1f1b" and warmup_bound(costs, M, deeper_warmup(len(layout), M, 1)) >= beat:
+            if not worth_simulating(profile, layout, costs, M, d, limits, capacity, beat):
                 costed += 1  # screened out by memory or by its bound (O(S)): no simulation (O(S M))
                 continue
             cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs)

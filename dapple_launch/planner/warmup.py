@@ -138,12 +138,14 @@ def _fitting_depths(c: Costed, profile: ModelProfile, limits: Limits) -> list[tu
 def worth_simulating(profile: ModelProfile, layout: tuple[StageSpec, ...], costs: list[StageCosts],
                      num_micro_batches: int, depth: int, limits: Limits, capacity_bytes: float,
                      beat: float) -> bool:
-    """Whether a layout under a deeper warm-up fits memory and its bound could still beat `beat`:
-    a check of O(S) before a simulation of O(S M)."""
+    """Whether a layout under warm-up `depth` could fit memory and beat `beat`: a check of O(S)
+    before a simulation of O(S M). A deeper warm-up must fit without recomputation (the deeper
+    searches do not pair the two); the minimal one may still fit by recomputing (evaluate decides).
+    The bound screens 1F1B only: ZB-H1's deferred weight gradients let it beat 1F1B's bound."""
     warmup = deeper_warmup(len(layout), num_micro_batches, depth)
-    if max(memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)) > capacity_bytes:
+    if depth > 1 and max(memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)) > capacity_bytes:
         return False
-    return warmup_bound(costs, num_micro_batches, warmup) < beat
+    return limits.schedule != "1f1b" or warmup_bound(costs, num_micro_batches, warmup) < beat
 
 
 class DeepWarmupSearch(BranchAndBound):
