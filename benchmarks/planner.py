@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dapple_launch.models import build_model  # noqa: E402
-from dapple_launch.plan_config import shipped_topology  # noqa: E402
+from dapple_launch.plan_config import DEFAULT_SCHEDULES, shipped_topology  # noqa: E402
 from dapple_launch.planner.cost import Limits, simulate_costed, speed_ratio  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--long-budget", type=int, default=1_000_000,
                     help="re-plan the rows the default budget did not prove with this many candidates (0: skip)")
     args = ap.parse_args()
-    limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "zbv", "chimera"))  # the default families
+    limits = Limits(schedules=DEFAULT_SCHEDULES)  # strategy=auto's default families
     rows = []
     clusters = ["v100x16", "a100x64"] if args.quick else CLUSTERS
     batches = [128] if args.quick else BATCHES

@@ -20,6 +20,9 @@ _SHAPE_KEYS = {"gpt": ("num_layers", "hidden", "heads", "seq_len", "vocab_size",
 _SHAPE_KEYS["bert"] = _SHAPE_KEYS["gpt"]
 PROFILE_BATCH = 2
 
+# strategy=auto's families when none are named (README: strategy.schedules)
+DEFAULT_SCHEDULES = ("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
+
 
 def model_from_config(m: DictConfig) -> PipelineModel:
     if m.name == "from_profile":
@@ -164,7 +167,7 @@ def auto_schedules(s: DictConfig) -> tuple[str, ...]:
     if str(s.schedule) == "1f1b" and str(s.recompute) not in ("full", "selective"):
         # (a split backward does not run recomputed layers, nor does a device group holding several
         # stages yet: 1F1B alone with them)
-        return ("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
+        return DEFAULT_SCHEDULES
     return (str(s.schedule),)
 
 

@@ -276,6 +276,32 @@ def test_the_warmup_bound_is_below_the_simulated_time(seed):
     assert tight > 0  # and it is attained: a bound, not a guess far below
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_split_bound_is_below_zb_h1s_simulated_time_where_1f1bs_is_not(seed):
+    """warmup.split_bound never exceeds the simulator's ZB-H1 time of the same stage costs, for every
+    warm-up depth and weight-gradient share, and is attained; 1F1B's bound exceeds ZB-H1's time
+    on some of the same cases (it must not screen ZB-H1)."""
+    from dapple_launch.planner.warmup import split_bound, warmup_bound
+    from dapple_launch.schedule import StageCosts, build_schedule, simulate
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+    rng = random.Random(60 + seed)
+    tight = over = 0
+    for _ in range(120):
+        S, M = rng.randint(1, 6), rng.randint(1, 12)
+        sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
+        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
+                            rng.choice([0.0, rng.uniform(0, 5)]), weight_grad_s=rng.choice([None, 0.0, rng.uniform(0, 0.1)]))
+                 for s in range(S)]
+        for depth in range(1, 5):
+            warmup = deeper_warmup(S, M, depth)
+            simulated = simulate(build_schedule("zb_h1", S, M, warmup), costs, record=False).iteration_s
+            bound = split_bound(costs, M, warmup)
+            assert bound <= simulated * (1 + 1e-12)
+            tight += bound >= simulated * (1 - 1e-9)
+            over += warmup_bound(costs, M, warmup) > simulated * (1 + 1e-9)
+    assert tight > 0 and over > 0
+
+
 def test_optimality_gap_out_of_range_is_refused():
     with pytest.raises(ValueError, match=r"optimality_gap=0.7 must be in \[0, 0.5\)"):
         Limits(optimality_gap=0.7)

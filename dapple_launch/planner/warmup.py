@@ -73,6 +73,27 @@ def warmup_bound(costs: list[StageCosts], num_micro_batches: int, warmup: tuple[
     return bound
 
 
+def split_bound(costs: list[StageCosts], num_micro_batches: int, warmup: tuple[int, ...]) -> float:
+    """No run of these stage costs under ZB-H1 (1F1B's forwards and input gradients in order, each
+    weight gradient deferred) with this warm-up is faster. Stage s starts after the first
+    micro-batch's forward reached it (a_s), computes M (F_s + I_s + W_s), and all-reduces after its
+    last W. Before its first I it can run only its w_s + 1 forwards (a W follows its I), while the
+    first micro-batch makes the round trip through the later stages' forwards and input gradients
+    R_s: at least max(0, R_s - w_s F_s) idle. (1F1B's other terms do not hold: deferred W's fill the
+    end's waits, and 1F1B's bound fails on ZB-H1, tests.)"""
+    S, M = len(costs), num_micro_batches
+    F = [c.forward_s for c in costs]
+    R = [0.0] * S
+    for s in range(S - 2, -1, -1):
+        R[s] = R[s + 1] + costs[s].send_activation_s + F[s + 1] + costs[s + 1].input_s + costs[s + 1].send_gradient_s
+    bound, reach = 0.0, 0.0
+    for s, c in enumerate(costs):
+        ahead = min(M, warmup[s] + 1) - 1
+        bound = max(bound, reach + M * (c.forward_s + c.backward_s) + max(0.0, R[s] - ahead * F[s]) + c.allreduce_s)
+        reach += F[s] + c.send_activation_s
+    return bound
+
+
 def deeper_depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
     """(depth, warm-up per stage) for depths 2 .. max_warmup_depth that differ from the one before."""
     out, previous = [], deeper_warmup(num_stages, num_micro_batches, 1)
@@ -141,11 +162,13 @@ def worth_simulating(profile: ModelProfile, layout: tuple[StageSpec, ...], costs
     """Whether a layout under warm-up `depth` could fit memory and beat `beat`: a check of O(S)
     before a simulation of O(S M). A deeper warm-up must fit without recomputation (the deeper
     searches do not pair the two); the minimal one may still fit by recomputing (evaluate decides).
-    The bound screens 1F1B only: ZB-H1's deferred weight gradients let it beat 1F1B's bound."""
+    The bound is the family's: 1F1B's (warmup_bound) or ZB-H1's (split_bound: deferred weight
+    gradients let ZB-H1 run below 1F1B's); other families are not screened."""
     warmup = deeper_warmup(len(layout), num_micro_batches, depth)
     if depth > 1 and max(memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)) > capacity_bytes:
         return False
-    return limits.schedule != "1f1b" or warmup_bound(costs, num_micro_batches, warmup) < beat
+    bound = {"1f1b": warmup_bound, "zb_h1": split_bound}.get(limits.schedule)
+    return bound is None or bound(costs, num_micro_batches, warmup) < beat
 
 
 class DeepWarmupSearch(BranchAndBound):
