@@ -46,16 +46,24 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     last_backward = [0.0] * S
     timeline: list[Event] = []
     last = S - 1
+    again = [c.recompute_bytes for c in costs]
+    codes = schedule.encoded_orders  # (kind code F 0 B 1 I 2 W 3, stage, micro-batch) per step
+    kinds = (FORWARD, BACKWARD, Kind.INPUT_GRAD, WEIGHT)
     pending = list(range(R - 1, -1, -1))
     while pending:
         r = pending.pop()
-        order, k, t = schedule.orders[r], pos[r], clock[r]
+        order, k, t = codes[r], pos[r], clock[r]
+        n = len(order)
+        if k == n:
+            continue
         links = link[r]
-        while k < len(order):
-            a = order[k]
-            s, m, kind = a.stage, a.micro_batch, a.kind
+        # this rank's memory figures, kept local while it runs
+        held, held_peak, count, count_peak = live[r], peak_bytes[r], in_flight[r], peak[r]
+        woken = set()  # the ranks this run sent to: resumed once it stops (the walk's result does not depend on the order)
+        while k < n:
+            code, s, m = order[k]
             start = t
-            if kind is FORWARD:
+            if code == 0:  # forward
                 arrival = activation[s][m]
                 if arrival < 0:
                     break
@@ -68,24 +76,24 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                     else:
                         free = links[to]
                         activation[s + 1][m] = links[to] = (t if t > free else free) + send_up[s]
-                        pending.append(to)
-                live[r] += kept[s]
-                in_flight[r] += 1
-                if in_flight[r] > peak[r]:
-                    peak[r] = in_flight[r]
-                if live[r] > peak_bytes[r]:
-                    peak_bytes[r] = live[r]
-            elif kind is WEIGHT:
+                        woken.add(to)
+                held += kept[s]
+                count += 1
+                if count > count_peak:
+                    count_peak = count
+                if held > held_peak:
+                    held_peak = held
+            elif code == 3:  # weight gradient: local
                 t += weight[s]
-            else:
+            else:  # backward or input gradient: waits for the gradient from the next stage
                 if s < last:
                     arrival = gradient[s][m]
                     if arrival < 0:
                         break
                     start = t if t > arrival else arrival
-                t = start + (backward[s] if kind is BACKWARD else input_[s])
-                if kind is not BACKWARD:
-                    live[r] -= early[s]
+                t = start + (backward[s] if code == 1 else input_[s])
+                if code == 2:
+                    held -= early[s]
                 if s > 0:
                     to = where[s - 1][m]
                     if to == r:
@@ -93,18 +101,21 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                     else:
                         free = links[to]
                         gradient[s - 1][m] = links[to] = (t if t > free else free) + send_down[s]
-                        pending.append(to)
-            if kind is BACKWARD or kind is WEIGHT:
-                if costs[s].recompute_bytes:
-                    peak_bytes[r] = max(peak_bytes[r], live[r] + costs[s].recompute_bytes)
-                live[r] -= kept[s] - early[s] if kind is WEIGHT else kept[s]
-                in_flight[r] -= 1
+                        woken.add(to)
+            if code & 1:  # B or W: the micro-batch's last step on this stage frees what it saved
+                if again[s] and held + again[s] > held_peak:
+                    held_peak = held + again[s]
+                held -= kept[s] - early[s] if code == 3 else kept[s]
+                count -= 1
                 if t > last_backward[s]:
                     last_backward[s] = t
             if record:
+                kind = kinds[code]
                 timeline.append(Event(r, f"{kind.value}{m}" + (f"·s{s}" if several[r] else ""), _LABEL[kind], start, t))
             k += 1
         pos[r], clock[r] = k, t
+        live[r], peak_bytes[r], in_flight[r], peak[r] = held, held_peak, count, count_peak
+        pending.extend(woken)
     blocked = {r: p for r, p in enumerate(pos) if p < len(schedule.orders[r])}
     if blocked:
         raise ScheduleError(f"schedule {schedule.name!r} deadlocks: ranks {sorted(blocked)} wait for inputs that "

@@ -58,6 +58,12 @@ class RankSchedule:
                 for a in order if a.kind is Kind.FORWARD}
 
     @cached_property
+    def encoded_orders(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """orders as (kind code: F 0, B 1, I 2, W 3; stage; micro-batch): what the simulator walks."""
+        code = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.INPUT_GRAD: 2, Kind.WEIGHT_GRAD: 3}
+        return tuple(tuple((code[a.kind], a.stage, a.micro_batch) for a in order) for order in self.orders)
+
+    @cached_property
     def route_table(self) -> list[list[int]]:
         """route as [stage][micro-batch] -> rank (the simulator's inner loop reads it)."""
         table = [[0] * self.num_micro_batches for _ in range(self.num_stages)]
