@@ -131,11 +131,7 @@ class StageExecutor:
                 if self.timeline is not None:
                     self.timeline.append((schedule.label(a), start, time.time()))
             except RuntimeError as exc:
-                rank = dist.get_rank() if dist.is_initialized() else 0
-                raise RuntimeError(
-                    f"stage {self.stage} replica {self.replica} (rank {rank}) stopped at action {a} (step {i + 1} of "
-                    f"{len(actions)} in schedule {schedule.name}): {str(exc).splitlines()[0]}. A peer stage may have "
-                    f"died or stalled; see its log (logs/rank-N.log)") from exc
+                raise stopped(self.stage, self.replica, a, i, len(actions), schedule.name, exc) from exc
         self.p2p.wait_sends()
         return StepResult(it.loss_sum, it.n_total)
 
@@ -257,6 +253,15 @@ class StageExecutor:
             back = [w.grad for w in wire]
         if not self.is_first:
             it.back[m] = tuple(g if g is not None else torch.zeros_like(w) for w, g in zip(wire, back))
+
+
+def stopped(stage: int, replica: int, action, step: int, steps: int, schedule: str, exc: Exception) -> RuntimeError:
+    """What a rank says when an action fails (a peer's death surfaces as a failed send or receive)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return RuntimeError(
+        f"stage {stage} replica {replica} (rank {rank}) stopped at action {action} (step {step + 1} of {steps} in "
+        f"schedule {schedule}): {str(exc).splitlines()[0]}. A peer stage may have died or stalled; see its log "
+        f"(logs/rank-N.log)")
 
 
 @lru_cache(maxsize=64)

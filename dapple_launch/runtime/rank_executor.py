@@ -15,11 +15,10 @@ import time
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from ..schedule import Action, Kind
 from ..schedule.ranks import RankSchedule
-from .executor import StageExecutor, StepResult
+from .executor import StageExecutor, StepResult, stopped
 from .heartbeat import BEAT
 from .p2p import PointToPoint, Received
 
@@ -151,11 +150,7 @@ class RankExecutor:
                     self.timeline.append((f"{a}·s{s}" if several else str(a), start, time.time()))
                 self.saved_peak = max(self.saved_peak, sum(x.saved for x in its.values()))
             except RuntimeError as exc:
-                where = dist.get_rank() if dist.is_initialized() else 0
-                raise RuntimeError(
-                    f"stage {s} replica {ex.replica} (rank {where}) stopped at action {a} (step {i + 1} of "
-                    f"{len(steps)} in schedule {schedule.name}): {str(exc).splitlines()[0]}. A peer stage may have "
-                    f"died or stalled; see its log (logs/rank-N.log)") from exc
+                raise stopped(s, ex.replica, a, i, len(steps), schedule.name, exc) from exc
         for ex in self.chunks.values():
             ex.p2p.wait_sends()
         losses = [it.loss_sum for it in its.values()]  # zero but on the stage holding the loss
