@@ -33,3 +33,24 @@ class _Handle:
 
     def __del__(self):
         self.owner.live -= self.n
+
+
+def saved_and_freed_at_input(forward, inputs, params, is_loss: bool) -> tuple[int, int]:
+    """What one forward keeps for backward (`forward()` returns the stage's outputs, or with `is_loss`
+    its scalar loss), and of that what a split backward's I frees (models/split_backward.py: what only
+    the input gradient reads). `inputs`: the stage's inputs (those needing a gradient are I's)."""
+    from dapple_launch.models.contract import as_tuple
+    from dapple_launch.models.split_backward import backward_input
+    params = list(params)
+    counter = SavedBytes(params)
+    with counter.hooks():
+        kept = forward()
+        saved = counter.live
+    outputs = [kept] if is_loss else [t for t in as_tuple(kept) if t.requires_grad]
+    grads = None if is_loss else [torch.ones_like(t) for t in outputs]
+    want = [t for t in as_tuple(inputs) if t.is_floating_point() and t.requires_grad]
+    _, pending = backward_input(outputs, grads, want, params)
+    del kept, outputs, grads
+    freed = saved - counter.live
+    del pending
+    return saved, freed

@@ -19,7 +19,7 @@ from dapple_launch.schedule import Action, Kind, Schedule, StageCosts, build_sch
 
 from .custom_models.skipnet import build as build_skipnet
 from .multiproc import run_ranks
-from .saved_bytes import SavedBytes
+from .saved_bytes import SavedBytes, saved_and_freed_at_input
 
 pytestmark = pytest.mark.multiprocess
 
@@ -345,25 +345,17 @@ def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
     """This stage's peak saved bytes over one iteration, what one micro-batch's forward saves, and
     what of that a split backward's I frees."""
     from dapple_launch.models.contract import as_tuple, run_layers
-    from dapple_launch.models.split_backward import backward_input
     plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
     layers = local.local_stack()
     n = 2 * num_micro_batches
     batch = model.batch(n, torch.Generator().manual_seed(1))
-    one = SavedBytes(local.parameters())
     x = stage_input(model, plan.stages[stage].layers[0], tuple(t[:2] for t in as_tuple(batch[0])))
     last = stage == grid.num_stages - 1
-    with one.hooks():  # one micro-batch's forward as the executor runs it (a later stage's input needs a gradient)
+
+    def forward():  # one micro-batch's forward as the executor runs it (a later stage's input needs a gradient)
         y = run_layers(layers, x)
-        kept = model.loss(y, batch[1][:2]).sum() if last else y
-        per_micro_batch = one.live
-    # what a split backward's I frees of it: what only the input gradient reads (the loss)
-    outputs = [kept] if last else [t for t in as_tuple(kept) if t.requires_grad]
-    _, pending = backward_input(outputs, None if last else [torch.ones_like(t) for t in outputs],
-                                [t for t in x if t.is_floating_point()] if stage else [], list(local.parameters()))
-    del x, y, kept, outputs
-    freed_at_input = per_micro_batch - one.live
-    del pending
+        return model.loss(y, batch[1][:2]).sum() if last else y
+    per_micro_batch, freed_at_input = saved_and_freed_at_input(forward, x, local.parameters(), last)
     counter = SavedBytes(local.parameters())
     ex = StageExecutor(layers, model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
     with counter.hooks():
