@@ -29,6 +29,17 @@ def random_profile(rng: random.Random, layers: int):
     return chain("rand", out, batch_size=4)
 
 
+def random_stage_costs(rng: random.Random, S: int, weight_shares: bool = False):
+    """Random per-stage costs with transfers and all-reduces (some zero); `weight_shares`: random
+    weight-gradient times too (for split backwards)."""
+    from dapple_launch.schedule import StageCosts
+    sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
+    return [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
+                       rng.choice([0.0, rng.uniform(0, 5)]),
+                       weight_grad_s=rng.choice([None, 0.0, rng.uniform(0, 0.1)]) if weight_shares else None)
+            for s in range(S)]
+
+
 def all_layouts(profile, topology, b, max_stages):
     """Every layout of the planner's space for micro-batch size b."""
     L, D, k = profile.num_layers, topology.num_devices, topology.devices_per_node
@@ -258,15 +269,13 @@ def test_the_warmup_bound_is_below_the_simulated_time(seed):
     """warmup.warmup_bound never exceeds the simulator's time of the same stage costs, for every
     warm-up depth (transfers, all-reduces and fewer micro-batches than stages included)."""
     from dapple_launch.planner.warmup import warmup_bound
-    from dapple_launch.schedule import StageCosts, build_schedule, simulate
+    from dapple_launch.schedule import build_schedule, simulate
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
     rng = random.Random(40 + seed)
     tight = 0
     for _ in range(150):
         S, M = rng.randint(1, 6), rng.randint(1, 12)
-        sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
-        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
-                            rng.choice([0.0, rng.uniform(0, 5)])) for s in range(S)]
+        costs = random_stage_costs(rng, S)
         for depth in range(1, 6):
             warmup = deeper_warmup(S, M, depth)
             simulated = simulate(build_schedule("1f1b", S, M, warmup), costs, record=False).iteration_s
@@ -282,16 +291,13 @@ def test_the_split_bound_is_below_zb_h1s_simulated_time_where_1f1bs_is_not(seed)
     warm-up depth and weight-gradient share, and is attained; 1F1B's bound exceeds ZB-H1's time
     on some of the same cases (it must not screen ZB-H1)."""
     from dapple_launch.planner.warmup import split_bound, warmup_bound
-    from dapple_launch.schedule import StageCosts, build_schedule, simulate
+    from dapple_launch.schedule import build_schedule, simulate
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
     rng = random.Random(60 + seed)
     tight = over = 0
     for _ in range(120):
         S, M = rng.randint(1, 6), rng.randint(1, 12)
-        sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
-        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
-                            rng.choice([0.0, rng.uniform(0, 5)]), weight_grad_s=rng.choice([None, 0.0, rng.uniform(0, 0.1)]))
-                 for s in range(S)]
+        costs = random_stage_costs(rng, S, weight_shares=True)
         for depth in range(1, 5):
             warmup = deeper_warmup(S, M, depth)
             simulated = simulate(build_schedule("zb_h1", S, M, warmup), costs, record=False).iteration_s

@@ -37,6 +37,10 @@ class Kind(str, enum.Enum):
 
 
 _COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD})
+# The simulators walk compute kinds as small ints (encoded orders): F 0, B 1, I 2, W 3 (B and W,
+# the odd codes, end a micro-batch on a stage)
+COMPUTE_CODES = (Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
+CODE_OF = {kind: code for code, kind in enumerate(COMPUTE_CODES)}
 
 
 @dataclass(frozen=True, order=True)

@@ -12,7 +12,7 @@ order the stages become ready, overlapping whatever compute is left.
 """
 from __future__ import annotations
 
-from .actions import Kind
+from .actions import COMPUTE_CODES, Kind
 from .ranks import RankSchedule
 from .simulate import Event, Simulation, StageCosts
 from .validate import ScheduleError
@@ -34,7 +34,6 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     kept = [c.activation_bytes for c in costs]
     early = [c.input_only_bytes for c in costs]  # freed at I (StageCosts.input_only_bytes), the rest at W
     several = [len(schedule.stages_of(r)) > 1 for r in range(R)]
-    FORWARD, WEIGHT, BACKWARD = Kind.FORWARD, Kind.WEIGHT_GRAD, Kind.BACKWARD
     where = schedule.route_table  # [stage][micro-batch] -> the rank that runs it
     missing = -1.0
     activation = [[missing] * M for _ in range(S)]  # [stage][micro-batch] -> its input available on its rank
@@ -47,8 +46,7 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     timeline: list[Event] = []
     last = S - 1
     again = [c.recompute_bytes for c in costs]
-    codes = schedule.encoded_orders  # (kind code F 0 B 1 I 2 W 3, stage, micro-batch) per step
-    kinds = (FORWARD, BACKWARD, Kind.INPUT_GRAD, WEIGHT)
+    codes = schedule.encoded_orders  # (kind code as actions.CODE_OF, stage, micro-batch) per step
     pending = list(range(R - 1, -1, -1))
     while pending:
         r = pending.pop()
@@ -110,7 +108,7 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                 if t > last_backward[s]:
                     last_backward[s] = t
             if record:
-                kind = kinds[code]
+                kind = COMPUTE_CODES[code]
                 timeline.append(Event(r, f"{kind.value}{m}" + (f"·s{s}" if several[r] else ""), _LABEL[kind], start, t))
             k += 1
         pos[r], clock[r] = k, t

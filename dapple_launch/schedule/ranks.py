@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .actions import Kind, Schedule
-
-COMPUTE = (Kind.FORWARD, Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
+from .actions import CODE_OF, COMPUTE_CODES, Kind, Schedule
 
 
 @dataclass(frozen=True, order=True)
@@ -59,9 +57,8 @@ class RankSchedule:
 
     @cached_property
     def encoded_orders(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
-        """orders as (kind code: F 0, B 1, I 2, W 3; stage; micro-batch): what the simulator walks."""
-        code = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.INPUT_GRAD: 2, Kind.WEIGHT_GRAD: 3}
-        return tuple(tuple((code[a.kind], a.stage, a.micro_batch) for a in order) for order in self.orders)
+        """orders as (kind code, actions.CODE_OF; stage; micro-batch): what the simulator walks."""
+        return tuple(tuple((CODE_OF[a.kind], a.stage, a.micro_batch) for a in order) for order in self.orders)
 
     @cached_property
     def route_table(self) -> list[list[int]]:
@@ -103,7 +100,7 @@ def forward_only_orders(placement: tuple[tuple[int, ...], ...], num_ranks: int, 
 
 def steps_from_json(actions: list) -> tuple[Step, ...]:
     """[[kind, stage, micro-batch], ...] (plan.json's orders) -> steps; a clear error on bad entries."""
-    kinds = {k.value: k for k in COMPUTE}
+    kinds = {k.value: k for k in COMPUTE_CODES}
     out = []
     for i, a in enumerate(actions):
         if not (isinstance(a, (list, tuple)) and len(a) == 3 and a[0] in kinds

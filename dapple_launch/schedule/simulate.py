@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .actions import Action, Kind, Schedule
+from .actions import CODE_OF, Action, Kind, Schedule
 from .validate import execute_order, validate
 
 
@@ -72,13 +72,10 @@ def program(schedule: Schedule, validated: bool = False) -> list[tuple[int, Acti
     return [(s, schedule.stage_actions[s][i]) for s, i in execute_order(schedule)]
 
 
-_CODES = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.INPUT_GRAD: 2, Kind.WEIGHT_GRAD: 3}
-
-
 def encode_orders(compute: list[list[Action]]) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Compute orders as (kind code, micro-batch) pairs (F 0, B 1, I 2, W 3): what orders_time
     walks. A planner costing many layouts of one shape encodes its orders once."""
-    return tuple(tuple((_CODES[a.kind], a.micro_batch) for a in order) for order in compute)
+    return tuple(tuple((CODE_OF[a.kind], a.micro_batch) for a in order) for order in compute)
 
 
 def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_micro_batches: int) -> float:
