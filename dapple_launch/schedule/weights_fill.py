@@ -37,24 +37,41 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
         out[r].append(pending[r].popleft())
         clock[r] += 1
 
-    while any(pos[r] < len(base[r]) for r in range(R)):
-        ready = []
-        for r in range(R):
-            if pos[r] >= len(base[r]):
-                continue
-            need = needs(base[r][pos[r]])
-            at = 0 if need is None else done_at.get(need)
-            if at is not None or pending[r]:
-                ready.append((clock[r] if at is None else max(clock[r], min(at, clock[r] + 1)), r, at))
+    # Each rank's claim to run next, (when it could start, rank, when its input is there), kept per
+    # rank and recomputed only for the rank that ran and the rank waiting on what it produced: the
+    # same choices as recomputing every rank's claim at every step, without the R-fold walk.
+    claim: list[tuple | None] = [None] * R
+    waiting: dict[tuple[Kind, int, int], int] = {}  # an input not yet produced -> the rank whose next step needs it
+
+    def update(r: int) -> None:
+        claim[r] = None
+        if pos[r] >= len(base[r]):
+            return
+        need = needs(base[r][pos[r]])
+        at = 0 if need is None else done_at.get(need)
+        if at is None:
+            waiting[need] = r
+        if at is not None or pending[r]:
+            claim[r] = (clock[r] if at is None else max(clock[r], min(at, clock[r] + 1)), r, at)
+
+    for r in range(R):
+        update(r)
+    left = sum(map(len, base))  # the given steps not yet placed
+    while left:
+        ready = [c for c in claim if c is not None]
         if not ready:
             raise ValueError(f"schedule {x.name!r}: its forwards and input gradients deadlock")
         _, r, at = min(ready)
+        woken = None
         if at is not None and at <= clock[r]:  # its input is there: the given order goes on
             a = base[r][pos[r]]
             pos[r] += 1
+            left -= 1
             out[r].append(a)
             clock[r] += 1
-            done_at[(a.kind, a.stage, a.micro_batch)] = clock[r]
+            key = (a.kind, a.stage, a.micro_batch)
+            done_at[key] = clock[r]
+            woken = waiting.pop(key, None)
             if a.kind is Kind.INPUT_GRAD:
                 pending[r].append(Step(Kind.WEIGHT_GRAD, a.stage, a.micro_batch))
                 if len(pending[r]) > cap[r]:
@@ -63,6 +80,9 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
             run_weight(r)
         else:
             clock[r] = at
+        update(r)
+        if woken is not None and woken != r:
+            update(woken)
     for r in range(R):
         while pending[r]:
             run_weight(r)
