@@ -7,12 +7,15 @@ orders (chunked.evaluate_chunked): there is no closed form to trust.
 Bound (valid for every cut of a shape): group g runs each of the M micro-batches through every
 layer it holds, so it is busy at least M Σ_{l on g} t_l(r_g); the iteration is at least the busiest
 group's time, hence at least the average: T >= (M / P) Σ_l min_g t_l(r_g), t_l(r) a layer's forward
-and backward on ceil(b / r) samples. Shapes are taken in increasing bound; once a bound reaches
-the incumbent no later shape can win. A shape whose cut sets the budget affords is enumerated
-whole (exact); otherwise local search from cuts balanced by compute (moving one cut at a time)
-improves it, and the shape's bound stays in the proven gap. Replica counts: every composition of
-the devices into P groups up to 8 devices; beyond, equal groups and every split into two groups.
-Groups take contiguous devices in order.
+and backward on ceil(b / r) samples. Shapes below the incumbent are first screened, in increasing
+bound, by one candidate each (cuts balanced by compute); then searched in the order of what their
+screen scored, since the bound ignores bubbles and transfers (with four families, many shapes share
+one bound, and bound order alone spent the budget on the hopeless ones). A shape whose cut sets the
+budget affords is enumerated whole (exact); otherwise local search from its balanced cuts (moving
+one cut at a time) improves it, and the shape's bound stays in the proven gap. Once a shape's bound
+reaches the best plan found, it is skipped. Replica counts: every composition of the devices into P
+groups up to 8 devices; beyond, equal groups and every split into two groups. Groups take
+contiguous devices in order.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from .branch import CELLS_PER_NODE
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
+SCREEN = 1 / 2  # of this pass's budget, what the screen (one balanced candidate per shape) may score
 
 
 def _compositions(total: int, parts: int):
@@ -113,17 +117,47 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
     found: list[Costed] = []
     bounds: dict[int, float] = {}
     best, scored = incumbent, 0
+    built: set[tuple] = set()  # the rank orders (family, groups, micro-batches, v) built so far
 
     def costed(family, v, groups, b, stops) -> Costed:
+        nonlocal scored
+        key = (family, len(groups), global_batch // b, v)
+        if key not in built:  # a shape's first candidate also builds its rank orders: as dear as a simulation
+            built.add(key)
+            scored += _cost(num_stages(family, v, groups), global_batch // b)
         layout = chunked_layout(family, list(groups), list(stops), None, D)
         return evaluate_chunked(profile, topology, layout, b, global_batch // b, limits, family, v)
 
-    for k, (bound, family, v, groups, b) in enumerate(todo):
-        if bound >= best * (1 - 1e-9):  # this and every later shape: no plan faster than the incumbent
-            for rest in todo[k:]:
-                bounds[rest[4]] = min(bounds.get(rest[4], math.inf), rest[0])
+    def balanced(family, v, groups) -> list[int]:
+        S, P = num_stages(family, v, groups), len(groups)
+        per_stage = [groups[group_of(family, s, P)] for s in range(S)]
+        return [*balanced_boundaries(profile, S, per_stage), L]
+
+    # Screen: each shape that could beat the incumbent, its balanced cuts, in increasing bound.
+    screened: list[tuple] = []  # (start or None, bound, family, v, groups, b, balanced cuts)
+    cuts: dict[tuple, list[int]] = {}  # per (family, v, groups): cuts balanced by compute
+    for bound, family, v, groups, b in todo:
+        if bound >= best * (1 - 1e-9):  # sorted: this and every later shape cannot win
             break
-        S, M, P = num_stages(family, v, groups), global_batch // b, len(groups)
+        start = None
+        each = _cost(num_stages(family, v, groups), global_batch // b)
+        if (family, v, groups) not in cuts:
+            cuts[(family, v, groups)] = balanced(family, v, groups)
+        stops = cuts[(family, v, groups)]
+        if scored + each <= budget * SCREEN:
+            start = costed(family, v, groups, b, stops)
+            scored += each
+            if start.fits:
+                found.append(start)
+                best = min(best, start.iteration_s)
+        screened.append((start, bound, family, v, groups, b, stops))
+    # Search: the shapes whose screen scored best first (then the unscreened, by bound).
+    rank = lambda x: (x[0] is None, not (x[0] is not None and x[0].fits),  # noqa: E731
+                      x[0].iteration_s if x[0] is not None else x[1], x[1])
+    for start, bound, family, v, groups, b, stops in sorted(screened, key=rank):
+        if bound >= best * (1 - 1e-9):  # cannot beat what is found
+            continue
+        S, M = num_stages(family, v, groups), global_batch // b
         each = _cost(S, M)
         if scored + math.comb(L - 1, S - 1) * each <= budget:  # every cut of this shape
             for cut in itertools.combinations(range(1, L), S - 1):
@@ -134,12 +168,12 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
                     best = min(best, c.iteration_s)
             continue
         bounds[b] = min(bounds.get(b, math.inf), bound)  # searched locally at most: its bound stays open
-        if scored + each > budget:
-            continue
-        per_stage = [groups[group_of(family, s, P)] for s in range(S)]
-        stops = [*balanced_boundaries(profile, S, per_stage), L]
-        current = costed(family, v, groups, b, stops)
-        scored += each
+        if start is None:
+            if scored + each > budget:
+                continue
+            start = costed(family, v, groups, b, stops)
+            scored += each
+        current = start
         moved = True
         while moved and scored + each <= budget:  # steepest descent over one cut at a time
             moved, step = False, None
