@@ -218,6 +218,38 @@ def _exhaustive_chunked(profile, topo, G, limits):
     return best
 
 
+def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
+    """chunked_search.shape_bound (the busiest group's work, and the busiest link's transfers) is a
+    lower bound on every plan of the shape, as the simulator of its rank orders times it; the link
+    term decides the bound on some shapes, so it is tested, not idle."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import link_bound, num_stages, shape_bound, shapes
+    rng = random.Random(7)
+    checked = link_decides = 0
+    for _ in range(12):
+        nodes, per_node = rng.choice([(2, 2), (2, 3), (4, 1), (2, 4)])
+        topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), rng.choice([1e-5, 1e-4]), 20e9,
+                        rng.choice([2e8, 1e9]), inter_node_allreduce_bandwidth=3e9)
+        profile = random_profile(rng, rng.choice([6, 8, 10]))
+        if rng.random() < 0.5:  # every layer's output alike (a transformer's): the least cut is a real one
+            out = rng.choice([1e6, 4e7, 2e8])
+            profile = replace(profile, layers=tuple(replace(x, activation_bytes=out) for x in profile.layers))
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
+            bound = shape_bound(profile, topo, G, groups, b, None, family, v)
+            if family != "chimera" and link_bound(profile, topo, G, family, v, groups, b) == bound:
+                link_decides += 1
+            S = num_stages(family, v, groups)
+            for _ in range(3):
+                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+                c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), stops, None, topo.num_devices),
+                                     b, G // b, limits, family, v)
+                assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
+                checked += 1
+    assert checked > 500 and link_decides > 20, (checked, link_decides)
+
+
 @pytest.mark.slow
 def test_planning_every_family_together_finds_what_each_chunked_family_finds_alone():
     """BERT-48 on 64 A100s: with four chunked families many shapes share one bound (the busiest

@@ -81,11 +81,12 @@ def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits:
 
 
 def shape_bound(profile: ModelProfile, topology: Topology, global_batch: int, groups: tuple[int, ...], b: int,
-                memo: dict | None = None) -> float:
+                memo: dict | None = None, family: str | None = None, v: int = 2) -> float:
     """T >= the busiest group's time >= any weighted average of the groups' busy times: by group
     (M / P) Σ_l min_g t_l(r_g), and by device (M / D) Σ_l min_g r_g t_l(r_g) — the compute bound at
-    this micro-batch size, each replica paying a call's fixed cost. `memo`: per (replicas, b), each
-    layer's t_l, shared by the shapes of one search."""
+    this micro-batch size, each replica paying a call's fixed cost. With `family` (not Chimera, whose
+    routes depend on the micro-batch), also T >= the busiest link's time (link_bound). `memo`: per
+    (replicas, b), each layer's t_l, shared by the shapes of one search."""
     memo = {} if memo is None else memo
     M, P, D = global_batch // b, len(groups), sum(groups)
     times = []
@@ -96,7 +97,37 @@ def shape_bound(profile: ModelProfile, topology: Topology, global_batch: int, gr
         times.append((r, memo[(r, b)]))
     by_group = np.min([t for _, t in times], axis=0).sum()
     by_device = np.min([r * t for r, t in times], axis=0).sum()
-    return float(max(M / P * by_group, M / D * by_device))
+    bound = float(max(M / P * by_group, M / D * by_device))
+    if family is not None and family != "chimera":
+        bound = max(bound, link_bound(profile, topology, global_batch, family, v, groups, b))
+    return bound
+
+
+def link_bound(profile: ModelProfile, topology: Topology, global_batch: int, family: str, v: int,
+               groups: tuple[int, ...], b: int) -> float:
+    """T >= the busiest directed link's time. The simulator (rank_simulate.py) sends one transfer at a
+    time over the link from one group to another; every micro-batch crosses each boundary between two
+    stages on different groups, its activation one way and its gradient back, and every boundary's
+    transfer takes at least the least any cut of the model could cost over that link (stage_costs'
+    rule: latency + the cut's bytes over the smaller replica count, at the link's bandwidth)."""
+    M, P, L = global_batch // b, len(groups), profile.num_layers
+    S = num_stages(family, v, groups)
+    if L < 2 or S < 2:
+        return 0.0
+    first = [sum(groups[:g]) for g in range(P)]
+    devices = [tuple(range(first[g], first[g] + groups[g])) for g in range(P)]
+    least_cut = min(profile.cut_bytes[:L - 1]) * b / profile.batch_size
+    crossings: dict[tuple[int, int], int] = {}
+    for s in range(S - 1):
+        g, h = group_of(family, s, P), group_of(family, s + 1, P)
+        if g != h:  # the activation g -> h, the gradient h -> g
+            crossings[(g, h)] = crossings.get((g, h), 0) + 1
+            crossings[(h, g)] = crossings.get((h, g), 0) + 1
+    busiest = 0.0
+    for (g, h), n in crossings.items():
+        bw, lat = topology.p2p(devices[g], devices[h])
+        busiest = max(busiest, n * M * (lat + least_cut / min(groups[g], groups[h]) / bw))
+    return busiest
 
 
 def _cost(S: int, M: int) -> int:
@@ -111,7 +142,7 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
     L, D = profile.num_layers, topology.num_devices
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
-    todo = sorted(((shape_bound(profile, topology, global_batch, g, b, memo), f, v, g, b)
+    todo = sorted(((shape_bound(profile, topology, global_batch, g, b, memo, f, v), f, v, g, b)
                    for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes)),
                   key=lambda x: (x[0], x[1], x[2], x[3], -x[4]))
     found: list[Costed] = []
