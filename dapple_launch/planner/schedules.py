@@ -69,7 +69,8 @@ def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tupl
 
 def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
            kept: list[Costed], top: int = 3) -> list[Costed]:
-    """ZB-H1 on the layouts found so far, at every depth that fits, and local search from the best few."""
+    """ZB-H1 on the layouts found so far, at every depth that fits, and local search from the best few
+    distinct layouts."""
     fam = replace(limits, schedule=FAMILY)
     seen, costed = set(), []
     least = least_stages(limits)
@@ -89,8 +90,13 @@ def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     from .search import micro_batch_sizes  # (search.py imports this module)
     allowed_replicas = replica_choices(topology, global_batch)
     sizes = micro_batch_sizes(global_batch, limits)
-    out = list(costed)
-    for z in sorted(costed, key=lambda c: c.iteration_s)[:top]:
+    out, tried = list(costed), set()
+    for z in sorted(costed, key=lambda c: c.iteration_s):
+        if len(tried) == top:
+            break
+        if (z.layout, z.micro_batch_size) in tried:  # the same layout at another depth: descent tries depths itself
+            continue
+        tried.add((z.layout, z.micro_batch_size))
         if any(s.replicas not in allowed_replicas for s in z.layout) or shape_of(z, topology).layout(topology) != z.layout:
             continue
         better, _ = descend(z, profile, topology, global_batch, fam, allowed_replicas, sizes,
