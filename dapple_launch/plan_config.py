@@ -12,7 +12,7 @@ from .models import PipelineModel, build_custom, build_model
 from .planner import Limits, Plan, fixed_plan
 from .planner.chunked import CHUNKED, groups_for
 from .profile import ModelProfile, analytic_profile, read_profile_file
-from .schedule import validate
+from .schedule import SPLIT_BACKWARD, validate
 
 _SHAPE_KEYS = {"gpt": ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout",
                        "tie_embeddings"),
@@ -150,7 +150,8 @@ def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
                   max_stages=s.max_stages if auto else None, micro_batch_size=s.micro_batch_size if auto else None,
                   schedule=str(s.schedule), recompute=str(s.recompute),
                   token_slices=tuple(int(n) for n in slices) if listed else (),
-                  auto_token_slices=slices == "auto", seq_len=seq_len,
+                  # (auto slicing steps aside for a stated recomputation, which slices cannot run with)
+                  auto_token_slices=slices == "auto" and str(s.recompute) not in ("full", "selective"), seq_len=seq_len,
                   recompute_layers=tuple(int(i) for i in s.recompute_layers),
                   recompute_counts=tuple(int(i) for i in s.recompute_counts),
                   **({"chunks": int(s.chunks)} if "chunks" in s else {}), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
@@ -161,13 +162,14 @@ def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
 def auto_schedules(s: DictConfig) -> tuple[str, ...]:
     """The families the planner may choose: strategy.schedules, or all that apply to strategy.schedule
     (1f1b: 1F1B, ZB-H1 on 1F1B's layouts, interleaved 1F1B and zero bubble, ZB-V and Chimera on device
-    groups holding several stages; gpipe: GPipe alone)."""
+    groups holding several stages — with strategy.recompute full or selective, those of a whole
+    backward: 1F1B, interleaved 1F1B and Chimera; gpipe: GPipe alone)."""
     if s.schedules:
         return tuple(str(x) for x in s.schedules)
-    if str(s.schedule) == "1f1b" and str(s.recompute) not in ("full", "selective"):
-        # (a split backward does not run recomputed layers, nor does a device group holding several
-        # stages yet: 1F1B alone with them)
-        return DEFAULT_SCHEDULES
+    if str(s.schedule) == "1f1b":
+        # (a split backward does not run recomputed layers: with them, the families whose backward is whole)
+        recomputes = str(s.recompute) in ("full", "selective")
+        return tuple(f for f in DEFAULT_SCHEDULES if not (recomputes and f in SPLIT_BACKWARD))
     return (str(s.schedule),)
 
 

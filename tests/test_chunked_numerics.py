@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from dapple_launch.cluster import Topology
 from dapple_launch.models import build_model
+from dapple_launch.models.contract import as_tuple
 from dapple_launch.planner import Limits, fixed_plan
 from dapple_launch.profile import analytic_profile
 from dapple_launch.runtime.grid import ProcessGrid
@@ -32,11 +33,13 @@ def model_of(name: str):
                        tie_embeddings=name == "gpt")
 
 
-def chunked_plan(model, groups, schedule, stages, num_micro_batches, global_batch):
+def chunked_plan(model, groups, schedule, stages, num_micro_batches, global_batch, recompute=("none", ())):
     topo = Topology("test", 1, sum(groups), 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
+    policy, counts = recompute
     return fixed_plan(profile, topo, global_batch, stages, list(groups), num_micro_batches,
-                      Limits(schedule=schedule, chunks=max(1, stages // len(groups))))
+                      Limits(schedule=schedule, chunks=max(1, stages // len(groups)), recompute=policy,
+                             recompute_counts=counts))
 
 
 def _compare(rank, world, model_name, plan_json, batch_n):
@@ -79,11 +82,13 @@ def _compare(rank, world, model_name, plan_json, batch_n):
                                                         // ex.chunks[s].replicas) for s in local_stages}}
 
 
-def _one_forward_bytes(plan, ref, local, model, stage, batch, rows) -> tuple[int, int]:
+def _one_forward_bytes(plan, ref, local, model, stage, batch, rows) -> tuple[int, int, int]:
     """What one forward of `stage` on `rows` samples keeps for backward (saved-tensor hooks), its
     input taken as the previous stages compute it: the bytes the simulator charges per micro-batch;
-    and of those, what a split backward's I frees."""
+    of those, what a split backward's I frees; and what its backward holds above them while it
+    recomputes (the stage's recompute_layers, as the executor runs them)."""
     from dapple_launch.models.contract import carry_map, run_layers
+    from dapple_launch.runtime.recompute import with_recomputation
     a, b = plan.stages[stage].layers
     x = carry_map(lambda t: t[:rows], batch[0])
     if a:
@@ -92,11 +97,20 @@ def _one_forward_bytes(plan, ref, local, model, stage, batch, rows) -> tuple[int
                           run_layers([ref.layers[str(i)] for i in range(a)], x))
     layers = [local.layers[str(i)] for i in range(a, b)]
     last = b == plan.num_layers
+    marks = [i - a for i in plan.stages[stage].recompute_layers]
 
     def forward():
-        y = run_layers(layers, x)
+        y = run_layers(with_recomputation(layers, marks) if marks else layers, x)
         return model.loss(y, batch[1][:rows]).sum() if last else y
-    return saved_and_freed_at_input(forward, x, local.parameters(), last)  # (a tied weight may sit in another layer)
+    if not marks:  # (a tied weight may sit in another layer)
+        return (*saved_and_freed_at_input(forward, x, local.parameters(), last), 0)
+    counter = SavedBytes(list(local.parameters()))
+    with counter.hooks():
+        out = forward()
+        kept = counter.live
+        outputs = [out] if last else [t for t in as_tuple(out) if t.requires_grad]
+        torch.autograd.backward(outputs, None if last else [torch.ones_like(t) for t in outputs])
+    return kept, 0, counter.peak - kept
 
 
 def _many(rank, world, cases):
@@ -123,13 +137,17 @@ CASES = [
     ("gpt", (1, 1), "chimera", 2, 2, 4), ("gpt-untied", (1, 1), "chimera", 2, 6, 12),
     ("gpt", (1, 1, 1, 1), "chimera", 4, 4, 9), ("gpt", (1, 1, 1, 1), "chimera", 4, 16, 16),
     ("skipnet", (1, 1, 1, 1), "chimera", 4, 8, 8), ("gpt", (2, 2), "chimera", 2, 4, 9),
+    # recomputation, with a whole backward (interleaved 1F1B, Chimera): full, and each stage's first layer
+    ("gpt", (1, 1), "interleaved_1f1b", 4, 4, 8, ("full", ())), ("skipnet", (1, 1), "interleaved_1f1b", 4, 6, 12, ("selective", (1,))),
+    ("gpt", (2, 1, 1), "interleaved_1f1b", 6, 3, 7, ("full", ())),
+    ("gpt", (1, 1, 1, 1), "chimera", 4, 4, 8, ("selective", (1,))), ("gpt-untied", (1, 1), "chimera", 2, 6, 12, ("full", ())),
 ]
 
 
 def test_chunked_schedules_equal_the_reference(tmp_path):
     plans = []
-    for name, groups, schedule, stages, m, n in CASES:
-        plans.append(chunked_plan(model_of(name), groups, schedule, stages, m, m * max(groups)))
+    for name, groups, schedule, stages, m, n, *rest in CASES:
+        plans.append(chunked_plan(model_of(name), groups, schedule, stages, m, m * max(groups), *rest))
     by_world: dict[int, list[int]] = {}
     for i, (_, groups, *_) in enumerate(CASES):
         by_world.setdefault(sum(groups), []).append(i)
@@ -160,8 +178,10 @@ def test_chunked_schedules_equal_the_reference(tmp_path):
                     per_stage.update({int(k): v for k, v in r["one_forward_bytes"].items()})
                 assert not split or per_stage[plan.num_stages - 1][1] > 0, case  # the loss's input goes at I
                 costs = [StageCosts(1.0, 2.0, activation_bytes=float(per_stage[s][0]),
-                                    input_only_bytes=float(per_stage[s][1]) if split else 0.0)
+                                    input_only_bytes=float(per_stage[s][1]) if split else 0.0,
+                                    recompute_bytes=float(per_stage[s][2]))
                          for s in range(plan.num_stages)]
+                assert not plan.recomputes or any(per_stage[s][2] > 0 for s in per_stage), case
                 peaks = simulate_ranks(schedule, costs, record=False).peak_activation_bytes
                 for r in results:
                     assert r["saved_bytes"] == peaks[r["group"]], (case, r["group"])

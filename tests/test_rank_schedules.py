@@ -182,6 +182,10 @@ def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
     (["strategy.stages=4", "strategy.chunks=1"], "1 is plain 1F1B"),
     (["strategy.stages=4", "strategy.schedule=zbv", "strategy.chunks=3"], "ZB-V holds exactly 2 stages"),
     (["strategy.stages=4", "strategy.replicas=[1,1]"], "use 2 devices but cluster local has 4"),
+    (["strategy.stages=4", "strategy.schedule=zbv", "strategy.recompute=full"], "with schedule zbv: a split backward's W"),
+    (["strategy.stages=4", "strategy.schedule=interleaved_zb", "strategy.recompute=selective",
+      "strategy.recompute_counts=[1]"], "with schedule interleaved_zb: a split backward's W"),
+    (["strategy.stages=4", "strategy.token_slices=[32,32]"], "runs without token slices"),
 ])
 def test_a_chunked_layout_that_breaks_a_rule_is_refused_with_the_fix(compose_cfg, overrides, needle):
     from dapple_launch.plan_config import plan_from_config
@@ -197,6 +201,37 @@ def test_the_planner_plans_a_chunked_family_alone_and_the_plan_runs_its_rank_ord
     x = plan.build_schedule()
     validate_ranks(x)
     assert len(plan.orders()) == x.num_ranks and "ZB-V with 2 stages per device group" in plan.planner
+
+
+def test_recomputation_runs_on_the_families_with_a_whole_backward_and_the_planner_chooses_among_them(compose_cfg):
+    """strategy.recompute=full or selective: interleaved 1F1B and Chimera recompute (a fixed layout
+    lists each stage's positions and costs them: a longer backward, less kept), the planner searches
+    1F1B, interleaved 1F1B and Chimera with them (never a split backward), and auto token slicing
+    steps aside instead of refusing the run (a causal model under strategy=auto)."""
+    from dapple_launch.plan_config import auto_schedules, plan_from_config
+    from dapple_launch.planner.plan import Plan
+    base = ["strategy=fixed", "strategy.stages=4", "global_batch_size=8"]
+    for schedule in ("interleaved_1f1b", "chimera"):
+        extra = ["strategy.replicas=[1,1,1,1]"] if schedule == "chimera" else []
+        none = plan_from_config(compose_cfg([*base, f"strategy.schedule={schedule}", *extra]))
+        full = plan_from_config(compose_cfg([*base, f"strategy.schedule={schedule}", *extra, "strategy.recompute=full"]))
+        first = plan_from_config(compose_cfg([*base, f"strategy.schedule={schedule}", *extra,
+                                              "strategy.recompute=selective", "strategy.recompute_counts=[1]"]))
+        assert [s.recompute_layers for s in full.stages] == [tuple(range(*s.layers)) for s in full.stages]
+        assert [s.recompute_layers for s in first.stages] == [(s.layers[0],) for s in first.stages]
+        for c, n in zip(full.estimate.stage_costs, none.estimate.stage_costs):
+            assert c["backward_s"] > n["backward_s"] and c["activation_bytes"] < n["activation_bytes"]
+        assert Plan.from_json(full.to_json()) == full
+    cfg = compose_cfg(["strategy=auto", "strategy.recompute=full", "global_batch_size=8"])
+    assert auto_schedules(cfg.strategy) == ("1f1b", "interleaved_1f1b", "chimera")
+    chosen = plan_from_config(cfg)
+    assert chosen.schedule in ("1f1b", "interleaved_1f1b", "chimera") and not chosen.token_slices
+    assert all(s.recompute_layers == tuple(range(*s.layers)) for s in chosen.stages)
+    d = json.loads(full.to_json())
+    d.pop("orders")
+    d["schedule"] = "zbv"
+    with pytest.raises(ValueError, match="recompute_layers with schedule zbv"):
+        Plan.from_dict(d)
 
 
 def _exhaustive_chunked(profile, topo, G, limits):

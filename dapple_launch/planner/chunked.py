@@ -22,7 +22,7 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule, simulate_ranks
 from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
-from .cost import Costed, Limits, StageSpec, stage_costs
+from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, stage_costs
 
 CHUNKED = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
 INTERLEAVED = ("interleaved_1f1b", "interleaved_zb")  # v stages per group, s on group s mod P
@@ -67,8 +67,12 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
         costs = [replace(c, allreduce_s=c.allreduce_s - topology.allreduce_s(d.devices, profile.span(d.start, d.stop)[3])
                          + topology.allreduce_s(st.devices, profile.span(st.start, st.stop)[3]))
                  for c, d, st in zip(stage_costs(profile, topology, down, micro_batch_size), down, layout)]
+        own = down
     else:
-        costs = stage_costs(profile, topology, layout, micro_batch_size)
+        costs, own = stage_costs(profile, topology, layout, micro_batch_size), layout
+    sets = recompute_sets(layout, limits)  # (Limits refuses it with a split backward)
+    if sets:  # each stage's backward runs its recomputed layers' forward again (one copy's replicas)
+        costs = recomputed_costs(profile, topology, own, costs, micro_batch_size, sets)
     for s in range(S - 1):
         if layout[s].devices == layout[s + 1].devices:  # the same group: a local hand-off
             costs[s] = replace(costs[s], send_activation_s=0.0)
@@ -82,7 +86,7 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
     memory = [max(per_group[g] for g in groups_of(schedule, s, P)) for s in range(S)]
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     return Costed(layout, micro_batch_size, num_micro_batches, schedule, costs, sim.iteration_s, memory, capacity,
-                  extra={"chunks": chunks})
+                  extra={"chunks": chunks}, recompute=sets if any(sets) else ())
 
 
 def simulate_chunked(c: Costed, record: bool = True):
@@ -174,9 +178,9 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
         raise ValueError(f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; use at most "
                          f"{L if schedule == 'chimera' else L // v * v} stages")
     check_chunked(schedule, num_stages, limits.chunks, num_micro_batches)
-    if limits.recompute in ("full", "selective") or limits.token_slices:
-        raise ValueError(f"schedule {schedule} runs without recomputation and token slices for now; use "
-                         f"strategy.schedule=1f1b for strategy.recompute={limits.recompute} or token slices")
+    if limits.token_slices:
+        raise ValueError(f"schedule {schedule} runs without token slices; use strategy.schedule=1f1b or gpipe with "
+                         f"strategy.token_slices")
     groups = group_replicas(schedule, num_stages, v, list(replicas))
     P = len(groups)
     if sum(groups) != D:

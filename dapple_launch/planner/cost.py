@@ -22,7 +22,7 @@ from functools import lru_cache
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule import StageCosts, build_schedule, simulate, zero_bubble
+from ..schedule import SPLIT_BACKWARD, StageCosts, build_schedule, simulate, zero_bubble
 from ..schedule.gpipe import compute_orders as gpipe_orders
 from ..schedule.one_f_one_b import compute_orders, deeper_warmup
 from ..schedule.simulate import encode_orders, orders_time, program
@@ -66,10 +66,12 @@ class Limits:
         if self.recompute == "selective" and not (self.recompute_layers or self.recompute_counts):
             raise ValueError("strategy.recompute=selective needs strategy.recompute_layers=[positions] or "
                              "strategy.recompute_counts=[first layers per stage]")
-        if self.recompute in ("full", "selective") and "zb_h1" in (self.schedule, *self.schedules):
-            raise ValueError(f"strategy.recompute={self.recompute} with schedule zb_h1: a split backward's W would "
-                             f"run the recomputed forward a second time; use strategy.schedule=1f1b or gpipe (or "
-                             f"strategy.schedules=[1f1b]) with recomputation")
+        split = [f for f in SPLIT_BACKWARD if f in (self.schedule, *self.schedules)]
+        if self.recompute in ("full", "selective") and split:
+            raise ValueError(f"strategy.recompute={self.recompute} with schedule {split[0]}: a split backward's W would "
+                             f"run the recomputed forward a second time; use strategy.schedule=1f1b, gpipe, "
+                             f"interleaved_1f1b or chimera (or strategy.schedules=[1f1b, interleaved_1f1b, chimera]) "
+                             f"with recomputation")
         if self.token_slices and (min(self.token_slices) < 1):
             raise ValueError(f"strategy.token_slices={list(self.token_slices)}: every slice needs at least one token")
         if (self.token_slices or self.auto_token_slices) and self.recompute in ("full", "selective"):

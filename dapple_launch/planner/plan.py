@@ -5,6 +5,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..schedule import SPLIT_BACKWARD
+
 
 @dataclass(frozen=True)
 class StagePlan:
@@ -152,9 +154,10 @@ class Plan:
         if plan.token_slices and plan.recomputes:
             raise ValueError("recompute_layers with token_slices: a recomputed forward would not see the slice's "
                              "cached keys and values; use one or the other")
-        if plan.recomputes and plan.schedule == "zb_h1":
-            raise ValueError("recompute_layers with schedule zb_h1: a split backward's W would run the recomputed "
-                             "forward a second time; use schedule 1f1b or gpipe, or empty recompute_layers")
+        if plan.recomputes and plan.schedule in SPLIT_BACKWARD:
+            raise ValueError(f"recompute_layers with schedule {plan.schedule}: a split backward's W would run the "
+                             f"recomputed forward a second time; use schedule 1f1b, gpipe, interleaved_1f1b or "
+                             f"chimera, or empty recompute_layers")
         # (their devices follow `stages`: an edited placement is checked against the cluster elsewhere)
         if orders is not None and [o.get("actions") for o in orders] != [o["actions"] for o in plan.orders()]:
             raise ValueError(f"its orders are not what schedule {plan.schedule!r} (warm-up {list(plan.warmup)}) runs "

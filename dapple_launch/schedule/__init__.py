@@ -64,6 +64,7 @@ def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chun
 
 
 CHUNKED_SCHEDULES = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")  # several stages per device group
+SPLIT_BACKWARD = ("zb_h1", "interleaved_zb", "zbv")  # the backward split into I and W (no recomputation)
 
 
 def num_groups(name: str, num_stages: int, chunks: int) -> int:
