@@ -22,6 +22,7 @@ from dapple_launch.schedule import StageCosts, simulate_ranks
 from .custom_models.skipnet import build as build_skipnet
 from .multiproc import run_ranks
 from .saved_bytes import SavedBytes, saved_and_freed_at_input
+from .test_pipeline_numerics import reference, worst_grad_rel
 
 pytestmark = pytest.mark.multiprocess
 
@@ -48,10 +49,7 @@ def _compare(rank, world, model_name, plan_json, batch_n):
     model = model_of(model_name)
     grid = ProcessGrid.from_plan(plan)
     batch = model.batch(batch_n, torch.Generator().manual_seed(1))
-    ref = PipelineModule(model).materialize()
-    ref_loss = ref.reference_loss(batch)
-    ref_loss.backward()
-    ref_grads = {n: p.grad for n, p in ref.named_parameters(remove_duplicate=False)}
+    ref, ref_loss, ref_grads = reference(model, batch)
     local_stages = grid.stages_at(rank)
     indices = [i for s in local_stages for i in range(*plan.stages[s].layers)]
     local = PipelineModule(model).materialize(indices)
@@ -71,11 +69,8 @@ def _compare(rank, world, model_name, plan_json, batch_n):
     tied.sync()
     loss = result.loss_sum.clone()
     dist.all_reduce(loss)
-    worst = 0.0
-    for n, p in local.named_parameters(remove_duplicate=False):
-        r = ref_grads[n].float()
-        worst = max(worst, (p.grad.float() - r).abs().max().item() / (r.abs().max().item() + 1e-12))
-    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst, "group": ex.group,
+    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst_grad_rel(local, ref_grads),
+            "group": ex.group,
             "names": sorted(n for n, _ in local.named_parameters(remove_duplicate=False)),
             "saved_peak": ex.saved_peak, "saved_bytes": counter.peak,
             "one_forward_bytes": {s: _one_forward_bytes(plan, ref, local, model, s, batch, batch_n // plan.num_micro_batches

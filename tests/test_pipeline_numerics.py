@@ -43,6 +43,25 @@ def make_plan(model, replicas, schedule, num_micro_batches, global_batch, device
                       Limits(schedule=schedule, **limits), devices=devices, warmup_depth=warmup_depth)
 
 
+def reference(model, batch, precision="32"):
+    """Every layer in one process, the whole batch at once (a tied weight is one Parameter):
+    (the module, its loss, each named parameter's gradient)."""
+    ref = PipelineModule(model, precision=precision).materialize()
+    loss = ref.reference_loss(batch)
+    loss.backward()
+    return ref, loss, {n: p.grad for n, p in ref.named_parameters(remove_duplicate=False)}
+
+
+def worst_grad_rel(local, ref_grads) -> float:
+    """The largest gradient difference of any of `local`'s parameters from the reference's, relative
+    to the reference gradient's largest entry."""
+    worst = 0.0
+    for n, p in local.named_parameters(remove_duplicate=False):
+        r = ref_grads[n].float()
+        worst = max(worst, (p.grad.float() - r).abs().max().item() / (r.abs().max().item() + 1e-12))
+    return worst
+
+
 def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32",
              hand_made=None):
     """This rank's stage run through the runtime's parts (executor, p2p, gradient and tied-weight
@@ -53,11 +72,7 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     grid = ProcessGrid.from_plan(plan)
     stage, replica = grid.position(rank)
     batch = model.batch(batch_n, torch.Generator().manual_seed(1))
-    # Reference: every layer in one process, the whole batch at once (a tied weight is one Parameter).
-    ref = PipelineModule(model, precision=precision).materialize()
-    ref_loss = ref.reference_loss(batch)
-    ref_loss.backward()
-    ref_grads = {n: p.grad for n, p in ref.named_parameters(remove_duplicate=False)}
+    ref, ref_loss, ref_grads = reference(model, batch, precision)
     # Pipelined: only this stage's layers, the schedule's micro-batches, this replica's slices.
     a, b = plan.stages[stage].layers
     local = PipelineModule(model, precision=precision).materialize(list(range(a, b)))
@@ -77,11 +92,7 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     tied.sync()
     loss = result.loss_sum.clone()
     dist.all_reduce(loss)
-    worst = 0.0
-    for n, p in local.named_parameters(remove_duplicate=False):
-        r = ref_grads[n].float()
-        worst = max(worst, (p.grad.float() - r).abs().max().item() / (r.abs().max().item() + 1e-12))
-    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst,
+    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst_grad_rel(local, ref_grads),
             "names": sorted(n for n, _ in local.named_parameters(remove_duplicate=False)),
             "saved_peak": ex.saved_peak, "stage": stage,
             "wire": sorted({str(wire) for layout in ex.p2p.sent_layouts.values() for _, wire, _ in layout})}
