@@ -119,6 +119,14 @@ def test_fixed_plans_carry_recompute_layers_and_cost_them():
     assert "recomputed" in full.explain() and "all (full)" in full.explain()
 
 
+def test_a_plans_recomputation_reads_in_one_word():
+    """The frontier's table and picture say none, full, or each stage's count."""
+    from dapple_launch.planner.explain import recomputed_per_stage
+    assert recomputed_per_stage(_plan()) == "none"
+    assert recomputed_per_stage(_plan("full")) == "full"
+    assert recomputed_per_stage(_plan("selective", recompute_counts=(2, 0))) == "2+0"
+
+
 def test_recomputation_refusals_name_the_rule():
     with pytest.raises(ValueError, match="zb_h1"):
         Limits(schedule="zb_h1", recompute="full")

@@ -29,6 +29,17 @@ def _names(names: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]}"
 
 
+def recomputed_per_stage(plan) -> str:
+    """A plan's recomputation in one word: "none", "full" (every layer of every stage), or each
+    stage's count of recomputed layers ("1+2+0+1"): what the frontier's table and picture show."""
+    counts = [len(s.recompute_layers) for s in plan.stages]
+    if not any(counts):
+        return "none"
+    if all(n == s.layers[1] - s.layers[0] for n, s in zip(counts, plan.stages)):
+        return "full"
+    return "+".join(map(str, counts))
+
+
 def _recomputed(stage) -> str:
     marks = stage.recompute_layers
     if not marks:

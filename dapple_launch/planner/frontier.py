@@ -214,16 +214,14 @@ def plan_choice(profile: ModelProfile, topology: Topology, global_batch: int, li
 
 def describe(f: Frontier) -> str:
     """The frontier as a table, the chosen point marked."""
-    from .explain import human_bytes, human_seconds
+    from .explain import human_bytes, human_seconds, recomputed_per_stage
     if not f.points:
         return "frontier: no plan fits"
     rows = [("", "#", "iteration", "memory/device", "devices", "samples/s", "device·s/sample", "layout",
              "recompute", "schedule")]
     for k, p in enumerate(f.points):
         e = p.estimate
-        marks = [len(s.recompute_layers) for s in p.stages]
-        full = all(len(s.recompute_layers) == s.layers[1] - s.layers[0] for s in p.stages)
-        rec = "none" if not any(marks) else "full" if full else "+".join(map(str, marks))
+        rec = recomputed_per_stage(p)
         even = len({s.replicas for s in p.stages}) == 1
         layout = (f"{p.num_stages} stage{'s' if p.num_stages > 1 else ''} × {p.stages[0].replicas}" if even
                   else f"{p.num_stages} stages {p.layout()}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
-from .explain import human_bytes, human_seconds
+from .explain import human_bytes, human_seconds, recomputed_per_stage
 from .frontier import Frontier, device_seconds_per_sample
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 760, 460, 80, 170, 30, 60
@@ -59,9 +59,9 @@ def frontier_svg(f: Frontier) -> str:
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
         for k in mine:
             p = pts[k]
-            rec = sum(len(s.recompute_layers) for s in p.stages)
+            rec = recomputed_per_stage(p)
             hover = (f"#{k}: {p.num_stages} stages {p.layout()}, {p.num_micro_batches}×{p.micro_batch_size}, "
-                     f"{p.schedule}{', ' + str(rec) + ' layers recomputed' if rec else ''}; "
+                     f"{p.schedule}{'' if rec == 'none' else ', recomputed layers per stage: ' + rec}; "
                      f"{human_seconds(times[k])}, {human_bytes(mems[k])} per device, {n} devices, "
                      f"{device_seconds_per_sample(p):.4g} device·s/sample")
             out.append(f'<circle cx="{x(mems[k]):.1f}" cy="{y(times[k]):.1f}" r="4" fill="{colour}">'
