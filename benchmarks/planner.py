@@ -1,7 +1,8 @@
 """Planner benchmark: the shipped DAPPLE profiles × clusters × global batch sizes.
 
 For each row: the chosen plan, its estimated iteration time, speed-up over data parallel and
-over every baseline (planned under the same cost model), the estimate against the full simulator
+over every baseline (planned under the same cost model; the t-* columns: what a torchtitan user
+would configure by hand for each torch schedule, planner/torch_style.py), the estimate against the full simulator
 (communication actions and all) for the chosen plan, whether the search proved optimality, and
 the planning wall time. Then the scaling
 case: a 96-layer BERT (analytic profile) on 512 devices (64 nodes × 8).
@@ -27,6 +28,7 @@ from dapple_launch.plan_config import DEFAULT_SCHEDULES, shipped_topology  # noq
 from dapple_launch.planner.cost import Limits, simulate_costed, speed_ratio  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
+from dapple_launch.planner.torch_style import torch_style_baselines  # noqa: E402
 from dapple_launch.profile import analytic_profile, read_profile_file  # noqa: E402
 
 PROFILES = [("bert-48", "bert-48-pbs-2.txt", 2, 1.0), ("vgg-19", "vgg-19-pbs-32.txt", 32, 1.048576),
@@ -34,7 +36,9 @@ PROFILES = [("bert-48", "bert-48-pbs-2.txt", 2, 1.0), ("vgg-19", "vgg-19-pbs-32.
 CLUSTERS = ["v100x16", "v100-16x1", "v100-16x1-10g", "a100x64"]
 BATCHES = [64, 128, 256, 1024]
 SHORT = {"data parallel": "DP", "GPipe even split": "GPipe", "PipeDream planner": "PipeDream",
-         "DAPPLE P:Q two-stage": "P:Q", "DAPPLE straight": "straight"}
+         "DAPPLE P:Q two-stage": "P:Q", "DAPPLE straight": "straight", "torch 1F1B": "t-1F1B",
+         "torch interleaved 1F1B": "t-I1F1B", "torch interleaved ZB": "t-IZB", "torch ZB-V": "t-ZBV"}
+COLUMNS = ("DP", "GPipe", "PipeDream", "P:Q", "straight", "t-1F1B", "t-I1F1B", "t-IZB", "t-ZBV")
 
 
 def topology(name: str):
@@ -56,6 +60,8 @@ def row(name, profile, topo, G, limits):
     one_f_one_b = search(profile, topo, G, replace(limits, schedules=("1f1b",)))[0] if limits.schedules else best
     if best is None:
         return {"model": name, "cluster": topo.name, "G": G, "plan": "none fits", "wall_s": wall}
+    # what a torchtitan user would configure by hand for each torch schedule (planned outside the timing)
+    baselines = {**baselines, **torch_style_baselines(profile, topo, G, limits)}
     sim = simulate_costed(best).iteration_s
     # the compute bound: every layer's forward and backward over the global batch, shared by every
     # device, no communication and no bubble
@@ -96,9 +102,9 @@ def main() -> None:
     rows = []
     clusters = ["v100x16", "a100x64"] if args.quick else CLUSTERS
     batches = [128] if args.quick else BATCHES
-    print("| model | cluster | G | chosen plan | iter ms | × 1F1B only | share of compute bound | × DP | × GPipe | × PipeDream "
-          "| × P:Q | × straight | sim err | proven | plan s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | cluster | G | chosen plan | iter ms | × 1F1B only | share of compute bound | "
+          + " | ".join(f"× {k}" for k in COLUMNS) + " | sim err | proven | plan s |")
+    print("|---" * (10 + len(COLUMNS)) + "|")
     for name, file, pbs, scale in PROFILES:
         profile = load_profile(file, pbs, scale)
         for c in clusters:
@@ -107,10 +113,10 @@ def main() -> None:
                 r = row(name, profile, topo, G, limits)
                 rows.append(r)
                 if "iteration_s" not in r:
-                    print(f"| {name} | {c} | {G} | none fits | | | | | | | | | | | {r['wall_s']:.2f} |")
+                    print(f"| {name} | {c} | {G} | none fits |" + " |" * (5 + len(COLUMNS)) + f" {r['wall_s']:.2f} |")
                     continue
                 sp = " | ".join(f"{r['speedup'][k]:.2f}" if r["speedup"].get(k) else "n/a"
-                                for k in ("DP", "GPipe", "PipeDream", "P:Q", "straight"))
+                                for k in COLUMNS)
                 print(f"| {name} | {c} | {G} | {r['plan']} | {r['iteration_s'] * 1e3:.1f} | {r['speedup_over_1f1b']:.3f} | "
                       f"{r['compute_bound_share']:.3f} | {sp} | "
                       f"{r['sim_error']:+.1%} | {proven(r)} | {r['wall_s']:.2f} |", flush=True)

@@ -285,6 +285,40 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     assert checked > 500 and link_decides > 20, (checked, link_decides)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_style_baselines_are_uniform_even_splits_and_the_planner_is_never_slower(seed):
+    """planner/torch_style.py: what a torchtitan user would configure for each torch schedule — a
+    pipeline degree P dividing the devices, D / P replicas per stage, layers split evenly by count
+    (v per rank for interleaved, two for ZB-V) — and the planner, which searches those layouts among
+    others, never plans slower on small instances (where it is exact)."""
+    from dapple_launch.planner.chunked import group_of
+    from dapple_launch.planner.search import search
+    from dapple_launch.planner.torch_style import TORCH_STYLE, even_stops, torch_style_baselines
+    rng = random.Random(90 + seed)
+    nodes, per_node = rng.choice([(1, 4), (2, 2), (1, 2)])
+    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
+                    inter_node_allreduce_bandwidth=3e9)
+    profile = random_profile(rng, rng.choice([4, 6, 8]))
+    G, L, D = 8, profile.num_layers, topo.num_devices
+    limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
+    baselines = torch_style_baselines(profile, topo, G, limits)
+    assert set(baselines) == set(TORCH_STYLE)
+    best, _, _, _ = search(profile, topo, G, limits)
+    assert sum(c is not None for c in baselines.values()) >= 3, baselines
+    for name, c in baselines.items():
+        if c is None:
+            continue
+        S = len(c.layout)
+        v = c.extra.get("chunks", 1)
+        P = S // v
+        assert c.schedule == {"torch 1F1B": "1f1b", "torch interleaved 1F1B": "interleaved_1f1b",
+                              "torch interleaved ZB": "interleaved_zb", "torch ZB-V": "zbv"}[name]
+        assert [st.stop for st in c.layout] == even_stops(L, S)
+        assert {st.replicas for st in c.layout} == {D // P} and P * (D // P) == D
+        assert all(c.layout[s].devices == c.layout[group_of(c.schedule, s, P)].devices for s in range(S))
+        assert best.iteration_s <= c.iteration_s * (1 + 1e-12), (name, best.summary(), c.summary())
+
+
 @pytest.mark.slow
 def test_planning_every_family_together_finds_what_each_chunked_family_finds_alone():
     """BERT-48 on 64 A100s: with four chunked families many shapes share one bound (the busiest
