@@ -13,6 +13,7 @@ import pytest
 from dapple_launch.cluster import Topology
 from dapple_launch.planner.cost import Limits
 from dapple_launch.planner.search import plan
+from dapple_launch.profile import LayerProfile, chain
 from dapple_launch.schedule import Kind, ScheduleError, StageCosts, build_rank_schedule, build_schedule, simulate
 from dapple_launch.schedule.chimera import chimera
 from dapple_launch.schedule.interleaved import interleaved_1f1b
@@ -283,6 +284,21 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                 assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
                 checked += 1
     assert checked > 500 and link_decides > 20, (checked, link_decides)
+    # the fill and drain term where it is tightest: alike layers, one per stage, free transfers
+    for family in ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"):
+        for P in (2, 3, 4):
+            if family == "chimera" and P % 2:
+                continue
+            S = num_stages(family, 2, (1,) * P)
+            alike = chain("u", [LayerProfile(f"l{i}", 1.0, 2.0, 1.0, 0.0) for i in range(S)], batch_size=1)
+            free = Topology("t", 1, P, 1e12, 10, 1e15, 1e15)
+            for M in (P, 2 * P, 4 * P):
+                c = evaluate_chunked(alike, free, chunked_layout(family, [1] * P, list(range(1, S + 1)), None, P),
+                                     1, M, Limits(schedules=(family,)), family, 2)
+                bound = shape_bound(alike, free, M, (1,) * P, 1, None, family, 2)
+                assert bound <= c.iteration_s, (family, P, M)
+                # (Chimera on two groups: each group's earliest stage is first in one pipeline, no fill)
+                assert (shape_bound(alike, free, M, (1,) * P, 1) < bound) == (family != "chimera" or P > 2)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
+from ..schedule import SPLIT_BACKWARD
 from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_of
 from .cost import Costed, Limits, speed_ratio
 from .branch import CELLS_PER_NODE
@@ -84,23 +85,47 @@ def shape_bound(profile: ModelProfile, topology: Topology, global_batch: int, gr
                 memo: dict | None = None, family: str | None = None, v: int = 2) -> float:
     """T >= the busiest group's time >= any weighted average of the groups' busy times: by group
     (M / P) Σ_l min_g t_l(r_g), and by device (M / D) Σ_l min_g r_g t_l(r_g) — the compute bound at
-    this micro-batch size, each replica paying a call's fixed cost. With `family` (not Chimera, whose
-    routes depend on the micro-batch), also T >= the busiest link's time (link_bound). `memo`: per
-    (replicas, b), each layer's t_l, shared by the shapes of one search."""
+    this micro-batch size, each replica paying a call's fixed cost. With `family`, the by-group
+    average also counts each group's fill and drain (pipeline_ends), and T >= the busiest link's
+    time (link_bound; not Chimera, whose routes depend on the micro-batch). `memo`: per (replicas,
+    b), each layer's forward and backward, shared by the shapes of one search."""
     memo = {} if memo is None else memo
     M, P, D = global_batch // b, len(groups), sum(groups)
     times = []
     for r in sorted(set(groups)):
         if (r, b) not in memo:
             speed, n = speed_ratio(profile, topology), math.ceil(b / r)
-            memo[(r, b)] = np.array([sum(profile.seconds(l, l + 1, n)) * speed for l in range(profile.num_layers)])
+            memo[(r, b)] = np.array([profile.seconds(l, l + 1, n) for l in range(profile.num_layers)]) * speed
         times.append((r, memo[(r, b)]))
-    by_group = np.min([t for _, t in times], axis=0).sum()
-    by_device = np.min([r * t for r, t in times], axis=0).sum()
-    bound = float(max(M / P * by_group, M / D * by_device))
+    by_group = np.min([t.sum(axis=1) for _, t in times], axis=0).sum()
+    by_device = np.min([r * t.sum(axis=1) for r, t in times], axis=0).sum()
+    ends = 0.0
+    if family is not None:
+        least_f = min(float(t[:, 0].min()) for _, t in times)
+        least_b = min(float(t[:, 1].min()) for _, t in times)
+        ends = pipeline_ends(family, v, P, least_f, least_b)
+    bound = float(max(M / P * by_group + ends, M / D * by_device))
     if family is not None and family != "chimera":
         bound = max(bound, link_bound(profile, topology, global_batch, family, v, groups, b))
     return bound
+
+
+def pipeline_ends(family: str, v: int, groups: int, least_forward: float, least_backward: float) -> float:
+    """The groups' average idle time at the ends of any plan of the shape. A group's first compute
+    waits for micro-batch 0's forward through the k stages ahead of its earliest stage (k: that
+    stage's position in its pipeline; each stage holds a layer, each layer takes at least the least
+    forward): T >= k_g F + busy_g + ..., on every group. With a whole backward the group's last
+    action is a B of its earliest stage (any later one would precede the B's of its own earlier
+    stages), after which the last micro-batch's gradient still crosses those k stages on other
+    groups: + k_g B. A split backward may end a group on a W, so it counts no drain."""
+    from .chunked import groups_of
+    S = num_stages(family, v, (1,) * groups)
+    first = [S] * groups
+    for s in range(S):
+        for g in groups_of(family, s, groups):  # (Chimera: both copies of stage s are s-th in their pipeline)
+            first[g] = min(first[g], s)
+    drain = least_backward if family not in SPLIT_BACKWARD else 0.0
+    return sum(first) / groups * (least_forward + drain)
 
 
 def link_bound(profile: ModelProfile, topology: Topology, global_batch: int, family: str, v: int,
