@@ -269,20 +269,25 @@ def test_the_warmup_bound_is_below_the_simulated_time(seed):
     """warmup.warmup_bound never exceeds the simulator's time of the same stage costs, for every
     warm-up depth (transfers, all-reduces and fewer micro-batches than stages included)."""
     from dapple_launch.planner.warmup import warmup_bound
+    tight = 0
+    for costs, M, warmup, simulated in _simulated_at_every_depth(random.Random(40 + seed), "1f1b", 150, 5):
+        bound = warmup_bound(costs, M, warmup)
+        assert bound <= simulated * (1 + 1e-12)
+        tight += bound >= simulated * (1 - 1e-9)
+    assert tight > 0  # and it is attained: a bound, not a guess far below
+
+
+def _simulated_at_every_depth(rng, schedule, cases, depths):
+    """Random stage costs (with weight-gradient shares for ZB-H1), 1-6 stages, 1-12 micro-batches,
+    at warm-up depths 1..depths: (costs, M, warm-up, the simulator's time)."""
     from dapple_launch.schedule import build_schedule, simulate
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
-    rng = random.Random(40 + seed)
-    tight = 0
-    for _ in range(150):
+    for _ in range(cases):
         S, M = rng.randint(1, 6), rng.randint(1, 12)
-        costs = random_stage_costs(rng, S)
-        for depth in range(1, 6):
+        costs = random_stage_costs(rng, S, weight_shares=schedule == "zb_h1")
+        for depth in range(1, depths + 1):
             warmup = deeper_warmup(S, M, depth)
-            simulated = simulate(build_schedule("1f1b", S, M, warmup), costs, record=False).iteration_s
-            bound = warmup_bound(costs, M, warmup)
-            assert bound <= simulated * (1 + 1e-12)
-            tight += bound >= simulated * (1 - 1e-9)
-    assert tight > 0  # and it is attained: a bound, not a guess far below
+            yield costs, M, warmup, simulate(build_schedule(schedule, S, M, warmup), costs, record=False).iteration_s
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -291,20 +296,12 @@ def test_the_split_bound_is_below_zb_h1s_simulated_time_where_1f1bs_is_not(seed)
     warm-up depth and weight-gradient share, and is attained; 1F1B's bound exceeds ZB-H1's time
     on some of the same cases (it must not screen ZB-H1)."""
     from dapple_launch.planner.warmup import split_bound, warmup_bound
-    from dapple_launch.schedule import build_schedule, simulate
-    from dapple_launch.schedule.one_f_one_b import deeper_warmup
-    rng = random.Random(60 + seed)
     tight = over = 0
-    for _ in range(120):
-        S, M = rng.randint(1, 6), rng.randint(1, 12)
-        costs = random_stage_costs(rng, S, weight_shares=True)
-        for depth in range(1, 5):
-            warmup = deeper_warmup(S, M, depth)
-            simulated = simulate(build_schedule("zb_h1", S, M, warmup), costs, record=False).iteration_s
-            bound = split_bound(costs, M, warmup)
-            assert bound <= simulated * (1 + 1e-12)
-            tight += bound >= simulated * (1 - 1e-9)
-            over += warmup_bound(costs, M, warmup) > simulated * (1 + 1e-9)
+    for costs, M, warmup, simulated in _simulated_at_every_depth(random.Random(60 + seed), "zb_h1", 120, 4):
+        bound = split_bound(costs, M, warmup)
+        assert bound <= simulated * (1 + 1e-12)
+        tight += bound >= simulated * (1 - 1e-9)
+        over += warmup_bound(costs, M, warmup) > simulated * (1 + 1e-9)
     assert tight > 0 and over > 0
 
 
