@@ -309,7 +309,8 @@ def test_torch_style_baselines_are_uniform_even_splits_and_the_planner_is_never_
     others, never plans slower on small instances (where it is exact)."""
     from dapple_launch.planner.chunked import group_of
     from dapple_launch.planner.search import search
-    from dapple_launch.planner.torch_style import TORCH_STYLE, even_stops, torch_style_baselines
+    from dapple_launch.planner.baselines import even_stops
+    from dapple_launch.planner.torch_style import TORCH_STYLE, torch_style_baselines
     rng = random.Random(90 + seed)
     nodes, per_node = rng.choice([(1, 4), (2, 2), (1, 2)])
     topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),

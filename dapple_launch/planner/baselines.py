@@ -107,14 +107,19 @@ def gpipe_even(profile: ModelProfile, topology: Topology, global_batch: int, lim
     """GPipe: layers split evenly by count into S stages, D/S replicas each, the GPipe schedule."""
     from dataclasses import replace
     L, D = profile.num_layers, topology.num_devices
-    layouts = []
-    for S in divisors(D):
-        if S > L or S == 1:
-            continue
-        r = D // S
-        cuts = [round(L * k / S) for k in range(S + 1)]
-        layouts.append((tuple(StageSpec(cuts[s], cuts[s + 1], tuple(range(s * r, (s + 1) * r))) for s in range(S)), 1))
+    layouts = [(even_uniform(L, D, S), 1) for S in divisors(D) if 1 < S <= L]
     return fastest(profile, topology, layouts, global_batch, replace(limits, schedule="gpipe"))
+
+
+def even_stops(num_layers: int, num_stages: int) -> list[int]:
+    """Stage stops splitting the layers evenly by count (GPipe's and torchtitan's default split)."""
+    return [round(num_layers * (k + 1) / num_stages) for k in range(num_stages)]
+
+
+def even_uniform(num_layers: int, num_devices: int, num_stages: int) -> tuple[StageSpec, ...]:
+    """`num_stages` stages split evenly by layer count, num_devices // num_stages contiguous replicas each."""
+    r, stops = num_devices // num_stages, even_stops(num_layers, num_stages)
+    return tuple(StageSpec(a, z, tuple(range(s * r, (s + 1) * r))) for s, (a, z) in enumerate(zip([0, *stops], stops)))
 
 
 def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:

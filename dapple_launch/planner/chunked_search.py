@@ -76,9 +76,14 @@ def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits:
                         continue
                     for b in sizes:
                         M = global_batch // b
-                        if b < max(groups) or (family != "zbv" and (M % P or M < P)):
-                            continue
-                        yield family, v, groups, b
+                        if runs_micro_batches(family, groups, b, M):
+                            yield family, v, groups, b
+
+
+def runs_micro_batches(family: str, groups: tuple[int, ...], b: int, M: int) -> bool:
+    """M micro-batches of b samples suit the shape: each splits across its group's replicas, and
+    (interleaved, Chimera) they come in units of the P groups."""
+    return b >= max(groups) and (family == "zbv" or (M % len(groups) == 0 and M >= len(groups)))
 
 
 def shape_bound(profile: ModelProfile, topology: Topology, global_batch: int, groups: tuple[int, ...], b: int,

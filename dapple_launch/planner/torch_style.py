@@ -13,28 +13,18 @@ from dataclasses import replace
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .baselines import divisors, fastest
+from .baselines import divisors, even_stops, even_uniform, fastest
 from .chunked import chunked_layout, evaluate_chunked
-from .cost import Costed, Limits, StageSpec
+from .chunked_search import runs_micro_batches
+from .cost import Costed, Limits
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # stages per rank a user of the interleaved schedules would try
-
-
-def even_stops(num_layers: int, num_stages: int) -> list[int]:
-    """Stage stops splitting the layers evenly by count (torchtitan's default split)."""
-    return [round(num_layers * (k + 1) / num_stages) for k in range(num_stages)]
 
 
 def torch_1f1b(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
     """Schedule1F1B: one stage per rank."""
     L, D = profile.num_layers, topology.num_devices
-    layouts = []
-    for P in divisors(D):
-        if P < 2 or P > L:
-            continue
-        r, stops = D // P, even_stops(L, P)
-        layouts.append((tuple(StageSpec(a, z, tuple(range(s * r, (s + 1) * r)))
-                              for s, (a, z) in enumerate(zip([0, *stops], stops))), P))
+    layouts = [(even_uniform(L, D, P), P) for P in divisors(D) if 2 <= P <= L]
     return fastest(profile, topology, layouts, global_batch, replace(limits, schedule="1f1b", recompute="none"))
 
 
@@ -52,7 +42,7 @@ def _chunked(family: str, chunk_choices: tuple[int, ...]):
                     M = global_batch // b
                     # (interleaved: micro-batches in groups of the P ranks, as torch's Interleaved1F1B
                     # with its default group size; ZB-V: any count)
-                    if b < r or (family != "zbv" and (M % P or M < P)):
+                    if not runs_micro_batches(family, (r,) * P, b, M):
                         continue
                     c = evaluate_chunked(profile, topology, layout, b, M,
                                          replace(limits, schedule=family, chunks=v, recompute="none"), family, v)
