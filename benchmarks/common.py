@@ -62,6 +62,27 @@ def median_runs(runs: list[list[dict]]) -> list[dict]:
     return [{k: statistics.median(run[rank][k] for run in runs) for k in runs[0][rank]} for rank in range(len(runs[0]))]
 
 
+def time_side_by_side(steps: dict, iterations: int, counters: dict) -> dict:
+    """time_iterations for several runtimes in the same processes, one iteration of each in turn (the
+    order reversed every round: A B, B A, A B, …), each side's medians. The load of a shared machine
+    drifts over seconds; taken in alternation it falls on every side alike, where separate runs a
+    minute apart differ by more than the effect measured (CPU seconds, ±15 % between runs on 2 cores)."""
+    names = list(steps)
+    walls: dict = {n: [] for n in names}
+    cpus: dict = {n: [] for n in names}
+    for i in range(iterations + 1):  # the first round connects peers and learns shapes
+        for n in (names if i % 2 == 0 else names[::-1]):
+            dist.barrier()
+            w0, c0 = time.perf_counter(), time.process_time()
+            with counters[n].hooks():
+                steps[n]()
+            if i:
+                walls[n].append(time.perf_counter() - w0)
+                cpus[n].append(time.process_time() - c0)
+    return {n: {"wall_s": statistics.median(walls[n]), "cpu_s": statistics.median(cpus[n]),
+                "peak_saved_bytes": counters[n].peak} for n in names}
+
+
 def time_iterations(step, iterations: int, counter: SavedBytes) -> dict:
     """Median wall and CPU seconds of `iterations` calls of step() (all ranks start each together,
     torch.distributed initialised), and the most saved bytes at once over them."""

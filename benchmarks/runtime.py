@@ -7,8 +7,9 @@
    own cost per action, calibrated on a run of the same layers sleeping nothing).
 2. compute rows: the same cut with real layers (Linear + GELU): CPU seconds per rank per
    iteration, ours / theirs (process CPU time, so gloo's own threads count on both sides; the
-   row's ratio is of the mean over ranks; runs alternate ours/theirs `--repeats` times and each
-   rank keeps its median, because 4 processes on 2 shared cores are noisy).
+   row's ratio is of the mean over ranks). Both runtimes run in the same 4 processes, iterations
+   alternating, so the drifting load of 2 shared cores falls on both alike; `--repeats` such runs,
+   each rank keeping its median.
 3. saved activation bytes per stage (saved-tensor hooks, exact) on every row, ours / theirs.
 4. interleaved 1F1B, interleaved zero bubble and ZB-V (benchmarks/runtime_chunked.py): 8 stages on
    the 4 processes (2 per rank) against torch's ScheduleInterleaved1F1B,
@@ -42,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, SleepLayer, median_runs, time_iterations  # noqa: E402
+from benchmarks.common import SavedBytes, SleepLayer, median_runs, time_iterations, time_side_by_side  # noqa: E402
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.planner import Limits  # noqa: E402
 from dapple_launch.planner.cost import StageSpec, evaluate  # noqa: E402
@@ -58,6 +59,7 @@ from tests.multiproc import run_ranks  # noqa: E402
 WORLD, WIDTH = 4, 2048
 SLEEP_F, SLEEP_B, SLEEP_BATCH = 0.020, 0.040, 4  # per micro-batch; samples per micro-batch
 COMPUTE_WIDTH, COMPUTE_BATCH = 768, 32
+COMPUTE_ITERATIONS = 10  # per side and run of a compute row (a tenth of a second each)
 # uneven model: three light-parameter layers and one parameter-heavy layer, per-sample sleep
 UNEVEN_F, UNEVEN_B, UNEVEN_BIG, UNEVEN_G = 0.0015, 0.003, 4_000_000, 24
 
@@ -75,6 +77,23 @@ def _per_sample_loss(y, t):
 
 
 def _ours(rank, world, kind, schedule_name, micro_batches, iterations):
+    step, counter = _ours_step(rank, world, kind, schedule_name, micro_batches)
+    return time_iterations(step, iterations, counter)
+
+
+def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
+    step, counter = _theirs_step(rank, world, kind, schedule_name, micro_batches)
+    return time_iterations(step, iterations, counter)
+
+
+def _side_by_side(rank, world, kind, schedule_name, micro_batches, iterations):
+    """Both runtimes in these processes, iterations alternating (common.time_side_by_side)."""
+    (a, ca), (b, cb) = (_ours_step(rank, world, kind, schedule_name, micro_batches),
+                        _theirs_step(rank, world, kind, schedule_name, micro_batches))
+    return time_side_by_side({"ours": a, "theirs": b}, iterations, {"ours": ca, "theirs": cb})
+
+
+def _ours_step(rank, world, kind, schedule_name, micro_batches):
     grid = ProcessGrid((1,) * world)
     layers = _stage_layers(kind)
     ex = StageExecutor(layers, _per_sample_loss, PointToPoint(grid, rank, 0), world)
@@ -86,10 +105,10 @@ def _ours(rank, world, kind, schedule_name, micro_batches, iterations):
     def step():
         ex.run(schedule, batch)
         layers.zero_grad(set_to_none=True)
-    return time_iterations(step, iterations, SavedBytes())
+    return step, SavedBytes()
 
 
-def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
+def _theirs_step(rank, world, kind, schedule_name, micro_batches):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     layers = _stage_layers(kind)
     stage = PipelineStage(layers, rank, world, torch.device("cpu"))
@@ -108,7 +127,7 @@ def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
         else:
             sched.step()
         layers.zero_grad(set_to_none=True)
-    return time_iterations(step, iterations, SavedBytes())
+    return step, SavedBytes()
 
 
 # ---- uneven plans ----------------------------------------------------------------------------
@@ -198,7 +217,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer rows and iterations, every schedule (under 10 minutes here)")
     ap.add_argument("--iterations", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per compute row")
+    ap.add_argument("--repeats", type=int, default=3, help="side-by-side runs per compute row")
     ap.add_argument("--out", default="runtime.json")
     args = ap.parse_args()
     iters = args.iterations or (3 if args.quick else 5)
@@ -213,10 +232,8 @@ def main() -> None:
         for kind in ("sleep", "compute"):
             for name in ("gpipe", "1f1b"):
                 for m in micro if kind == "sleep" else micro[-1:]:
-                    repeats = 1 if kind == "sleep" else args.repeats
-                    runs = [(run_ranks(WORLD, _ours, (kind, name, m, iters), tmp),
-                             run_ranks(WORLD, _theirs, (kind, name, m, iters), tmp)) for _ in range(repeats)]
-                    row = _row(kind, name, m, median_runs([o for o, _ in runs]), median_runs([t for _, t in runs]))
+                    row = _row(kind, name, m, *_measure(kind, (_ours, _theirs, _side_by_side), (kind, name, m),
+                                                        iters, args.repeats, tmp))
                     if kind == "sleep":
                         a = per_action[name]
                         sim = simulate(build_schedule(name, WORLD, m), [StageCosts(SLEEP_F + a, SLEEP_B + a)] * WORLD,
@@ -243,10 +260,8 @@ def main() -> None:
             per_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), name, 2, micro[-1])
             for kind in ("sleep", "compute"):
                 for m in micro if kind == "sleep" else micro[-1:]:
-                    repeats = 1 if kind == "sleep" else args.repeats
-                    runs = [(run_ranks(WORLD, chunked.ours, (kind, name, 2, m, iters), tmp),
-                             run_ranks(WORLD, chunked.theirs, (kind, name, 2, m, iters), tmp)) for _ in range(repeats)]
-                    row = _row(kind, name, m, median_runs([o for o, _ in runs]), median_runs([t for _, t in runs]))
+                    row = _row(kind, name, m, *_measure(kind, (chunked.ours, chunked.theirs, chunked.side_by_side),
+                                                        (kind, name, 2, m), iters, args.repeats, tmp))
                     row["chunks"] = 2
                     if kind == "sleep":
                         row["simulated_s"] = chunked.predicted(name, 2, m, per_action)
@@ -268,6 +283,19 @@ def main() -> None:
                            "estimate_error": estimate / measured - 1})
             print(f"  uneven {label} M={m}: {measured:.3f} s (estimate {estimate:.3f} s)", flush=True)
     report(rows, uneven, probe, chosen, args.out, chimera)
+
+
+def _measure(kind: str, workers: tuple, row_args: tuple, iters: int, repeats: int, tmp: str) -> tuple[list, list]:
+    """Per rank, ours and theirs. sleep rows: one run of each (their wall time is the sleeps'); compute
+    rows: `repeats` runs of both runtimes side by side in the same processes, iterations alternating
+    (common.time_side_by_side), each rank's median over the runs: CPU seconds on 2 shared cores drift
+    between separate runs by more than the runtimes differ."""
+    ours, theirs, both = workers
+    if kind == "sleep":
+        return run_ranks(WORLD, ours, (*row_args, iters), tmp), run_ranks(WORLD, theirs, (*row_args, iters), tmp)
+    runs = [run_ranks(WORLD, both, (*row_args, max(iters, COMPUTE_ITERATIONS)), tmp) for _ in range(repeats)]
+    return (median_runs([[r["ours"] for r in run] for run in runs]),
+            median_runs([[r["theirs"] for r in run] for run in runs]))
 
 
 def _row(kind, name, m, ours, theirs) -> dict:
