@@ -196,6 +196,9 @@ def plan_from_config(cfg: DictConfig) -> Plan:
         replicas = list(s.replicas)
         groups = groups_for(str(s.schedule), s.stages, s.chunks) if str(s.schedule) in CHUNKED else s.stages
         if not replicas and groups:  # fill the cluster: the same count on every device group (stage)
+            if str(s.schedule) == "chimera" and s.stages % 2:  # the schedule's rule, not the fill's, is what to fix
+                from .schedule.chimera import chimera_constraint
+                raise ValueError(chimera_constraint(s.stages, s.num_micro_batches) + " (strategy.stages)")
             if topology.num_devices % groups:
                 what = "stages" if groups == s.stages else f"device groups ({s.stages} stages of {s.schedule})"
                 raise ValueError(f"strategy.replicas is empty (fill the cluster) but {topology.num_devices} devices do "

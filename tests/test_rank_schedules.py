@@ -187,6 +187,9 @@ def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
     (["strategy.stages=4", "strategy.schedule=interleaved_zb", "strategy.recompute=selective",
       "strategy.recompute_counts=[1]"], "with schedule interleaved_zb: a split backward's W"),
     (["strategy.stages=4", "strategy.token_slices=[32,32]"], "runs without token slices"),
+    # the schedule's rule, not the cluster fill's (4 devices into 3 groups), names what to change
+    (["strategy.stages=3", "strategy.schedule=chimera"], "over an even number of device groups: 3 stages; use 2 or 4"),
+    (["strategy.stages=2", "strategy.schedule=chimera", "strategy.replicas=[2,1]"], "mirror them, e.g. [2, 2]"),
 ])
 def test_a_chunked_layout_that_breaks_a_rule_is_refused_with_the_fix(compose_cfg, overrides, needle):
     from dapple_launch.plan_config import plan_from_config
