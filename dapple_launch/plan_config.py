@@ -10,7 +10,7 @@ from .cluster import Topology
 from .config import GBPS, GIB
 from .models import PipelineModel, build_custom, build_model
 from .planner import Limits, Plan, fixed_plan
-from .planner.chunked import CHUNKED, groups_for
+from .planner.chunked import CHUNKED, check_chunked, groups_for
 from .profile import ModelProfile, analytic_profile, read_profile_file
 from .schedule import SPLIT_BACKWARD, validate
 
@@ -194,11 +194,12 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     seq_len = slicing_seq_len(cfg)
     if s.name == "fixed":
         replicas = list(s.replicas)
-        groups = groups_for(str(s.schedule), s.stages, s.chunks) if str(s.schedule) in CHUNKED else s.stages
+        groups = s.stages
+        if str(s.schedule) in CHUNKED:
+            # the schedule's own rules first: a stage count it cannot run is what to fix, not how it fills the cluster
+            check_chunked(str(s.schedule), s.stages, s.chunks, s.num_micro_batches)
+            groups = groups_for(str(s.schedule), s.stages, s.chunks)
         if not replicas and groups:  # fill the cluster: the same count on every device group (stage)
-            if str(s.schedule) == "chimera" and s.stages % 2:  # the schedule's rule, not the fill's, is what to fix
-                from .schedule.chimera import chimera_constraint
-                raise ValueError(chimera_constraint(s.stages, s.num_micro_batches) + " (strategy.stages)")
             if topology.num_devices % groups:
                 what = "stages" if groups == s.stages else f"device groups ({s.stages} stages of {s.schedule})"
                 raise ValueError(f"strategy.replicas is empty (fill the cluster) but {topology.num_devices} devices do "

@@ -189,6 +189,7 @@ def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
     (["strategy.stages=4", "strategy.token_slices=[32,32]"], "runs without token slices"),
     # the schedule's rule, not the cluster fill's (4 devices into 3 groups), names what to change
     (["strategy.stages=3", "strategy.schedule=chimera"], "over an even number of device groups: 3 stages; use 2 or 4"),
+    (["strategy.stages=7"], "the stages must be a multiple of 2; use 6 or 8"),
     (["strategy.stages=2", "strategy.schedule=chimera", "strategy.replicas=[2,1]"], "mirror them, e.g. [2, 2]"),
 ])
 def test_a_chunked_layout_that_breaks_a_rule_is_refused_with_the_fix(compose_cfg, overrides, needle):
