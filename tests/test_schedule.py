@@ -146,6 +146,34 @@ def test_the_planners_iteration_time_equals_the_simulator(seed):
             assert iteration_time(compute, costs, M) == pytest.approx(simulate(schedule, costs).iteration_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cutoff_stops_only_a_candidate_slower_than_it(seed):
+    """orders_time(cutoff): the planner's callers keep a candidate only if it beats the cutoff. Below
+    the cutoff the time is exact; above it the walk may stop early (inf), never on a faster candidate;
+    and a cutoff well below the time does stop it (the bound, compute plus waiting, is not vacuous)."""
+    import math
+    import random
+
+    from dapple_launch.schedule.simulate import encode_orders, orders_time
+    rng = random.Random(seed)
+    stopped = 0
+    for _ in range(80):
+        S, M = rng.randint(1, 6), rng.randint(1, 12)
+        sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
+        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
+                            rng.choice([0.0, rng.uniform(0, 5)])) for s in range(S)]
+        for schedule in (gpipe(S, M), zb_h1(S, M), one_f_one_b(S, M)):
+            orders = encode_orders([[a for a in actions if a.kind.is_compute] for actions in schedule.stage_actions])
+            exact = orders_time(orders, costs, M)
+            busiest = max(M * (c.forward_s + c.backward_s) for c in costs)
+            for cutoff in (exact * 1.0001, exact * rng.uniform(1, 2), exact * rng.uniform(0.3, 1), exact * 0.9999):
+                got = orders_time(orders, costs, M, cutoff)
+                assert got == exact or (got == math.inf and exact > cutoff), (exact, cutoff, got)
+                stopped += got == math.inf and cutoff > busiest  # stopped by a stage's waiting, mid-walk
+            assert orders_time(orders, costs, M, busiest * 0.999) == math.inf  # below one stage's compute
+    assert stopped > 10
+
+
 def test_deeper_warmup_with_fewer_micro_batches_than_stages_is_a_valid_schedule():
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
     for depth in (1, 2, 4):

@@ -1,6 +1,7 @@
 """Baselines planned under the same cost model, for comparison and for `speedup_over_data_parallel`."""
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -52,7 +53,8 @@ def fastest(profile: ModelProfile, topology: Topology, layouts: list[tuple[tuple
     for bound, index, m, layout, costs in sorted(todo, key=lambda x: x[:3]):
         if best is not None and bound > best.iteration_s * (1 + TIE):
             break  # none left can be faster (ties within rounding are still simulated)
-        c = evaluate(profile, topology, layout, global_batch // m, m, limits, costs=costs, time_unless_fits=False)
+        c = evaluate(profile, topology, layout, global_batch // m, m, limits, costs=costs, time_unless_fits=False,
+                     cutoff=best.iteration_s * (1 + TIE) if best is not None else math.inf)
         if c.fits and (best is None or c.iteration_s < best.iteration_s * (1 - TIE)
                        or (c.iteration_s <= best.iteration_s * (1 + TIE) and (index, m) < best_key)):
             best, best_key = c, (index, m)

@@ -330,7 +330,7 @@ class BranchAndBound:
         self._spend(math.ceil(S * self.M / CELLS_PER_NODE) - 1,  # (its node counted one already)
                     lambda: self._lower_bound(self.L, self.D, placed))
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
-        cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits)
+        cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits, cutoff=self.best_t * (1 - 1e-12))
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
             self.best_t, self.best = cand.iteration_s, cand
 

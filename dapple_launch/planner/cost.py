@@ -297,11 +297,14 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
 
 def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
              num_micro_batches: int, limits: Limits, warmup_depth: int = 1,
-             costs: list[StageCosts] | None = None, time_unless_fits: bool = True) -> Costed:
+             costs: list[StageCosts] | None = None, time_unless_fits: bool = True,
+             cutoff: float = math.inf) -> Costed:
     """A candidate costed in full: its time by the simulator of the schedule's compute orders (the one
     cost path; the branch and bound's closed forms only bound it from below, branch.py).
     `costs`: the layout's stage_costs when the caller already has them. `time_unless_fits=False`: a
-    candidate over memory is not simulated (its iteration_s is inf), for callers that drop it anyway."""
+    candidate over memory is not simulated (its iteration_s is inf), for callers that drop it anyway.
+    `cutoff`: a caller that keeps the candidate only if it is at most this fast; one proven slower
+    part-way through the simulation has iteration_s inf (orders_time)."""
     if costs is None:
         costs = stage_costs(profile, topology, layout, micro_batch_size)
     S = len(layout)
@@ -320,7 +323,7 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
         sets, costs, memory = fit_by_recomputation(profile, topology, layout, costs, micro_batch_size,
                                                    num_micro_batches, limits, warmup, capacity)
     iteration_s = math.inf if not time_unless_fits and max(memory) > capacity else \
-        orders_time(compute_orders_of(limits.schedule, S, num_micro_batches, warmup), costs, num_micro_batches)
+        orders_time(compute_orders_of(limits.schedule, S, num_micro_batches, warmup), costs, num_micro_batches, cutoff)
     return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
                   capacity, warmup=warmup, warmup_depth=warmup_depth, recompute=tuple(sets))
 

@@ -139,7 +139,7 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
             if not worth_simulating(profile, layout, costs, M, d, limits, capacity, beat):
                 costed += 1  # screened out by memory or by its bound (O(S)): no simulation (O(S M))
                 continue
-            cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs)
+            cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs, cutoff=beat)
             costed += -(-len(layout) * M // CELLS_PER_NODE)  # a simulated candidate costs its schedule's size
             if cand.fits and cand.iteration_s < (step or best).iteration_s * (1 - 1e-12):
                 step, step_shape, step_depth = cand, n, d

@@ -147,7 +147,8 @@ class ZeroBubbleSearch(DeepWarmupSearch):
             if max(memory_per_device(self.p, layout, costs, M, self.family, warmup)) > self.cap:
                 return  # a deeper warm-up keeps more micro-batches: it does not fit either
             self._spend(math.ceil(S * M / CELLS_PER_NODE), placed.compute_end)
-            cand = evaluate(self.p, self.t, layout, self.b, M, self.family, warmup_depth=depth, costs=costs)
+            cand = evaluate(self.p, self.t, layout, self.b, M, self.family, warmup_depth=depth, costs=costs,
+                            cutoff=self.best_t * (1 - 1e-12))
             if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
                 self.best_t, self.best = cand.iteration_s, cand
 

@@ -136,7 +136,7 @@ def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: To
             if warmup_bound(c.costs, c.num_micro_batches, warmup) >= min(best, incumbent):
                 continue  # cannot beat what is known: not worth a simulation
             cand = evaluate(profile, topology, c.layout, c.micro_batch_size, c.num_micro_batches, limits,
-                            warmup_depth=depth, costs=c.costs)
+                            warmup_depth=depth, costs=c.costs, cutoff=best * (1 + 1e-9))
             if cand.iteration_s < best * (1 - 1e-9):
                 best = cand.iteration_s
                 incumbent = min(incumbent, best)
@@ -206,7 +206,8 @@ class DeepWarmupSearch(BranchAndBound):
                 self.open_bound = min(self.open_bound, bound)  # too large to simulate: left open, said so
                 continue
             self._spend(math.ceil(S * M / CELLS_PER_NODE), bound)
-            cand = evaluate(self.p, self.t, layout, self.b, M, self.limits, warmup_depth=depth, costs=costs)
+            cand = evaluate(self.p, self.t, layout, self.b, M, self.limits, warmup_depth=depth, costs=costs,
+                            cutoff=self.best_t * (1 - 1e-12))
             if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
                 self.best_t, self.best = cand.iteration_s, cand
 

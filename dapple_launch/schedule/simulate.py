@@ -8,6 +8,7 @@ all-reduce starts when its last backward ends and overlaps whatever other stages
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .actions import CODE_OF, Action, Kind, Schedule
@@ -84,16 +85,46 @@ def iteration_time(compute: list[list[Action]], costs: list[StageCosts], num_mic
     return orders_time(encode_orders(compute), costs, num_micro_batches)
 
 
+_COUNTS: dict[int, tuple] = {}  # id(orders) -> (orders, per stage its F, B, I and W counts)
+
+
+def action_counts(orders: tuple[tuple[tuple[int, int], ...], ...]) -> list[tuple[int, int, int, int]]:
+    """Per stage, how many F, B, I and W its order holds (cached per orders object: the planner costs
+    many layouts of one shape with the same, lru-cached orders)."""
+    hit = _COUNTS.get(id(orders))
+    if hit is not None and hit[0] is orders:
+        return hit[1]
+    out = []
+    for order in orders:
+        codes = [code for code, _ in order]
+        out.append((codes.count(0), codes.count(1), codes.count(2), codes.count(3)))
+    if len(_COUNTS) >= 1024:
+        _COUNTS.clear()
+    _COUNTS[id(orders)] = (orders, out)  # the object is kept alive with its entry, so its id stays its own
+    return out
+
+
 def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[StageCosts],
-                num_micro_batches: int) -> float:
+                num_micro_batches: int, cutoff: float = math.inf) -> float:
     """The planner's inner loop: every candidate's time. Same semantics as simulate
     (actions.with_communication: a forward's input arrives over the link from the previous stage, a
     backward's from the next, each send starting when its compute ends and its link is free). Each
     stage advances through its order until it needs an input that has not been sent yet; the stage
-    that sends it is then resumed: every action is visited once."""
+    that sends it is then resumed: every action is visited once.
+
+    `cutoff`: the caller keeps the candidate only if it is at most this fast. The walk stops, and
+    returns inf, as soon as one stage's compute plus the time it has waited so far passes it (that
+    stage cannot finish sooner): a losing candidate is told apart without walking it to the end."""
     S, M = len(costs), num_micro_batches
     forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
     input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
+    slack = None  # per stage: cutoff - its compute; the walk stops once a stage has waited longer
+    if cutoff < math.inf:
+        slack = [cutoff - (nf * f + nb * b + ni * i + nw * w) for (nf, nb, ni, nw), f, b, i, w
+                 in zip(action_counts(orders), forward, backward, input_, weight)]
+        if min(slack) < 0:
+            return math.inf
+    waited = [0.0] * S
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     missing = -1.0
     activation = [[missing] * M for _ in range(S)]  # [stage][micro-batch] -> arrival of its input
@@ -117,13 +148,17 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
         to_prev = gradient[s - 1] if s > 0 else None
         up_free, down_free, end_b = link_up[s], link_down[s], last_backward_end[s]
         sent_up = sent_down = False
+        idle = waited[s]
         while k < n:
             code, m = order[k]
             if code == 0:  # forward
                 arrival = arrivals[m]
                 if arrival < 0:
                     break
-                t = (t if t > arrival else arrival) + f_s
+                if arrival > t:
+                    idle += arrival - t
+                    t = arrival
+                t += f_s
                 if to_next is not None:
                     up_free = to_next[m] = (t if t > up_free else up_free) + up_s
                     sent_up = True
@@ -136,6 +171,7 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
                     if arrival < 0:
                         break
                     if arrival > t:
+                        idle += arrival - t
                         t = arrival
                 if code == 1:
                     t += b_s
@@ -146,7 +182,9 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
                     down_free = to_prev[m] = (t if t > down_free else down_free) + down_s
                     sent_down = True
             k += 1
-        done[s], clock[s] = k, t
+        if slack is not None and idle > slack[s]:
+            return math.inf
+        done[s], clock[s], waited[s] = k, t, idle
         link_up[s], link_down[s], last_backward_end[s] = up_free, down_free, end_b
         # resume the neighbours this run sent to (the walk's result does not depend on the order)
         if sent_up:
