@@ -86,6 +86,10 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
     assert json.loads((straight / "plan.json").read_text())["stages"][0]["replicas"] == 2
     assert find_checkpoints(straight / "checkpoints")
     assert "done: steps 0..8; train loss" in out.stdout and "per iteration measured" in out.stdout
+    # the estimate is compared with the pipeline's span (what it describes), not with the whole step
+    summary = json.loads((straight / "summary.json").read_text())
+    assert 0 < summary["measured_s_per_iteration"] < summary["measured_s_per_step"], summary
+    assert summary["samples_per_s"] == pytest.approx(plan["global_batch_size"] / summary["measured_s_per_step"])
     assert f"checkpoints: {straight / 'checkpoints'} (newest: step000008.ckpt)" in out.stdout
     assert f"timeline: {straight / 'timeline.svg'}" in out.stdout
     ref = losses(straight)

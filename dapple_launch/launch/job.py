@@ -130,10 +130,13 @@ def closing_summary(run_dir: Path) -> str:
         losses = [f"train loss {s['train_loss']:.4f}" if s.get("train_loss") is not None else "",
                   f"validation loss {s['val_loss']:.4f}" if s.get("val_loss") is not None else ""]
         lines.append(f"done: steps {s['steps'][0]}..{s['steps'][1]}; " + ", ".join(x for x in losses if x))
-        m, e = s.get("measured_s_per_iteration"), s.get("estimated_s_per_iteration")
+        m, e, whole = s.get("measured_s_per_iteration"), s.get("estimated_s_per_iteration"), s.get("measured_s_per_step")
         if m:
             lines.append(f"  {human_seconds(m)} per iteration measured, {human_seconds(e)} estimated "
                          f"({m / e - 1:+.0%}); {s['samples_per_s']:.1f} samples/s")
+        if m and whole and whole > m * 1.005:  # the optimizer step, the batch's move, Lightning: outside any plan
+            lines.append(f"  {human_seconds(whole)} per training step with the optimizer step and Lightning's "
+                         f"hooks ({human_seconds(whole - m)} outside the pipeline the plan estimates)")
     else:
         lines.append("done")
     found = find_checkpoints(run_dir / "checkpoints")

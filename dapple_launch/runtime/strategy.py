@@ -8,6 +8,7 @@ replica group. Registered as "dapple"; with no plan given it reads the one named
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,10 @@ class DappleStrategy(DDPStrategy):
         # trainer.profile_pipeline: the steps whose actions every rank records (timeline.py)
         self.profile_steps, self.timeline_dir = profile_steps or range(0), timeline_dir
         self._recorded: list[dict] = []
+        # per training step, this rank's pipeline span: from its first action until the loss all-reduce,
+        # which returns once every rank has finished its actions and gradient all-reduces: the span the
+        # plan's estimate describes (the optimizer step, data and Lightning's hooks are outside it)
+        self.pipeline_s: list[float] = []
 
     # ---- the grid ------------------------------------------------------------------------
     @property
@@ -157,13 +162,16 @@ class DappleStrategy(DDPStrategy):
         step = self.lightning_module.trainer.global_step
         recording = step in self.profile_steps
         self._executor.timeline = [] if recording else None
+        t0 = time.perf_counter()
         result = self._executor.run(self.train_schedule, batch, loss_scale=loss_scale)
         for sync in self._syncs:
             sync.finish()
         self._tied.sync()
+        loss = self._broadcast_loss(result.loss_sum)
+        self.pipeline_s.append(time.perf_counter() - t0)
         if recording:
             self._record(step)
-        return self._broadcast_loss(result.loss_sum)
+        return loss
 
     def finish_gradients(self, loss_scale: float, check_finite: bool) -> bool:
         """Undo the loss scale; with `check_finite` (16-mixed), whether no rank has an inf or NaN
