@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -236,7 +237,7 @@ def main() -> None:
                                                         iters, args.repeats, tmp))
                     if kind == "sleep":
                         a = per_action[name]
-                        sim = simulate(build_schedule(name, WORLD, m), [StageCosts(SLEEP_F + a, SLEEP_B + a)] * WORLD,
+                        sim = simulate(build_schedule(name, WORLD, m), [StageCosts(SLEEP_F, SLEEP_B, action_s=a)] * WORLD,
                                        record=False)
                         row["simulated_s"], row["per_action_s"] = sim.iteration_s, a
                         row["simulator_error"] = row["ours_wall_s"] / sim.iteration_s - 1
@@ -245,35 +246,39 @@ def main() -> None:
                           flush=True)
         for m in micro:  # Chimera: ours only (torch has none), against the simulator and our 1F1B row
             idle = run_ranks(WORLD, chunked.ours, ("idle", "chimera", 2, m, iters), tmp)
-            per_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), "chimera", 2, m)
+            chunk_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), "chimera", 2, m)
             res = run_ranks(WORLD, chunked.ours, ("sleep", "chimera", 2, m, iters), tmp)
             one = next(r for r in rows if r["kind"] == "sleep" and r["schedule"] == "1f1b" and r["micro_batches"] == m)
             row = {"kind": "sleep", "schedule": "chimera", "micro_batches": m, "chunks": 2,
                    "ours_wall_s": max(r["wall_s"] for r in res), "ours_saved": [r["peak_saved_bytes"] for r in res],
-                   "simulated_s": chunked.predicted("chimera", 2, m, per_action), "per_action_s": per_action,
+                   "simulated_s": chunked.predicted("chimera", 2, m, chunk_action), "per_action_s": chunk_action,
                    "over_1f1b": max(r["wall_s"] for r in res) / one["ours_wall_s"]}
             row["simulator_error"] = row["ours_wall_s"] / row["simulated_s"] - 1
             chimera.append(row)
             print(f"  sleep chimera M={m}: ours {row['ours_wall_s']:.3f} s (1F1B {one['ours_wall_s']:.3f} s)", flush=True)
         for name in chunked.TORCH:  # 2 stages per rank
             idle = run_ranks(WORLD, chunked.ours, ("idle", name, 2, micro[-1], iters), tmp)
-            per_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), name, 2, micro[-1])
+            chunk_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), name, 2, micro[-1])
             for kind in ("sleep", "compute"):
                 for m in micro if kind == "sleep" else micro[-1:]:
                     row = _row(kind, name, m, *_measure(kind, (chunked.ours, chunked.theirs, chunked.side_by_side),
                                                         (kind, name, 2, m), iters, args.repeats, tmp))
                     row["chunks"] = 2
                     if kind == "sleep":
-                        row["simulated_s"] = chunked.predicted(name, 2, m, per_action)
-                        row["per_action_s"] = per_action
+                        row["simulated_s"] = chunked.predicted(name, 2, m, chunk_action)
+                        row["per_action_s"] = chunk_action
                         row["simulator_error"] = row["ours_wall_s"] / row["simulated_s"] - 1
                     rows.append(row)
                     print(f"  {kind} {name} M={m}: ours {row['ours_wall_s']:.3f} s, theirs {row['theirs_wall_s']:.3f} s",
                           flush=True)
         nbytes = (UNEVEN_BIG + WIDTH) * 4.0
         probes = run_ranks(WORLD, _probe, (nbytes, iters), tmp)
-        probe = {"bytes": nbytes, "p2p_s": probes[1]["p2p_s"], "allreduce_s": max(p["allreduce_s"] for p in probes)}
-        profile, topo = uneven_profile(), probed_topology(probe)
+        probe = {"bytes": nbytes, "p2p_s": probes[1]["p2p_s"], "allreduce_s": max(p["allreduce_s"] for p in probes),
+                 "action_overhead_s": per_action["1f1b"]}
+        # the runtime's own cost per action, as calibrated above for the simulator's sleep rows: the
+        # planner's topology carries it (Topology.action_overhead_s), so its estimates and its choice
+        # count the 2 M actions each stage runs
+        profile, topo = uneven_profile(), replace(probed_topology(probe), action_overhead_s=per_action["1f1b"])
         chosen = run_planner(profile, topo, UNEVEN_G, Limits(optimizer_factor=1.0))
         for label, (replicas, cuts) in UNEVEN_LAYOUTS.items():
             m, estimate = best_micro_batches(profile, topo, replicas, cuts)
@@ -346,7 +351,8 @@ def report(rows, uneven, probe, chosen, out, chimera=()) -> None:
               f"{u['estimate_error']:+.1%} |")
     print(f"\n3:1 / best uniform ({best_uniform['plan']}): {ours['measured_s'] / best_uniform['measured_s']:.3f}; "
           f"the planner picked {chosen.layout()} with {chosen.num_micro_batches} micro-batches "
-          f"(estimate {chosen.estimate.iteration_s:.3f} s)")
+          f"(estimate {chosen.estimate.iteration_s:.3f} s; the runtime's cost per action "
+          f"{probe.get('action_overhead_s', 0) * 1e3:.2f} ms, calibrated on the idle 1F1B row)")
     sleep = [r for r in rows if r["kind"] == "sleep"]
     summary = {"sleep_time_ratio": max(r["time_ratio"] for r in sleep),
                "cpu_time_ratio": max(r["cpu_ratio"] for r in rows if r["kind"] == "compute"),

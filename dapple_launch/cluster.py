@@ -27,6 +27,10 @@ class Topology:
     device_kind: str = "gpu"  # "gpu" or "cpu"
     intra_node_allreduce_latency_s: float | None = None  # per ring step; default the link's latency
     inter_node_allreduce_latency_s: float | None = None
+    # the runtime's own time per compute action, beyond the profile's layers and the links: what a
+    # CPU process pays in Python and scheduling per action (StageCosts.action_s); ~0 on a GPU, whose
+    # kernels run ahead of the Python that launches them
+    action_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -37,6 +41,8 @@ class Topology:
         for key in ("device_memory_bytes", "device_tflops", "intra_node_bandwidth", "inter_node_bandwidth"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"cluster {self.name!r}: {key} must be > 0, got {getattr(self, key)}")
+        if not self.action_overhead_s >= 0:
+            raise ValueError(f"cluster {self.name!r}: action_overhead_s must be >= 0, got {self.action_overhead_s}")
 
     @property
     def num_devices(self) -> int:

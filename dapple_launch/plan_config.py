@@ -70,7 +70,7 @@ def topology_from_config(c: DictConfig, precision: str = "32") -> Topology:
         intra_node_latency_s=c.intra_node_latency_us * 1e-6, inter_node_latency_s=c.inter_node_latency_us * 1e-6,
         intra_node_allreduce_bandwidth=(c.intra_node_allreduce_gbps or 0) * GBPS or None,
         inter_node_allreduce_bandwidth=(c.inter_node_allreduce_gbps or 0) * GBPS or None,
-        device_kind=str(c.device_kind))
+        device_kind=str(c.device_kind), action_overhead_s=c.get("action_overhead_us", 0.0) * 1e-6)
 
 
 def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:

@@ -30,6 +30,7 @@ def test_help_is_the_tools_own(tmp_path):
     (["strategy.replicas=[2,0]"], "every replica count must be >= 1"),
     (["cluster.device_memory_gib=0"], "cluster.device_memory_gib=0.0: must be a number > 0"),
     (["data.num_workers=-1"], "data.num_workers=-1: must be >= 0"),
+    (["cluster.action_overhead_us=-20"], "cluster.action_overhead_us=-20.0: must be >= 0"),
 ])
 def test_every_value_is_checked_before_anything_starts(overrides, needle):
     with pytest.raises(Refusal) as e:

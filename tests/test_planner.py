@@ -518,3 +518,24 @@ def test_the_screen_never_drops_a_candidate_that_fits_and_beats():
             assert worth_simulating(profile, layout, costs, M, depth, limits, capacity, beat), (limits.schedule, depth)
             passed += 1
     assert passed > 10
+
+
+def test_the_runtimes_cost_per_action_is_planned_for():
+    """Topology.action_overhead_s: every F and B costs that much more (StageCosts.action_s), so the
+    estimate counts the 2 M actions of each stage and the planner weighs a smaller bubble (more
+    micro-batches) against paying that cost more often: with a large enough cost it picks fewer."""
+    from dapple_launch.planner.cost import simulate_costed
+    from dapple_launch.profile.model_profile import ModelProfile
+    layers = tuple(LayerProfile(f"l{i}", 0.010, 0.020, 4096.0, 2e8, inputs=(i - 1,) if i else (), saved_bytes=8192.0)
+                   for i in range(4))
+    profile = ModelProfile("four", layers, batch_size=1, source="test", device="cpu")
+    topo = Topology("cpu4", 1, 4, 8e9, 1.0, 1e9, 1e9, device_kind="cpu")
+    limits = Limits(schedules=("1f1b",), optimizer_factor=1.0)
+    free = search(profile, topo, 24, limits)[0]
+    costly = search(profile, replace(topo, action_overhead_s=0.05), 24, limits)[0]
+    assert all(c.action_s == 0.05 for c in costly.costs)
+    assert costly.iteration_s == pytest.approx(simulate_costed(costly).iteration_s, rel=1e-12)
+    assert costly.num_micro_batches < free.num_micro_batches, (free.summary(), costly.summary())
+    # the same plan costed without the overhead is faster
+    again = evaluate(profile, topo, costly.layout, costly.micro_batch_size, costly.num_micro_batches, limits)
+    assert costly.iteration_s > again.iteration_s

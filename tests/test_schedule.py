@@ -210,3 +210,38 @@ def test_a_hand_made_order_that_keeps_transfers_in_order_is_valid():
     validate(reversed_backwards(3, 4))
     assert simulate(reversed_backwards(3, 4), [StageCosts(1.0, 2.0)] * 3).iteration_s == pytest.approx(
         simulate(gpipe(3, 4), [StageCosts(1.0, 2.0)] * 3).iteration_s)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb_h1", "interleaved_1f1b", "zbv", "chimera"])
+def test_the_runtimes_cost_per_action_is_paid_once_by_every_compute_action(name):
+    """StageCosts.action_s (the runtime's own time per F, B, I or W; Topology.action_overhead_s): every
+    simulator (the planner's orders_time, the full simulator, the rank-order simulator) times it as
+    that much more on each compute action: F and a whole B once each, a split backward's I and W once
+    each (so twice per micro-batch)."""
+    import random
+
+    from dapple_launch.schedule import SPLIT_BACKWARD, build_rank_schedule, build_schedule
+    from dapple_launch.schedule.rank_simulate import simulate_ranks
+    from dapple_launch.schedule.simulate import encode_orders, orders_time
+    rng = random.Random(name)
+    split = name in SPLIT_BACKWARD
+    for _ in range(10):
+        P, a = rng.choice([2, 4]), rng.uniform(0.01, 0.5)
+        chunks = 2 if name in ("interleaved_1f1b", "zbv") else 1
+        S = P * chunks
+        M = P * rng.randint(1, 3)
+        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), rng.uniform(0, 0.3), rng.uniform(0, 0.3),
+                            rng.choice([0.0, rng.uniform(0, 2)]), weight_grad_s=rng.choice([None, 0.4])) for _ in range(S)]
+        paid = [replace(c, action_s=a) for c in costs]
+        folded = [replace(c, forward_s=c.forward_s + a, backward_s=c.backward_s + (2 * a if split else a),
+                          weight_grad_s=(c.weight_s + a) if split else c.weight_grad_s) for c in costs]
+        ranks = build_rank_schedule(name, P, M, chunks)
+        assert simulate_ranks(ranks, paid, record=False).iteration_s == pytest.approx(
+            simulate_ranks(ranks, folded, record=False).iteration_s, rel=1e-12)
+        if name in ("gpipe", "1f1b", "zb_h1"):
+            schedule = build_schedule(name, S, M)
+            orders = encode_orders([[x for x in acts if x.kind.is_compute] for acts in schedule.stage_actions])
+            want = simulate(schedule, folded).iteration_s
+            assert simulate(schedule, paid).iteration_s == pytest.approx(want, rel=1e-12)
+            assert orders_time(orders, paid, M) == pytest.approx(want, rel=1e-12)
+            assert want > simulate(schedule, costs).iteration_s

@@ -283,7 +283,8 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
         # the first stage's input needs no gradient: its split backward is all W (models/split_backward.py);
         # elsewhere W's measured share of the backward, or the simulator's rule (half) when not measured
         costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation,
-                                weight_grad_s=b if s == 0 else None if share is None else b * share))
+                                weight_grad_s=b if s == 0 else None if share is None else b * share,
+                                action_s=topology.action_overhead_s))
     for layers, nbytes in profile.tied:
         # A weight several stages hold (a tied embedding): after their own all-reduces, the stages
         # holding a copy sum its gradient among all their devices (runtime/tied.py).

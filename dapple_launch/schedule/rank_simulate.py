@@ -28,8 +28,8 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     S, M, R = schedule.num_stages, schedule.num_micro_batches, schedule.num_ranks
     if len(costs) != S:
         raise ValueError(f"simulate_ranks: {S} stages but {len(costs)} stage costs")
-    forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
-    input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
+    forward, backward = [c.forward_s + c.action_s for c in costs], [c.backward_s + c.action_s for c in costs]
+    input_, weight = [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs]
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     kept = [c.activation_bytes for c in costs]
     early = [c.input_only_bytes for c in costs]  # freed at I (StageCosts.input_only_bytes), the rest at W

@@ -34,6 +34,10 @@ class StageCosts:
     # this is what a micro-batch holds above activation_bytes while its backward runs (the
     # recomputed activations of one segment), once per stage at a time
     recompute_bytes: float = 0.0
+    # the runtime's own time per compute action (F, B, I or W) on top of its layers': the executor's
+    # Python, the autograd engine's call, posting its transfers. A split backward is two actions and
+    # pays it twice; a token slice pays it whole (it is a call, not a share of the sequence).
+    action_s: float = 0.0
 
     @property
     def weight_s(self) -> float:
@@ -116,8 +120,8 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
     returns inf, as soon as one stage's compute plus the time it has waited so far passes it (that
     stage cannot finish sooner): a losing candidate is told apart without walking it to the end."""
     S, M = len(costs), num_micro_batches
-    forward, backward = [c.forward_s for c in costs], [c.backward_s for c in costs]
-    input_, weight = [c.input_s for c in costs], [c.weight_s for c in costs]
+    forward, backward = [c.forward_s + c.action_s for c in costs], [c.backward_s + c.action_s for c in costs]
+    input_, weight = [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs]
     slack = None  # per stage: cutoff - its compute; the walk stops once a stage has waited longer
     if cutoff < math.inf:
         slack = [cutoff - (nf * f + nb * b + ni * i + nw * w) for (nf, nb, ni, nw), f, b, i, w
@@ -233,7 +237,7 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
             took = duration[kind][s]
             if scale is not None:
                 took *= scale[s].compute[a.micro_batch]
-            end = clock[s] = start + took
+            end = clock[s] = start + took + costs[s].action_s
             if record:
                 timeline.append(Event(s, schedule.label(a), label[kind], start, end))
             kept = (unit_bytes[s][a.micro_batch] if unit_bytes is not None else
