@@ -20,7 +20,8 @@
    processes: the 3:1 plan torch.distributed.pipelining cannot express, against every uniform plan
    (4 data-parallel replicas, 2:2, 4 stages), each at its best micro-batch count; and the
    planner, given a profile of the known layer costs and a topology with gloo's bandwidth as
-   probed in this run, picks its plan and estimates it.
+   probed in this run and the runtime's cost per action as calibrated on the idle 1F1B row
+   (Topology.action_overhead_s), picks its plan and estimates it.
 
     python benchmarks/runtime.py [--quick] [--iterations N] [--out runtime.json]
 
