@@ -37,7 +37,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -190,7 +189,7 @@ def probed_topology(probe: dict) -> Topology:
     ar_bus = 2 * (WORLD - 1) / WORLD * nbytes / probe["allreduce_s"]  # ring formula, solved for bandwidth
     return Topology("this machine (probed)", 1, WORLD, 4e9, 1.0, nbytes / probe["p2p_s"], nbytes / probe["p2p_s"],
                     intra_node_latency_s=50e-6, inter_node_latency_s=50e-6, intra_node_allreduce_bandwidth=ar_bus,
-                    device_kind="cpu")
+                    device_kind="cpu", action_overhead_s=probe["action_overhead_s"])
 
 
 UNEVEN_LAYOUTS = {"3:1 (uneven)": ((3, 1), (3,)), "4 (data parallel)": ((4,), ()), "2:2": ((2, 2), (2,)),
@@ -274,12 +273,12 @@ def main() -> None:
                           flush=True)
         nbytes = (UNEVEN_BIG + WIDTH) * 4.0
         probes = run_ranks(WORLD, _probe, (nbytes, iters), tmp)
-        probe = {"bytes": nbytes, "p2p_s": probes[1]["p2p_s"], "allreduce_s": max(p["allreduce_s"] for p in probes),
-                 "action_overhead_s": per_action["1f1b"]}
-        # the runtime's own cost per action, as calibrated above for the simulator's sleep rows: the
+        # with the runtime's own cost per action, as calibrated above for the simulator's sleep rows: the
         # planner's topology carries it (Topology.action_overhead_s), so its estimates and its choice
         # count the 2 M actions each stage runs
-        profile, topo = uneven_profile(), replace(probed_topology(probe), action_overhead_s=per_action["1f1b"])
+        probe = {"bytes": nbytes, "p2p_s": probes[1]["p2p_s"], "allreduce_s": max(p["allreduce_s"] for p in probes),
+                 "action_overhead_s": per_action["1f1b"]}
+        profile, topo = uneven_profile(), probed_topology(probe)
         chosen = run_planner(profile, topo, UNEVEN_G, Limits(optimizer_factor=1.0))
         for label, (replicas, cuts) in UNEVEN_LAYOUTS.items():
             m, estimate = best_micro_batches(profile, topo, replicas, cuts)
@@ -353,7 +352,7 @@ def report(rows, uneven, probe, chosen, out, chimera=()) -> None:
     print(f"\n3:1 / best uniform ({best_uniform['plan']}): {ours['measured_s'] / best_uniform['measured_s']:.3f}; "
           f"the planner picked {chosen.layout()} with {chosen.num_micro_batches} micro-batches "
           f"(estimate {chosen.estimate.iteration_s:.3f} s; the runtime's cost per action "
-          f"{probe.get('action_overhead_s', 0) * 1e3:.2f} ms, calibrated on the idle 1F1B row)")
+          f"{probe['action_overhead_s'] * 1e3:.2f} ms, calibrated on the idle 1F1B row)")
     sleep = [r for r in rows if r["kind"] == "sleep"]
     summary = {"sleep_time_ratio": max(r["time_ratio"] for r in sleep),
                "cpu_time_ratio": max(r["cpu_ratio"] for r in rows if r["kind"] == "compute"),
