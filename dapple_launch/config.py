@@ -168,8 +168,10 @@ class ClusterConfig:
     intra_node_latency_us: float = 50.0
     inter_node_latency_us: float = 50.0
     # the runtime's own time per compute action beyond the layers' (Python, scheduling): the planner
-    # adds it to every F, B, I and W (benchmarks/runtime.py calibrates it on an idle pipeline)
-    action_overhead_us: float = 0.0
+    # adds it to every F, B, I and W. None: measured on an idle pipeline of this machine's processes
+    # where the layers are measured on CPU processes too (strategy.profile_source=measured;
+    # runtime/action_cost.py), else 0
+    action_overhead_us: Optional[float] = None
     intra_node_allreduce_gbps: Optional[float] = None
     inter_node_allreduce_gbps: Optional[float] = None
     launcher: ClusterLauncher = ClusterLauncher["local"]  # the launcher this cluster is reached by
@@ -193,7 +195,8 @@ class ClusterConfig:
             if value is not None:
                 _need(value > 0 and math.isfinite(value), f"cluster.{key}", value, "must be a number > 0")
         for key in ("intra_node_latency_us", "inter_node_latency_us", "action_overhead_us"):
-            _need(getattr(self, key) >= 0, f"cluster.{key}", getattr(self, key), "must be >= 0")
+            if getattr(self, key) is not None:
+                _need(getattr(self, key) >= 0, f"cluster.{key}", getattr(self, key), "must be >= 0")
         _need(self.max_num_timeout >= 0, "cluster.max_num_timeout", self.max_num_timeout, "must be >= 0")
 
 

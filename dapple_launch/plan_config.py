@@ -70,7 +70,7 @@ def topology_from_config(c: DictConfig, precision: str = "32") -> Topology:
         intra_node_latency_s=c.intra_node_latency_us * 1e-6, inter_node_latency_s=c.inter_node_latency_us * 1e-6,
         intra_node_allreduce_bandwidth=(c.intra_node_allreduce_gbps or 0) * GBPS or None,
         inter_node_allreduce_bandwidth=(c.inter_node_allreduce_gbps or 0) * GBPS or None,
-        device_kind=str(c.device_kind), action_overhead_s=c.get("action_overhead_us", 0.0) * 1e-6)
+        device_kind=str(c.device_kind), action_overhead_s=(c.get("action_overhead_us") or 0.0) * 1e-6)
 
 
 def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
@@ -189,7 +189,7 @@ def plan_from_config(cfg: DictConfig) -> Plan:
                                     f"has {model.seq_len}") + ": re-plan for this model")
         return plan
     if s.profile_source == "measured" and topology.device_kind == "cpu":
-        topology = measured_cpu_links(topology)
+        topology = measured_cpu_links(topology, measure_actions=cfg.cluster.get("action_overhead_us") is None)
     profile = profile_from_config(cfg, topology)
     seq_len = slicing_seq_len(cfg)
     if s.name == "fixed":
@@ -239,7 +239,7 @@ def _choice_for(key: str):
     precision = run_precision(cfg)
     topology = topology_from_config(cfg.cluster, precision)
     if cfg.strategy.profile_source == "measured" and topology.device_kind == "cpu":
-        topology = measured_cpu_links(topology)
+        topology = measured_cpu_links(topology, measure_actions=cfg.cluster.get("action_overhead_us") is None)
     return choice_for(cfg, profile_from_config(cfg, topology), topology)
 
 
@@ -344,16 +344,22 @@ def measured_cpu_share(model: PipelineModel, topology: Topology, precision: str 
                                 for layer in profile.layers))
 
 
-def measured_cpu_links(topology: Topology) -> Topology:
+def measured_cpu_links(topology: Topology, measure_actions: bool = True) -> Topology:
     """A CPU cluster of this machine's processes, with the links measured here (profile/links.py)
-    instead of the config's figures: with the layers measured too, the estimate describes the
-    ranks as they will run. Every device is a local process, so both link kinds are this one."""
+    instead of the config's figures, and (`measure_actions`: the cluster states no action_overhead_us)
+    the runtime's own cost per compute action measured on an idle pipeline of as many processes
+    (runtime/action_cost.py): with the layers measured too, the estimate describes the ranks as they
+    will run. Every device is a local process, so both link kinds are this one."""
     from dataclasses import replace
 
     from .profile.links import measure_links
+    from .runtime.action_cost import measure_action_cost, probe_bytes
     if topology.num_devices < 2:
-        return topology
+        return replace(topology, action_overhead_s=measure_action_cost(1, 0.0)) if measure_actions else topology
     links = measure_links(topology.num_devices)
+    if measure_actions:
+        send = links.p2p_latency_s + probe_bytes() / links.p2p_bandwidth
+        topology = replace(topology, action_overhead_s=measure_action_cost(topology.num_devices, send))
     return replace(topology, intra_node_bandwidth=links.p2p_bandwidth, inter_node_bandwidth=links.p2p_bandwidth,
                    intra_node_latency_s=links.p2p_latency_s, inter_node_latency_s=links.p2p_latency_s,
                    intra_node_allreduce_bandwidth=links.allreduce_bandwidth,

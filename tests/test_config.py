@@ -70,21 +70,41 @@ def test_unknown_group_option_lists_valid_ones(group, name):
 def test_auto_plans_the_local_job_from_measured_layers_and_links(compose_cfg, tmp_path, monkeypatch):
     import json
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
-    cfg = compose_cfg(["strategy=auto", "strategy.profile_source=measured", "model.num_layers=2", "model.hidden=32",
-                       "model.heads=2", "model.seq_len=16"])
+    overrides = ["strategy=auto", "strategy.profile_source=measured", "model.num_layers=2", "model.hidden=32",
+                 "model.heads=2", "model.seq_len=16"]
+    cfg = compose_cfg(overrides)
     plan = plan_from_config(cfg)
     assert plan.planner.startswith("auto") and plan.world_size <= 4
     assert plan.micro_batch_size * plan.num_micro_batches == cfg.global_batch_size
-    layers = [p for p in (tmp_path / "profiles").glob("*.json") if not p.name.startswith("links-")]
+    layers = [p for p in (tmp_path / "profiles").glob("*.json") if not p.name.startswith(("links-", "actions-"))]
     links = json.loads(next((tmp_path / "profiles").glob("links-gloo-4p-*c.json")).read_text())
     assert layers and links["processes"] == 4
     for key in ("p2p_latency_s", "p2p_bandwidth", "allreduce_latency_s", "allreduce_bandwidth"):
         assert 0 < links[key] < float("inf")
-    assert plan_from_config(cfg) == plan  # both read back from the cache: the same plan
+    # the runtime's own cost per action, measured on an idle pipeline of 4 processes, is in every estimate
+    actions = json.loads(next((tmp_path / "profiles").glob("actions-gloo-4p-*c-torch*.json")).read_text())
+    assert actions["processes"] == 4 and 0 < actions["action_overhead_s"] < 0.1
+    assert {c["action_s"] for c in plan.estimate.stage_costs} == {actions["action_overhead_s"]}
+    assert plan_from_config(cfg) == plan  # all read back from the cache: the same plan
+    # a cluster that states its cost per action is taken at its word
+    stated = plan_from_config(compose_cfg([*overrides, "cluster.action_overhead_us=250"]))
+    assert [c["action_s"] for c in stated.estimate.stage_costs] == pytest.approx([250e-6] * len(stated.stages))
     # a custom model whose layers pass tuples is measured as well (the links are cached by now)
     custom = compose_cfg(["strategy=auto", "strategy.profile_source=measured", "model=custom",
                           "model.target=tests.custom_models.skipnet:build"])
     assert plan_from_config(custom).num_layers == 6
+
+
+def test_action_cost_fit_recovers_the_cost_per_action():
+    """runtime/action_cost.py: the cost per action that makes the simulator of the idle pipeline take
+    the measured time is the one that produced it; none when the pipeline is no slower than its layers."""
+    from dapple_launch.runtime.action_cost import fit_action_cost
+    from dapple_launch.schedule import StageCosts, build_schedule, simulate
+    for world, f, b, send, a in [(2, 1e-5, 2e-5, 1.3e-4, 6e-4), (4, 3e-5, 5e-5, 1e-4, 1.1e-3), (1, 1e-5, 1e-5, 0.0, 7e-5)]:
+        costs = [StageCosts(f, b, send if s < world - 1 else 0.0, send if s else 0.0, action_s=a) for s in range(world)]
+        took = simulate(build_schedule("1f1b", world, 2 * world), costs, record=False).iteration_s
+        assert fit_action_cost(world, took, f, b, send) == pytest.approx(a, rel=1e-6)
+    assert fit_action_cost(2, 1e-6, 1e-5, 2e-5, 1e-4) == 0.0
 
 
 def test_links_fit_recovers_latency_and_bandwidth():

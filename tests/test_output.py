@@ -90,3 +90,22 @@ def test_rotation_counts_the_checkpoint_a_run_resumed_from_and_last_follows_the_
     keeper._rotate_and_link()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step000006.ckpt", "step000008.ckpt"]
     assert (tmp_path / "last.ckpt").resolve() == (tmp_path / "step000008.ckpt").resolve()
+
+
+def test_the_closing_summary_says_why_a_guessed_estimate_is_off_and_how_to_measure(tmp_path, compose_cfg):
+    """On a CPU cluster planned from its stated figures (the analytic profile), an estimate more than
+    GUESS_WARNING away from the measured time is followed by where it came from and the option that
+    measures this machine instead; a close one, or a measured one, is not."""
+    import json
+
+    from dapple_launch.launch.job import closing_summary, guessed_estimate
+    guessed = guessed_estimate(compose_cfg([]))  # the embedded default: local, fixed, analytic
+    assert guessed is not None and "strategy.profile_source=measured" in guessed and "device_tflops=0.05" in guessed
+    assert guessed_estimate(compose_cfg(["strategy.profile_source=measured"])) is None
+    assert guessed_estimate(compose_cfg(["cluster=v100x16", "dry_run=true"])) is None  # a datasheet's figures
+    summary = {"steps": [0, 8], "train_loss": 1.0, "estimated_s_per_iteration": 0.02, "samples_per_s": 100.0}
+    for measured, said in [(0.041, True), (0.0105, True), (0.024, False)]:
+        (tmp_path / "summary.json").write_text(json.dumps({**summary, "measured_s_per_iteration": measured}))
+        text = closing_summary(tmp_path, guessed=guessed)
+        assert (guessed in text) is said, (measured, text)
+        assert guessed not in closing_summary(tmp_path)

@@ -100,7 +100,7 @@ def run(cfg: DictConfig) -> int:
             return launch_slurm(cfg, plan, run_dir, snapshot, ckpt_path)
         code = launch_local(plan, run_dir, snapshot, ckpt_path, cfg.trainer.timeout_s, resume_hint(run_dir))
         if code == 0:
-            log.info(closing_summary(run_dir))
+            log.info(closing_summary(run_dir, guessed=guessed_estimate(cfg)))
         return code
     finally:
         lock.release()
@@ -115,8 +115,24 @@ def resume_hint(run_dir: Path) -> str:
                      "ckpt_path=last"])
 
 
-def closing_summary(run_dir: Path) -> str:
-    """What the run did and where everything is, from the summary rank 0 wrote at its end."""
+def guessed_estimate(cfg: DictConfig) -> str | None:
+    """What to do when a CPU cluster's estimate rests on the stated figures (an analytic profile at
+    cluster.device_tflops, the stated links) rather than on this machine; None when it is measured
+    (or the cluster is a datasheet's, whose figures are the point)."""
+    if str(cfg.cluster.device_kind) != "cpu" or str(cfg.strategy.get("profile_source", "measured")) != "analytic":
+        return None
+    return (f"the estimate uses cluster {cfg.cluster.name}'s stated figures (device_tflops={cfg.cluster.device_tflops}, "
+            f"links, no runtime cost per action); strategy.profile_source=measured times this machine's layers, "
+            f"links and runtime instead")
+
+
+# an estimate this far off is worth saying why (and how to get a better one), where there is a better one
+GUESS_WARNING = 0.25
+
+
+def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
+    """What the run did and where everything is, from the summary rank 0 wrote at its end. `guessed`:
+    said (guessed_estimate) when the measured time is more than GUESS_WARNING away from the estimate."""
     import json
 
     from ..planner.explain import human_seconds
@@ -134,6 +150,8 @@ def closing_summary(run_dir: Path) -> str:
         if m:
             lines.append(f"  {human_seconds(m)} per iteration measured, {human_seconds(e)} estimated "
                          f"({m / e - 1:+.0%}); {s['samples_per_s']:.1f} samples/s")
+            if guessed and abs(m / e - 1) > GUESS_WARNING:
+                lines.append(f"  ({guessed})")
         if m and whole and whole > m * 1.005:  # the optimizer step, the batch's move, Lightning: outside any plan
             lines.append(f"  {human_seconds(whole)} per training step with the optimizer step and Lightning's "
                          f"hooks ({human_seconds(whole - m)} outside the pipeline the plan estimates)")
