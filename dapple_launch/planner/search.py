@@ -74,8 +74,9 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
         return _chunked_only(profile, topology, global_batch, limits, keep, t0)
     baselines = all_baselines(profile, topology, global_batch, limits) if with_baselines else {}
     start = balanced_uniform(profile, topology, global_batch, limits)
-    found = [c for c in [*baselines.values(), start] if c is not None]
     stats = SearchStats()
+    prior = _default_budget_plans(profile, topology, global_batch, limits, keep, stats)
+    found = [c for c in [*baselines.values(), start, *prior] if c is not None and c.schedule not in CHUNKED]
     sizes = micro_batch_sizes(global_batch, limits)
     # One search per micro-batch size, most promising first (by its least bottleneck). Each one's
     # least-bottleneck placement is costed up front, then the best few starts are improved by
@@ -157,6 +158,7 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
         stats.nodes += scored
         if best is not None:
             stats.gap_without_chunked = _proven_gap(best.iteration_s, bounds)
+        per_b += [c for c in prior if c.schedule in CHUNKED]
         bounds = {b: min(bounds.get(b, math.inf), chunked_bounds.get(b, math.inf)) for b in {*bounds, *chunked_bounds}}
         best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
     stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
@@ -227,6 +229,22 @@ def _chunked_only(profile: ModelProfile, topology: Topology, global_batch: int, 
     stats.proven_optimal = stats.proven_gap == 0.0
     stats.seconds = time.perf_counter() - t0
     return best, found[1:keep + 1], {}, stats
+
+
+def _default_budget_plans(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, keep: int,
+                          stats: SearchStats) -> list[Costed]:
+    """Under a budget above the default: the default budget's best plans, which the larger search
+    starts from. The passes share the budget in proportion to it, so a larger one walks other paths
+    (local search from other starts, another ZB-H1 pool) and could end on a slower plan than the
+    default found (vgg-19 on a100x64: +5.4 % at twice the budget). Starting from them, raising
+    strategy.search_nodes never returns a slower plan than the default budget's."""
+    default = Limits.__dataclass_fields__["search_nodes"].default
+    if limits.search_nodes <= default:
+        return []
+    best, runners_up, _, small = search(profile, topology, global_batch, replace(limits, search_nodes=default), keep,
+                                        with_baselines=False)
+    stats.nodes += small.nodes
+    return [c for c in [best, *runners_up] if c is not None]
 
 
 def _polished(starts: list[Costed], profile: ModelProfile, topology: Topology, global_batch: int,
