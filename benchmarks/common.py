@@ -88,3 +88,14 @@ def time_iterations(step, iterations: int, counter: SavedBytes) -> dict:
     torch.distributed initialised), and the most saved bytes at once over them: time_side_by_side
     with one side."""
     return time_side_by_side({"": step}, iterations, {"": counter})[""]
+
+
+def timed(rank, world, sides: tuple, step_args: tuple, iterations: int) -> dict:
+    """A benchmark rank (tests/multiproc.run_ranks' worker): `sides`, (name, builder) pairs of
+    module-level step builders, builder(rank, world, *step_args) -> (step, SavedBytes). One side is
+    timed alone (time_iterations); several in alternation (time_side_by_side), keyed by name."""
+    built = {name: build(rank, world, *step_args) for name, build in sides}
+    if len(built) == 1:
+        (step, counter), = built.values()
+        return time_iterations(step, iterations, counter)
+    return time_side_by_side({n: s for n, (s, _) in built.items()}, iterations, {n: c for n, (_, c) in built.items()})

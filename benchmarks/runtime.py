@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, SleepLayer, median_runs, time_iterations, time_side_by_side  # noqa: E402
+from benchmarks.common import SavedBytes, SleepLayer, median_runs, time_iterations, timed  # noqa: E402
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.planner import Limits  # noqa: E402
 from dapple_launch.planner.cost import StageSpec, evaluate  # noqa: E402
@@ -75,23 +75,6 @@ def _stage_layers(kind: str) -> nn.Module:
 
 def _per_sample_loss(y, t):
     return y.float().pow(2).mean(1)
-
-
-def _ours(rank, world, kind, schedule_name, micro_batches, iterations):
-    step, counter = _ours_step(rank, world, kind, schedule_name, micro_batches)
-    return time_iterations(step, iterations, counter)
-
-
-def _theirs(rank, world, kind, schedule_name, micro_batches, iterations):
-    step, counter = _theirs_step(rank, world, kind, schedule_name, micro_batches)
-    return time_iterations(step, iterations, counter)
-
-
-def _side_by_side(rank, world, kind, schedule_name, micro_batches, iterations):
-    """Both runtimes in these processes, iterations alternating (common.time_side_by_side)."""
-    (a, ca), (b, cb) = (_ours_step(rank, world, kind, schedule_name, micro_batches),
-                        _theirs_step(rank, world, kind, schedule_name, micro_batches))
-    return time_side_by_side({"ours": a, "theirs": b}, iterations, {"ours": ca, "theirs": cb})
 
 
 def _ours_step(rank, world, kind, schedule_name, micro_batches):
@@ -132,6 +115,9 @@ def _theirs_step(rank, world, kind, schedule_name, micro_batches):
 
 
 # ---- uneven plans ----------------------------------------------------------------------------
+OURS = (("ours", _ours_step),)  # (a side of common.timed)
+
+
 def _uneven_layers() -> list[nn.Module]:
     return [SleepLayer(WIDTH, UNEVEN_F, UNEVEN_B, per_sample=True) for _ in range(3)] + [
         SleepLayer(WIDTH, UNEVEN_F, UNEVEN_B, per_sample=True, extra_params=UNEVEN_BIG)]
@@ -227,13 +213,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         per_action = {}  # the runtime's own cost per compute action, from a no-sleep run (as the chunked rows)
         for name in ("gpipe", "1f1b"):
-            idle = run_ranks(WORLD, _ours, ("idle", name, micro[-1], iters), tmp)
+            idle = run_ranks(WORLD, timed, (OURS, ("idle", name, micro[-1]), iters), tmp)
             unit = simulate(build_schedule(name, WORLD, micro[-1]), [StageCosts(1.0, 1.0)] * WORLD, record=False)
             per_action[name] = max(r["wall_s"] for r in idle) / unit.iteration_s
         for kind in ("sleep", "compute"):
             for name in ("gpipe", "1f1b"):
                 for m in micro if kind == "sleep" else micro[-1:]:
-                    row = _row(kind, name, m, *_measure(kind, (_ours, _theirs, _side_by_side), (kind, name, m),
+                    row = _row(kind, name, m, *_measure(kind, (_ours_step, _theirs_step), (kind, name, m),
                                                         iters, args.repeats, tmp))
                     if kind == "sleep":
                         a = per_action[name]
@@ -245,9 +231,9 @@ def main() -> None:
                     print(f"  {kind} {name} M={m}: ours {row['ours_wall_s']:.3f} s, theirs {row['theirs_wall_s']:.3f} s",
                           flush=True)
         for m in micro:  # Chimera: ours only (torch has none), against the simulator and our 1F1B row
-            idle = run_ranks(WORLD, chunked.ours, ("idle", "chimera", 2, m, iters), tmp)
+            idle = run_ranks(WORLD, timed, (chunked.OURS, ("idle", "chimera", 2, m), iters), tmp)
             chunk_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), "chimera", 2, m)
-            res = run_ranks(WORLD, chunked.ours, ("sleep", "chimera", 2, m, iters), tmp)
+            res = run_ranks(WORLD, timed, (chunked.OURS, ("sleep", "chimera", 2, m), iters), tmp)
             one = next(r for r in rows if r["kind"] == "sleep" and r["schedule"] == "1f1b" and r["micro_batches"] == m)
             row = {"kind": "sleep", "schedule": "chimera", "micro_batches": m, "chunks": 2,
                    "ours_wall_s": max(r["wall_s"] for r in res), "ours_saved": [r["peak_saved_bytes"] for r in res],
@@ -257,11 +243,11 @@ def main() -> None:
             chimera.append(row)
             print(f"  sleep chimera M={m}: ours {row['ours_wall_s']:.3f} s (1F1B {one['ours_wall_s']:.3f} s)", flush=True)
         for name in chunked.TORCH:  # 2 stages per rank
-            idle = run_ranks(WORLD, chunked.ours, ("idle", name, 2, micro[-1], iters), tmp)
+            idle = run_ranks(WORLD, timed, (chunked.OURS, ("idle", name, 2, micro[-1]), iters), tmp)
             chunk_action = chunked.per_action_cost(max(r["wall_s"] for r in idle), name, 2, micro[-1])
             for kind in ("sleep", "compute"):
                 for m in micro if kind == "sleep" else micro[-1:]:
-                    row = _row(kind, name, m, *_measure(kind, (chunked.ours, chunked.theirs, chunked.side_by_side),
+                    row = _row(kind, name, m, *_measure(kind, (chunked.ours_step, chunked.theirs_step),
                                                         (kind, name, 2, m), iters, args.repeats, tmp))
                     row["chunks"] = 2
                     if kind == "sleep":
@@ -290,15 +276,15 @@ def main() -> None:
     report(rows, uneven, probe, chosen, args.out, chimera)
 
 
-def _measure(kind: str, workers: tuple, row_args: tuple, iters: int, repeats: int, tmp: str) -> tuple[list, list]:
-    """Per rank, ours and theirs. sleep rows: one run of each (their wall time is the sleeps'); compute
-    rows: `repeats` runs of both runtimes side by side in the same processes, iterations alternating
-    (common.time_side_by_side), each rank's median over the runs: CPU seconds on 2 shared cores drift
-    between separate runs by more than the runtimes differ."""
-    ours, theirs, both = workers
+def _measure(kind: str, steps: tuple, row_args: tuple, iters: int, repeats: int, tmp: str) -> tuple[list, list]:
+    """Per rank, ours and theirs (`steps`: their step builders). sleep rows: one run of each (their wall
+    time is the sleeps'); compute rows: `repeats` runs of both runtimes side by side in the same
+    processes, iterations alternating (common.time_side_by_side), each rank's median over the runs:
+    CPU seconds on 2 shared cores drift between separate runs by more than the runtimes differ."""
+    sides = (("ours", steps[0]), ("theirs", steps[1]))
     if kind == "sleep":
-        return run_ranks(WORLD, ours, (*row_args, iters), tmp), run_ranks(WORLD, theirs, (*row_args, iters), tmp)
-    runs = [run_ranks(WORLD, both, (*row_args, max(iters, COMPUTE_ITERATIONS)), tmp) for _ in range(repeats)]
+        return tuple(run_ranks(WORLD, timed, ((side,), row_args, iters), tmp) for side in sides)
+    runs = [run_ranks(WORLD, timed, (sides, row_args, max(iters, COMPUTE_ITERATIONS)), tmp) for _ in range(repeats)]
     return (median_runs([[r["ours"] for r in run] for run in runs]),
             median_runs([[r["theirs"] for r in run] for run in runs]))
 

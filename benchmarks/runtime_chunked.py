@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from benchmarks.common import SavedBytes, time_iterations, time_side_by_side
+from benchmarks.common import SavedBytes
 from benchmarks.zero_bubble import T_F, T_I, T_W, WIDTH, SplitSleepLayer
 from dapple_launch.cluster import Topology
 from dapple_launch.planner import Limits, fixed_plan
@@ -77,25 +77,7 @@ def _batch(kind: str, micro_batches: int):
             torch.zeros(n * micro_batches))
 
 
-def ours(rank, world, kind, schedule, chunks, micro_batches, iterations):
-    step, counter = _ours_step(rank, world, kind, schedule, chunks, micro_batches)
-    return time_iterations(step, iterations, counter)
-
-
-def theirs(rank, world, kind, schedule, chunks, micro_batches, iterations):
-    step, counter = _theirs_step(rank, world, kind, schedule, chunks, micro_batches)
-    return time_iterations(step, iterations, counter)
-
-
-def side_by_side(rank, world, kind, schedule, chunks, micro_batches, iterations):
-    """Both runtimes in these processes, iterations alternating (common.time_side_by_side): the
-    compute rows' CPU ratio, free of the drift between separate runs."""
-    (a, ca), (b, cb) = (_ours_step(rank, world, kind, schedule, chunks, micro_batches),
-                        _theirs_step(rank, world, kind, schedule, chunks, micro_batches))
-    return time_side_by_side({"ours": a, "theirs": b}, iterations, {"ours": ca, "theirs": cb})
-
-
-def _ours_step(rank, world, kind, schedule, chunks, micro_batches):
+def ours_step(rank, world, kind, schedule, chunks, micro_batches):
     plan = chunked_plan(schedule, chunks, micro_batches, COMPUTE_WIDTH if kind == "compute" else WIDTH)
     grid = ProcessGrid.from_plan(plan)
     local = grid.stages_at(rank)
@@ -115,7 +97,7 @@ def _ours_step(rank, world, kind, schedule, chunks, micro_batches):
     return step, SavedBytes(params)
 
 
-def _theirs_step(rank, world, kind, schedule, chunks, micro_batches):
+def theirs_step(rank, world, kind, schedule, chunks, micro_batches):
     import torch.distributed.pipelining as pp
     S = chunks * world
     local = [rank, 2 * world - 1 - rank] if schedule == "zbv" else [rank + c * world for c in range(chunks)]
@@ -133,6 +115,9 @@ def _theirs_step(rank, world, kind, schedule, chunks, micro_batches):
         for p in params:
             p.grad = None
     return step, SavedBytes(params)
+
+
+OURS = (("ours", ours_step),)  # (a side of common.timed)
 
 
 def sleep_costs(schedule: str, chunks: int) -> list[StageCosts]:
