@@ -188,8 +188,7 @@ def plan_from_config(cfg: DictConfig) -> Plan:
                                  + ("does not support slicing" if not supports_slicing(model) else
                                     f"has {model.seq_len}") + ": re-plan for this model")
         return plan
-    if s.profile_source == "measured" and topology.device_kind == "cpu":
-        topology = measured_cpu_links(topology, measure_actions=cfg.cluster.get("action_overhead_us") is None)
+    topology = measured_if_asked(cfg, topology)
     profile = profile_from_config(cfg, topology)
     seq_len = slicing_seq_len(cfg)
     if s.name == "fixed":
@@ -237,9 +236,7 @@ def frontier_from_config(cfg: DictConfig):
 def _choice_for(key: str):
     cfg = OmegaConf.create(key)
     precision = run_precision(cfg)
-    topology = topology_from_config(cfg.cluster, precision)
-    if cfg.strategy.profile_source == "measured" and topology.device_kind == "cpu":
-        topology = measured_cpu_links(topology, measure_actions=cfg.cluster.get("action_overhead_us") is None)
+    topology = measured_if_asked(cfg, topology_from_config(cfg.cluster, precision))
     return choice_for(cfg, profile_from_config(cfg, topology), topology)
 
 
@@ -344,7 +341,15 @@ def measured_cpu_share(model: PipelineModel, topology: Topology, precision: str 
                                 for layer in profile.layers))
 
 
-def measured_cpu_links(topology: Topology, measure_actions: bool = True) -> Topology:
+def measured_if_asked(cfg: DictConfig, topology: Topology) -> Topology:
+    """The cluster the planner costs: under strategy.profile_source=measured a CPU cluster of this
+    machine's processes is measured here, as its layers are (measured_cpu_cluster); else as stated."""
+    if cfg.strategy.profile_source == "measured" and topology.device_kind == "cpu":
+        return measured_cpu_cluster(topology, measure_actions=cfg.cluster.get("action_overhead_us") is None)
+    return topology
+
+
+def measured_cpu_cluster(topology: Topology, measure_actions: bool = True) -> Topology:
     """A CPU cluster of this machine's processes, with the links measured here (profile/links.py)
     instead of the config's figures, and (`measure_actions`: the cluster states no action_overhead_us)
     the runtime's own cost per compute action measured on an idle pipeline of as many processes
@@ -353,13 +358,12 @@ def measured_cpu_links(topology: Topology, measure_actions: bool = True) -> Topo
     from dataclasses import replace
 
     from .profile.links import measure_links
-    from .runtime.action_cost import measure_action_cost, probe_bytes
-    if topology.num_devices < 2:
-        return replace(topology, action_overhead_s=measure_action_cost(1, 0.0)) if measure_actions else topology
-    links = measure_links(topology.num_devices)
+    from .runtime.action_cost import measure_action_cost
+    links = measure_links(topology.num_devices) if topology.num_devices > 1 else None
     if measure_actions:
-        send = links.p2p_latency_s + probe_bytes() / links.p2p_bandwidth
-        topology = replace(topology, action_overhead_s=measure_action_cost(topology.num_devices, send))
+        topology = replace(topology, action_overhead_s=measure_action_cost(topology.num_devices, links))
+    if links is None:
+        return topology
     return replace(topology, intra_node_bandwidth=links.p2p_bandwidth, inter_node_bandwidth=links.p2p_bandwidth,
                    intra_node_latency_s=links.p2p_latency_s, inter_node_latency_s=links.p2p_latency_s,
                    intra_node_allreduce_bandwidth=links.allreduce_bandwidth,

@@ -51,40 +51,63 @@ def _fit(small_s: float, large_s: float, scale: float) -> tuple[float, float]:
     return fixed, scale / slope
 
 
-def _rank(rank: int, world: int, port: int, threads: int, out: str) -> None:
+def _probe_rank(rank: int, worker, world: int, port: int, threads: int, out: str, args: tuple) -> None:
+    """One process of a gloo probe: torch with the rank's threads, the process group, then
+    worker(rank, world, *args), whose dict it writes for the parent."""
     import torch
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        timings = {}
-        for size in (SMALL, LARGE):
-            buf = torch.zeros(size // 4, dtype=torch.float32)
-            trips = []
-            for rep in range(REPEATS + 2):
-                dist.barrier()
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(buf, 1)
-                    dist.recv(buf, 1)
-                elif rank == 1:
-                    dist.recv(buf, 0)
-                    dist.send(buf, 0)
-                if rep >= 2:  # the first two set up the connection
-                    trips.append((time.perf_counter() - t0) / 2)
-            reduces = []
-            for rep in range(REPEATS + 2):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                if rep >= 2:
-                    reduces.append(time.perf_counter() - t0)
-            timings[size] = (statistics.median(trips), statistics.median(reduces))
-        if rank == 0:
-            Path(out).write_text(json.dumps({str(k): v for k, v in timings.items()}))
+        Path(f"{out}.{rank}").write_text(json.dumps(worker(rank, world, *args)))
     finally:
         dist.destroy_process_group()
+
+
+def run_gloo_probe(worker, processes: int, threads: int, *args) -> list[dict]:
+    """Run worker(rank, world, *args) -> dict (a module-level function) in `processes` spawned gloo
+    processes of `threads` torch threads each, as the local launcher starts ranks; their dicts by rank.
+    The measured links' probe and the runtime's cost-per-action probe (runtime/action_cost.py)."""
+    import torch.multiprocessing as mp
+
+    from ..launch.ports import free_port
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "probe")
+        mp.start_processes(_probe_rank, args=(worker, processes, free_port(), threads, out, args), nprocs=processes,
+                           join=True, start_method="spawn")
+        return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(processes)]
+
+
+def _time_links(rank: int, world: int) -> dict:
+    """Ping-pong between ranks 0 and 1 and all-reduces over every rank, at both sizes: per size
+    (as a string), the median one-way transfer and all-reduce seconds."""
+    import torch
+    import torch.distributed as dist
+    timings = {}
+    for size in (SMALL, LARGE):
+        buf = torch.zeros(size // 4, dtype=torch.float32)
+        trips = []
+        for rep in range(REPEATS + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            if rep >= 2:  # the first two set up the connection
+                trips.append((time.perf_counter() - t0) / 2)
+        reduces = []
+        for rep in range(REPEATS + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            if rep >= 2:
+                reduces.append(time.perf_counter() - t0)
+        timings[str(size)] = (statistics.median(trips), statistics.median(reduces))
+    return timings
 
 
 def measure_links(processes: int, use_cache: bool = True) -> LinkProfile:
@@ -95,15 +118,8 @@ def measure_links(processes: int, use_cache: bool = True) -> LinkProfile:
     path = _cache_path(processes, cores)
     if use_cache and path.is_file():
         return LinkProfile(**json.loads(path.read_text()))
-    import torch.multiprocessing as mp
-
-    from ..launch.ports import free_port
     threads = threads_per_rank(processes, cores)  # what the local launcher gives each rank
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "links.json")
-        mp.start_processes(_rank, args=(processes, free_port(), threads, out), nprocs=processes, join=True,
-                           start_method="spawn")
-        timings = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
+    timings = {int(k): v for k, v in run_gloo_probe(_time_links, processes, threads)[0].items()}  # (rank 0's)
     (p2p_small, ar_small), (p2p_large, ar_large) = timings[SMALL], timings[LARGE]
     p2p_latency, p2p_bandwidth = _fit(p2p_small, p2p_large, 1.0)
     r = processes

@@ -23,11 +23,11 @@ process count, cores and torch version, like the measured links.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
+
+from ..profile.links import LinkProfile
 
 WIDTH = 64  # the idle layer's width: a transfer of a few kilobytes, latency-bound as the links' small size
 ROWS = 4  # samples per micro-batch
@@ -42,7 +42,9 @@ def _cache_path(processes: int, cores: int) -> Path:
     return cache_dir() / f"actions-gloo-{processes}p-{cores}c-torch{torch.__version__.split('+')[0]}.json"
 
 
-def _rank(rank: int, world: int, port: int, threads: int, out: str) -> None:
+def _time_idle_pipeline(rank: int, world: int) -> dict:
+    """One rank of the probe (profile/links.run_gloo_probe): its median idle iteration, and its
+    layer's own forward and backward, which the simulator is given as the stage's compute."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -51,40 +53,32 @@ def _rank(rank: int, world: int, port: int, threads: int, out: str) -> None:
     from .executor import StageExecutor
     from .grid import ProcessGrid
     from .p2p import PointToPoint
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        layer = nn.Linear(WIDTH, WIDTH)
-        M = 2 * world
-        ex = StageExecutor([layer], lambda y, t: y.float().pow(2).mean(1), PointToPoint(ProcessGrid((1,) * world), rank, 0),
-                           world)
-        schedule = build_schedule("1f1b", world, M)
-        batch = (torch.randn(ROWS * M, WIDTH), torch.zeros(ROWS * M))
-        times = []
-        for i in range(WARMUP + ITERATIONS):
-            dist.barrier()
-            t0 = time.perf_counter()
-            ex.run(schedule, batch)
-            if i >= WARMUP:
-                times.append(time.perf_counter() - t0)
-            layer.zero_grad(set_to_none=True)
-        # the layer's own forward and backward, which the simulator is given as the stage's compute
-        x = torch.randn(ROWS, WIDTH, requires_grad=True)
-        fwd, bwd = [], []
-        for _ in range(ITERATIONS):
-            t0 = time.perf_counter()
-            y = layer(x)
-            t1 = time.perf_counter()
-            y.backward(torch.ones_like(y))
-            fwd.append(t1 - t0)
-            bwd.append(time.perf_counter() - t1)
-        Path(out + f".{rank}").write_text(json.dumps({"iteration_s": statistics.median(times),
-                                                      "forward_s": statistics.median(fwd),
-                                                      "backward_s": statistics.median(bwd)}))
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    layer = nn.Linear(WIDTH, WIDTH)
+    M = 2 * world
+    ex = StageExecutor([layer], lambda y, t: y.float().pow(2).mean(1), PointToPoint(ProcessGrid((1,) * world), rank, 0),
+                       world)
+    schedule = build_schedule("1f1b", world, M)
+    batch = (torch.randn(ROWS * M, WIDTH), torch.zeros(ROWS * M))
+    times = []
+    for i in range(WARMUP + ITERATIONS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        ex.run(schedule, batch)
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t0)
+        layer.zero_grad(set_to_none=True)
+    x = torch.randn(ROWS, WIDTH, requires_grad=True)
+    fwd, bwd = [], []
+    for _ in range(ITERATIONS):
+        t0 = time.perf_counter()
+        y = layer(x)
+        t1 = time.perf_counter()
+        y.backward(torch.ones_like(y))
+        fwd.append(t1 - t0)
+        bwd.append(time.perf_counter() - t1)
+    return {"iteration_s": statistics.median(times), "forward_s": statistics.median(fwd),
+            "backward_s": statistics.median(bwd)}
 
 
 def fit_action_cost(world: int, iteration_s: float, forward_s: float, backward_s: float, send_s: float) -> float:
@@ -108,10 +102,11 @@ def fit_action_cost(world: int, iteration_s: float, forward_s: float, backward_s
     return (lo + hi) / 2
 
 
-def measure_action_cost(processes: int, send_s: float, use_cache: bool = True) -> float:
+def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bool = True) -> float:
     """Seconds the runtime adds to each compute action with `processes` local ranks (see the module's
-    docstring). `send_s`: the measured links' time for one of the probe's transfers."""
+    docstring). `links`: those measured between as many processes (None for one: no transfers)."""
     from ..launch.local import threads_per_rank, usable_cores
+    from ..profile.links import run_gloo_probe
     from ..profile.measure import write_cached
     cores = usable_cores()
     path = _cache_path(processes, cores)
@@ -119,26 +114,16 @@ def measure_action_cost(processes: int, send_s: float, use_cache: bool = True) -
         cached = json.loads(path.read_text())
         if cached.get("version") == VERSION:
             return float(cached["action_overhead_s"])
-    import torch.multiprocessing as mp
-
-    from ..launch.ports import free_port
+    # one of the probe's transfers (a micro-batch's activation or its gradient, fp32) over the measured links
+    send = links.p2p_latency_s + ROWS * WIDTH * 4.0 / links.p2p_bandwidth if links is not None else 0.0
     threads = threads_per_rank(processes, cores)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "actions")
-        mp.start_processes(_rank, args=(processes, free_port(), threads, out), nprocs=processes, join=True,
-                           start_method="spawn")
-        ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(processes)]
+    ranks = run_gloo_probe(_time_idle_pipeline, processes, threads)
     iteration = max(r["iteration_s"] for r in ranks)
     forward = statistics.median(r["forward_s"] for r in ranks)
     backward = statistics.median(r["backward_s"] for r in ranks)
-    cost = fit_action_cost(processes, iteration, forward, backward, send_s)
+    cost = fit_action_cost(processes, iteration, forward, backward, send)
     if use_cache:
         write_cached(path, json.dumps({"version": VERSION, "processes": processes, "cores": cores, "threads": threads,
                                        "iteration_s": iteration, "forward_s": forward, "backward_s": backward,
-                                       "send_s": send_s, "action_overhead_s": cost}))
+                                       "send_s": send, "action_overhead_s": cost}))
     return cost
-
-
-def probe_bytes() -> float:
-    """One of the probe's transfers: a micro-batch's activation (or its gradient), fp32."""
-    return ROWS * WIDTH * 4.0
