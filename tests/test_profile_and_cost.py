@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from dapple_launch.cluster import Topology
-from dapple_launch.models import build_model
+import torch
+
+from dapple_launch.models import LayerSpec, PipelineModel, build_model
 from dapple_launch.planner import Limits, Plan, fixed_plan
 from dapple_launch.planner.cost import StageSpec, evaluate, simulate_costed
 from dapple_launch.profile import (LayerProfile, ModelProfile, ProfileFileError, analytic_profile, chain, parse_graph_text,
@@ -144,3 +146,75 @@ def test_measured_profile_is_real_and_cached(tmp_path, monkeypatch):
     (cached,) = (tmp_path / "profiles").glob("*.json")
     assert measure_profile(model, 4) == p  # read back from the cache, not re-measured
     assert ModelProfile.from_json(cached.read_text()) == p
+
+
+class _Busy(torch.nn.Module):
+    """A layer whose forward sleeps `_Busy.sleep_s(n)` on its n-th call: other work on the machine,
+    slowing every repetition of one whole pass of the profiler (6 calls at repeats=2: 3 repetitions,
+    1 warm-up, two forwards each)."""
+    calls = 0
+    sleep_s = staticmethod(lambda n: 0.002)
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        import time
+        time.sleep(_Busy.sleep_s(_Busy.calls))
+        _Busy.calls += 1
+        return self.lin(x)
+
+
+class _BusyModel(PipelineModel):
+    name = "busy"
+
+    def layers(self):
+        return [LayerSpec("in", lambda: torch.nn.Linear(8, 8)), LayerSpec("busy", _Busy),
+                LayerSpec("out", lambda: torch.nn.Linear(8, 1))]
+
+    def loss(self, output, target):
+        return (output.squeeze(-1) - target) ** 2
+
+    def batch(self, n, generator=None, device="cpu"):
+        x = torch.randn(n, 8, generator=generator)
+        return x.to(device), x.sum(1).to(device)
+
+
+def test_a_pass_slowed_throughout_by_other_work_is_outvoted_by_later_passes(tmp_path, monkeypatch):
+    import logging
+
+    from dapple_launch.log import get_logger
+    from dapple_launch.profile import measure_profile
+    monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
+    lines: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    get_logger().addHandler(handler)
+    try:
+        # the whole first pass at the profile batch is slow (20 ms), every later one 2 ms
+        monkeypatch.setattr(_Busy, "calls", 0)
+        monkeypatch.setattr(_Busy, "sleep_s", staticmethod(lambda n: 0.02 if n < 6 else 0.002))
+        p = measure_profile(_BusyModel(), 2, repeats=2, use_cache=False)
+        assert 0.0015 < p.layers[1].forward_s < 0.006, p.layers[1]  # 2 ms, not the busy pass's 20
+        assert _Busy.calls >= 18  # a third pass settled it: the first two disagreed
+        assert not any("busy" in x for x in lines), lines
+        # each pass twice as slow as the one before: no two agree, and the profile says so
+        monkeypatch.setattr(_Busy, "calls", 0)
+        monkeypatch.setattr(_Busy, "sleep_s", staticmethod(lambda n: 0.002 * 2 ** ((n // 6) % 4)))
+        measure_profile(_BusyModel(), 2, repeats=2, use_cache=False)
+        (line,) = [x for x in lines if "measured profile of busy" in x]
+        assert "1]" in line and "did not agree on within 20%" in line and "quieter machine" in line, line
+    finally:
+        get_logger().removeHandler(handler)
+
+
+def test_passes_agree_by_layer_and_combine_by_median():
+    from dapple_launch.profile.measure import combine_passes, unsettled
+    row = lambda f, b, w=0.0: ("x", f, b, 10.0, 20.0, 30.0, w)  # noqa: E731
+    one, two = [row(1e-3, 2e-3), row(5e-3, 9e-3, 4e-3)], [row(1.1e-3, 2.1e-3), row(2e-3, 4e-3, 2e-3)]
+    assert unsettled([one, two]) == [1]  # layer 0 within 20 %, layer 1 2.5x apart
+    assert unsettled([one, two, [row(1e-3, 2e-3), row(2.2e-3, 4.2e-3)]]) == []  # two of three agree
+    assert unsettled([[row(10e-6, 10e-6)], [row(40e-6, 50e-6)]]) == []  # under 50 µs apart: jitter
+    combined = combine_passes([one, two, [row(1e-3, 2e-3), row(2.2e-3, 4.2e-3, 2.1e-3)]])
+    assert combined[1] == ("x", 2.2e-3, 4.2e-3, 10.0, 20.0, 30.0, 2.1e-3)  # the medians; bytes as counted

@@ -2,7 +2,8 @@
 
 Times are the median of a few repetitions after a warm-up, at the profile batch and at four times
 it, which separates each layer's fixed cost per call from the part that grows with the samples;
-output and saved-for-backward bytes are counted exactly. Results are cached on disk keyed by the model's description, the batch size
+output and saved-for-backward bytes are counted exactly. The repetitions run as passes over every
+layer, apart in time, until two passes agree on each layer (settled_times). Results are cached on disk keyed by the model's description, the batch size
 and the device, so a second plan of the same model costs nothing.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -43,11 +45,12 @@ def write_cached(path: Path, text: str) -> None:
 
 def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str = "32") -> str:
     # "fit": profiles from before the per-call fit (times only) are not read back as if they had it;
-    # "saved": from before parameters were left out of the saved bytes
+    # "saved": from before parameters were left out of the saved bytes; "passes": from before the
+    # passes apart in time (one pass kept a busy machine's slowdown)
     from ..models import identity
     ident = json.dumps({"model": identity(model), "batch": batch_size, "device": device, "fit": "per-call",
                         "precision": precision, "saved": "no-parameters, fixed part", "split": "I and W",
-                        "slices": "context shares"},
+                        "slices": "context shares", "passes": "until two agree"},
                        sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
@@ -180,6 +183,43 @@ def _slice_shares(model: PipelineModel, batch_size: int, dev: torch.device, repe
     return out
 
 
+# A busy shared machine slows every repetition of the layers a pass times while the other work runs,
+# so a median within one pass keeps the slowdown (one fresh profile put a stage's forward at 5.3 ms,
+# 2.2 ms before and after). Passes apart in time do not share it: a layer is settled once two passes
+# agree on its forward and its backward, and its times are the median over the passes.
+AGREE = 0.2  # relative difference within which two passes agree
+FLOOR_S = 50e-6  # absolute difference below which they agree (timer and call jitter on small layers)
+MAX_PASSES = 4
+
+
+def _agree(values: list[float]) -> bool:
+    v = sorted(values)
+    return any(hi - lo <= max(FLOOR_S, AGREE * hi) for lo, hi in zip(v, v[1:]))
+
+
+def unsettled(passes: list[list[tuple]]) -> list[int]:
+    """The layers on whose forward or backward time no two passes agree."""
+    return [i for i in range(len(passes[0]))
+            if not all(_agree([p[i][k] for p in passes]) for k in (1, 2))]
+
+
+def combine_passes(passes: list[list[tuple]]) -> list[tuple]:
+    """Per layer the median over passes of each time (the bytes are counted, alike in every pass)."""
+    out = []
+    for rows in zip(*passes):
+        f, b, w = (statistics.median(r[k] for r in rows) for k in (1, 2, 6))
+        out.append((*rows[0][:1], f, b, *rows[0][3:6], min(w, b)))
+    return out
+
+
+def settled_times(run_pass: Callable[[], list[tuple]], max_passes: int = MAX_PASSES) -> tuple[list[tuple], list[int]]:
+    """(per-layer times combined over passes, the layers still unsettled after `max_passes`)."""
+    passes = [run_pass(), run_pass()]
+    while len(passes) < max_passes and unsettled(passes):
+        passes.append(run_pass())
+    return combine_passes(passes), unsettled(passes)
+
+
 def per_call(small_s: float, large_s: float, small_n: int, large_n: int) -> float:
     """The part of a call's time that does not grow with its samples: the intercept of the line
     through (small_n, small_s) and (large_n, large_s), kept within [0, small_s]."""
@@ -198,8 +238,16 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
     if use_cache and path.is_file():
         return ModelProfile.from_json(path.read_text())
     small, large = batch_size, 4 * batch_size
-    at_small = _time_layers(model, small, dev, repeats, seed, precision)
-    at_large = _time_layers(model, large, dev, repeats, seed, precision)
+    at_small, noisy = settled_times(lambda: _time_layers(model, small, dev, repeats, seed, precision))
+    at_large, noisy_large = settled_times(lambda: _time_layers(model, large, dev, repeats, seed, precision))
+    noisy = sorted({*noisy, *noisy_large})
+    if noisy:
+        from ..log import get_logger
+        get_logger().warning(
+            f"measured profile of {model.name} on {name}: layers {noisy} took times {MAX_PASSES} passes did not "
+            f"agree on within {AGREE:.0%} (a busy machine?); their times are the median of the passes, and "
+            f"an estimate from them may be off as much: measure again on a quieter machine "
+            f"(delete {cache_dir()}) for a closer one")
     layers = [LayerProfile(name_, f, b, out, params, saved_bytes=saved,
                            forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large),
                            saved_fixed_bytes=per_call(saved, saved4, small, large), weight_grad_s=w)
