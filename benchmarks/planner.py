@@ -4,7 +4,9 @@ For each row: the chosen plan, its estimated iteration time, speed-up over data 
 over every baseline (planned under the same cost model; the t-* columns: what a torchtitan user
 would configure by hand for each torch schedule, planner/torch_style.py), the estimate against the full simulator
 (communication actions and all) for the chosen plan, whether the search proved optimality, and
-the planning wall time. Then the scaling
+the planning wall time. Over the 16-device rows at G=128, the geometric-mean share of the compute
+bound, and the most any plan could reach by the searches' proven lower bounds (1F1B and ZB-H1
+exactly; the chunked families' bound is their busiest group's). Then the scaling
 case: a 96-layer BERT (analytic profile) on 512 devices (64 nodes × 8).
 
     python benchmarks/planner.py [--quick] [--out planner_bench.json]
@@ -58,6 +60,13 @@ def row(name, profile, topo, G, limits):
     best, _, baselines, stats = search(profile, topo, G, limits)  # layout and schedule family together
     wall = time.perf_counter() - t0
     one_f_one_b = search(profile, topo, G, replace(limits, schedules=("1f1b",)))[0] if limits.schedules else best
+    # the exact families alone (1F1B, ZB-H1): their search's proven lower bound is what no plan of
+    # theirs can beat under the cost model, whatever the budget (outside the timing)
+    if set(limits.schedules) == {"1f1b", "zb_h1"}:
+        exact, exact_stats = best, stats
+    else:
+        exact, _, _, exact_stats = search(profile, topo, G, replace(limits, schedules=("1f1b", "zb_h1")),
+                                          with_baselines=False)
     if best is None:
         return {"model": name, "cluster": topo.name, "G": G, "plan": "none fits", "wall_s": wall}
     # what a torchtitan user would configure by hand for each torch schedule (planned outside the timing)
@@ -77,6 +86,10 @@ def row(name, profile, topo, G, limits):
         "proven_gap_exact": stats.gap_without_chunked if stats.gap_without_chunked is not None else stats.proven_gap,
         "nodes": stats.nodes,
         "wall_s": wall,
+        # lower bounds proven by the searches: over all six families (the chunked ones' bound is weaker)
+        # and over 1F1B and ZB-H1 alone; a share of the compute bound above bound / these is out of reach
+        "compute_bound_s": bound, "lower_bound_s": best.iteration_s * (1 - stats.proven_gap),
+        "lower_bound_exact_s": exact.iteration_s * (1 - exact_stats.proven_gap) if exact else None,
     }
 
 
@@ -139,11 +152,23 @@ def main() -> None:
             long = row(r["model"], load_profile(*r["profile"]), topology(r["cluster_conf"]), r["G"],
                        replace(limits, search_nodes=args.long_budget, schedules=("1f1b", "zb_h1")))
             r["long_budget"] = long
+            if long.get("lower_bound_exact_s"):  # both bounds hold: the higher is the tighter
+                r["lower_bound_exact_s"] = max(r["lower_bound_exact_s"] or 0.0, long["lower_bound_exact_s"])
             print(f"| {r['model']} | {r['cluster']} | {r['G']} | {r['plan']} | {r['iteration_s'] * 1e3:.1f} | "
                   f"{proven(r)} | {long['plan']} | {long['iteration_s'] * 1e3:.1f} | "
                   f"{long['iteration_s'] / r['iteration_s'] - 1:+.1%} | {proven(long)} | {long['wall_s']:.1f} |",
                   flush=True)
             Path(args.out).write_text(json.dumps(rows, indent=2))
+    if sixteen and all(r.get("lower_bound_exact_s") for r in sixteen):
+        ceiling = {k: math.exp(sum(math.log(r["compute_bound_s"] / r[k]) for r in sixteen) / len(sixteen))
+                   for k in ("lower_bound_exact_s", "lower_bound_s")}
+        print(f"\nthe most a plan could reach on those rows, by the searches' proven lower bounds: a geometric-mean "
+              f"share of {ceiling['lower_bound_exact_s']:.3f} for any 1F1B or ZB-H1 plan, "
+              f"{ceiling['lower_bound_s']:.3f} for any plan of the six families (interleaved 1F1B, ZB-V and Chimera "
+              f"are bounded by their busiest device group, at most the compute bound: 1.000 says no more than it)")
+        rows[[i for i, r in enumerate(rows) if r.get("summary")][0]].update(
+            ceiling_exact=ceiling["lower_bound_exact_s"], ceiling_all=ceiling["lower_bound_s"])
+        Path(args.out).write_text(json.dumps(rows, indent=2))
     if not args.skip_scaling:
         model = build_model("bert", "large", num_layers=94)  # embed + 94 blocks + head = 96 layers
         profile = analytic_profile(model, 2, 312.0, "a100")
