@@ -244,10 +244,10 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
     if noisy:
         from ..log import get_logger
         get_logger().warning(
-            f"measured profile of {model.name} on {name}: layers {noisy} took times {MAX_PASSES} passes did not "
-            f"agree on within {AGREE:.0%} (a busy machine?); their times are the median of the passes, and "
-            f"an estimate from them may be off as much: measure again on a quieter machine "
-            f"(delete {cache_dir()}) for a closer one")
+            f"measured profile of {model.name} on {name}: no two of {MAX_PASSES} passes agreed within {AGREE:.0%} "
+            f"on layers {noisy} (a busy machine?); their times are the median over the passes and an estimate "
+            f"from them may be off as much; for a closer one, measure again on a quieter machine "
+            f"(delete {cache_dir()})")
     layers = [LayerProfile(name_, f, b, out, params, saved_bytes=saved,
                            forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large),
                            saved_fixed_bytes=per_call(saved, saved4, small, large), weight_grad_s=w)
