@@ -60,6 +60,8 @@ def row(name, profile, topo, G, limits):
     best, _, baselines, stats = search(profile, topo, G, limits)  # layout and schedule family together
     wall = time.perf_counter() - t0
     one_f_one_b = search(profile, topo, G, replace(limits, schedules=("1f1b",)))[0] if limits.schedules else best
+    if best is None:
+        return {"model": name, "cluster": topo.name, "G": G, "plan": "none fits", "wall_s": wall}
     # the exact families alone (1F1B, ZB-H1): their search's proven lower bound is what no plan of
     # theirs can beat under the cost model, whatever the budget (outside the timing)
     if set(limits.schedules) == {"1f1b", "zb_h1"}:
@@ -67,8 +69,6 @@ def row(name, profile, topo, G, limits):
     else:
         exact, _, _, exact_stats = search(profile, topo, G, replace(limits, schedules=("1f1b", "zb_h1")),
                                           with_baselines=False)
-    if best is None:
-        return {"model": name, "cluster": topo.name, "G": G, "plan": "none fits", "wall_s": wall}
     # what a torchtitan user would configure by hand for each torch schedule (planned outside the timing)
     baselines = {**baselines, **torch_style_baselines(profile, topo, G, limits)}
     sim = simulate_costed(best).iteration_s
@@ -141,7 +141,8 @@ def main() -> None:
                for k in ("compute_bound_share", "compute_bound_share_1f1b")}
         print(f"\n16-device rows at G=128 ({len(sixteen)}): geometric-mean share of the compute bound "
               f"{geo['compute_bound_share']:.3f} (1F1B alone {geo['compute_bound_share_1f1b']:.3f})")
-        rows.append({"summary": "16-device rows at G=128", **geo})
+        summary = {"summary": "16-device rows at G=128", **geo}
+        rows.append(summary)
     open_rows = [r for r in rows if r.get("proven_gap_exact")]
     if args.long_budget and open_rows:
         print(f"\nrows the default budget ({limits.search_nodes} candidates) did not prove over 1F1B and ZB-H1, "
@@ -166,8 +167,7 @@ def main() -> None:
               f"share of {ceiling['lower_bound_exact_s']:.3f} for any 1F1B or ZB-H1 plan, "
               f"{ceiling['lower_bound_s']:.3f} for any plan of the six families (interleaved 1F1B, ZB-V and Chimera "
               f"are bounded by their busiest device group, at most the compute bound: 1.000 says no more than it)")
-        rows[[i for i, r in enumerate(rows) if r.get("summary")][0]].update(
-            ceiling_exact=ceiling["lower_bound_exact_s"], ceiling_all=ceiling["lower_bound_s"])
+        summary.update(ceiling_exact=ceiling["lower_bound_exact_s"], ceiling_all=ceiling["lower_bound_s"])
         Path(args.out).write_text(json.dumps(rows, indent=2))
     if not args.skip_scaling:
         model = build_model("bert", "large", num_layers=94)  # embed + 94 blocks + head = 96 layers
