@@ -259,13 +259,14 @@ def _exhaustive_chunked(profile, topo, G, limits):
 
 
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
-    """chunked_search.shape_bound (the busiest group's work, and the busiest link's transfers) is a
-    lower bound on every plan of the shape, as the simulator of its rank orders times it; the link
-    term decides the bound on some shapes, so it is tested, not idle."""
+    """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each
+    layer's tail: its group's micro-batches then its all-reduce) is a lower bound on every plan of
+    the shape, as the simulator of its rank orders times it; the link and tail terms decide the
+    bound on some shapes, so they are tested, not idle."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import link_bound, num_stages, shape_bound, shapes
+    from dapple_launch.planner.chunked_search import link_bound, num_stages, shape_bound, shapes, tail_bound
     rng = random.Random(7)
-    checked = link_decides = 0
+    checked = link_decides = tail_decides = 0
     for _ in range(12):
         nodes, per_node = rng.choice([(2, 2), (2, 3), (4, 1), (2, 4)])
         topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), rng.choice([1e-5, 1e-4]), 20e9,
@@ -280,6 +281,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
             bound = shape_bound(profile, topo, G, groups, b, None, family, v)
             if family != "chimera" and link_bound(profile, topo, G, family, v, groups, b) == bound:
                 link_decides += 1
+            tail_decides += tail_bound(profile, topo, G, family, groups, b, {}) == bound
             S = num_stages(family, v, groups)
             for _ in range(3):
                 stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
@@ -287,7 +289,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                                      b, G // b, limits, family, v)
                 assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
                 checked += 1
-    assert checked > 500 and link_decides > 20, (checked, link_decides)
+    assert checked > 500 and link_decides > 20 and tail_decides > 20, (checked, link_decides, tail_decides)
     # the fill and drain term where it is tightest: alike layers, one per stage, free transfers
     for family in ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"):
         for P in (2, 3, 4):
@@ -303,6 +305,49 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                 assert bound <= c.iteration_s, (family, P, M)
                 # (Chimera on two groups: each group's earliest stage is first in one pipeline, no fill)
                 assert (shape_bound(alike, free, M, (1,) * P, 1) < bound) == (family != "chimera" or P > 2)
+
+
+def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candidates_no_faster():
+    """busiest_rank_s (each rank's steps at their costs, summed) is below the simulated time of every
+    family's orders under random costs, and equals it where one rank never waits; evaluate_chunked
+    with a cutoff leaves a candidate unsimulated (None) only when the full simulation is at least as
+    slow, so the local search that passes its incumbent as the cutoff moves exactly as before."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import num_stages
+    from dapple_launch.schedule import busiest_rank_s
+    rng = random.Random(11)
+    for family, v in [("interleaved_1f1b", 2), ("interleaved_1f1b", 3), ("interleaved_zb", 2), ("zbv", 2),
+                      ("chimera", 2), ("1f1b", 1), ("zb_h1", 1)]:
+        for R in (2, 4):
+            x = build_rank_schedule(family, R, 2 * R, v) if family not in ("1f1b", "zb_h1") else \
+                from_stages(build_schedule(family, R, 2 * R))
+            for _ in range(20):
+                costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.2, 4), rng.uniform(0, 1), rng.uniform(0, 1),
+                                    rng.uniform(0, 3), weight_grad_s=None, action_s=rng.uniform(0, 0.1))
+                         for _ in range(x.num_stages)]
+                costs = [replace(c, send_gradient_s=0.0) if s == 0 else c for s, c in enumerate(costs)]
+                assert busiest_rank_s(x, costs) <= simulate_ranks(x, costs, record=False).iteration_s * (1 + 1e-12)
+    one = from_stages(build_schedule("1f1b", 1, 5))  # a single rank never waits: the bound is its time
+    c1 = [StageCosts(1.0, 2.0)]
+    assert busiest_rank_s(one, c1) == pytest.approx(simulate_ranks(one, c1, record=False).iteration_s)
+    dropped = kept = 0
+    for _ in range(6):
+        topo = Topology("t", 2, 2, 8e9, 1e-5, 20e9, 1e9, inter_node_allreduce_bandwidth=3e9)
+        profile = random_profile(rng, 10)
+        for family, groups, b in [("interleaved_1f1b", (2, 2), 2), ("zbv", (1, 1, 1, 1), 1), ("chimera", (2, 2), 2)]:
+            S = num_stages(family, 2, groups)
+            stops = [*sorted(rng.sample(range(1, 10), S - 1)), 10]
+            layout = chunked_layout(family, list(groups), stops, None, 4)
+            full = evaluate_chunked(profile, topo, layout, b, 8 // b, Limits(), family, 2)
+            for cutoff in (full.iteration_s * 0.5, full.iteration_s * 0.99, full.iteration_s * 1.01, math.inf):
+                c = evaluate_chunked(profile, topo, layout, b, 8 // b, Limits(), family, 2, cutoff)
+                if c is None:
+                    assert full.iteration_s >= cutoff
+                    dropped += 1
+                else:
+                    assert c.iteration_s == full.iteration_s
+                    kept += 1
+    assert dropped > 5 and kept > 30, (dropped, kept)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -14,12 +14,13 @@ parameters (× optimizer factor) of every stage its group holds.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule import build_rank_schedule, simulate_ranks
+from ..schedule import build_rank_schedule, busiest_rank_s, simulate_ranks
 from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
 from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, stage_costs
@@ -58,8 +59,11 @@ def _rank_schedule(schedule: str, groups: int, num_micro_batches: int, chunks: i
 
 
 def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
-                     num_micro_batches: int, limits: Limits, schedule: str, chunks: int) -> Costed:
-    """A chunked candidate costed in full (layout: S stages, a group's stages on its devices)."""
+                     num_micro_batches: int, limits: Limits, schedule: str, chunks: int,
+                     cutoff: float = math.inf) -> Costed | None:
+    """A chunked candidate costed in full (layout: S stages, a group's stages on its devices).
+    `cutoff`: a caller that keeps the candidate only if it is faster; None, unsimulated, where its
+    busiest group's compute alone (busiest_rank_s, a lower bound) already reaches it."""
     S = len(layout)
     P = groups_for(schedule, S, chunks)
     if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies
@@ -77,7 +81,10 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
         if layout[s].devices == layout[s + 1].devices:  # the same group: a local hand-off
             costs[s] = replace(costs[s], send_activation_s=0.0)
             costs[s + 1] = replace(costs[s + 1], send_gradient_s=0.0)
-    sim = simulate_ranks(_rank_schedule(schedule, P, num_micro_batches, chunks), costs, record=False)
+    orders = _rank_schedule(schedule, P, num_micro_batches, chunks)
+    if cutoff < math.inf and busiest_rank_s(orders, costs) >= cutoff:
+        return None
+    sim = simulate_ranks(orders, costs, record=False)
     params = [0.0] * P
     for s, st in enumerate(layout):
         for g in groups_of(schedule, s, P):  # (Chimera: a weight copy on each of its two groups)

@@ -41,7 +41,7 @@ __all__ += ["Simulation", "StageCosts", "simulate", "ScheduleError", "validate"]
 # ranks holding several stages (chunks): one order per rank, steps naming their stage
 from .chimera import chimera  # noqa: E402
 from .interleaved import interleaved_1f1b  # noqa: E402
-from .rank_simulate import simulate_ranks  # noqa: E402
+from .rank_simulate import busiest_rank_s, simulate_ranks  # noqa: E402
 from .rank_validate import validate_ranks  # noqa: E402
 from .ranks import RankSchedule, Step, from_stages  # noqa: E402
 from .zbv import zbv  # noqa: E402
@@ -74,5 +74,5 @@ def num_groups(name: str, num_stages: int, chunks: int) -> int:
         return num_stages
     return num_stages // (2 if name == "zbv" else chunks)
 
-__all__ += ["CHUNKED_SCHEDULES", "num_groups", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "validate_ranks",
+__all__ += ["CHUNKED_SCHEDULES", "num_groups", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "busiest_rank_s", "validate_ranks",
             "zbv"]

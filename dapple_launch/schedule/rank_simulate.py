@@ -132,3 +132,12 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     ends = [max(c, q) for c, q in zip(clock, queue)]
     return Simulation(iteration_s=max(ends), stage_end_s=ends, peak_in_flight=peak,
                       peak_activation_bytes=peak_bytes, timeline=timeline)
+
+
+def busiest_rank_s(schedule: RankSchedule, costs: list[StageCosts]) -> float:
+    """A lower bound on simulate_ranks' iteration time: the busiest rank's compute, each step at the
+    cost the simulator charges it (a rank runs one step at a time, so no order finishes sooner).
+    O(steps' distinct (kind, stage) per rank): what lets a search drop a candidate unsimulated."""
+    per_code = ([c.forward_s + c.action_s for c in costs], [c.backward_s + c.action_s for c in costs],
+                [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs])
+    return max((sum(per_code[code][s] * n for code, s, n in work) for work in schedule.work), default=0.0)

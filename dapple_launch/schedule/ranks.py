@@ -61,6 +61,18 @@ class RankSchedule:
         return tuple(tuple((CODE_OF[a.kind], a.stage, a.micro_batch) for a in order) for order in self.orders)
 
     @cached_property
+    def work(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+        """Per rank, (kind code, stage, how many steps of that kind on that stage it runs): a rank
+        computes one step at a time, so its steps' summed costs bound any simulation of the orders."""
+        out = []
+        for order in self.encoded_orders:
+            tally: dict[tuple[int, int], int] = {}
+            for code, s, _ in order:
+                tally[(code, s)] = tally.get((code, s), 0) + 1
+            out.append(tuple((code, s, n) for (code, s), n in sorted(tally.items())))
+        return tuple(out)
+
+    @cached_property
     def route_table(self) -> list[list[int]]:
         """route as [stage][micro-batch] -> rank (the simulator's inner loop reads it)."""
         table = [[0] * self.num_micro_batches for _ in range(self.num_stages)]
