@@ -54,7 +54,7 @@ def groups_for(schedule: str, num_stages: int, chunks: int) -> int:
 
 
 @lru_cache(maxsize=64)
-def _rank_schedule(schedule: str, groups: int, num_micro_batches: int, chunks: int):
+def rank_orders(schedule: str, groups: int, num_micro_batches: int, chunks: int):
     return build_rank_schedule(schedule, groups, num_micro_batches, chunks)
 
 
@@ -81,7 +81,7 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
         if layout[s].devices == layout[s + 1].devices:  # the same group: a local hand-off
             costs[s] = replace(costs[s], send_activation_s=0.0)
             costs[s + 1] = replace(costs[s + 1], send_gradient_s=0.0)
-    orders = _rank_schedule(schedule, P, num_micro_batches, chunks)
+    orders = rank_orders(schedule, P, num_micro_batches, chunks)
     if cutoff < math.inf and busiest_rank_s(orders, costs) >= cutoff:
         return None
     sim = simulate_ranks(orders, costs, record=False)
@@ -98,7 +98,7 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
 
 def simulate_chunked(c: Costed, record: bool = True):
     P = groups_for(c.schedule, len(c.layout), c.extra["chunks"])
-    return simulate_ranks(_rank_schedule(c.schedule, P, c.num_micro_batches, c.extra["chunks"]), c.costs, record)
+    return simulate_ranks(rank_orders(c.schedule, P, c.num_micro_batches, c.extra["chunks"]), c.costs, record)
 
 
 def chunked_layout(schedule: str, group_replicas: list[int], stops: list[int], devices: list[list[int]] | None,

@@ -7,12 +7,15 @@ orders (chunked.evaluate_chunked): there is no closed form to trust.
 Bound (valid for every cut of a shape): group g runs each of the M micro-batches through every
 layer it holds, so it is busy at least M Σ_{l on g} t_l(r_g); the iteration is at least the busiest
 group's time, hence at least the average: T >= (M / P) Σ_l min_g t_l(r_g), t_l(r) a layer's forward
-and backward on ceil(b / r) samples. Shapes below the incumbent are first screened, in increasing
-bound, by one candidate each (cuts balanced by compute); then searched in the order of what their
-screen scored, since the bound ignores bubbles and transfers (with four families, many shapes share
-one bound, and bound order alone spent the budget on the hopeless ones). A shape whose cut sets the
-budget affords is enumerated whole (exact); otherwise local search from its balanced cuts (moving
-one cut at a time) improves it, and the shape's bound stays in the proven gap. Once a shape's bound
+and backward on ceil(b / r) samples; also each layer's tail and the busiest link (shape_bound).
+Shapes below the incumbent are first screened, each family's in turn and in increasing bound, by one
+candidate each (cuts balanced by compute; a shape of more than 2P micro-batches timed on 2P and
+extrapolated at its busiest group's pace, an estimate that only orders the search); then searched in
+the order of what their screen estimated, since the bound ignores most bubbles and transfers (with
+four families, many shapes share one bound, and bound order alone spent the budget on the hopeless
+ones). A shape whose cut sets the budget affords is enumerated whole (exact); otherwise local search
+from its balanced cuts (moving one cut at a time) improves it, a move whose busiest group alone is
+no faster left unsimulated, and the shape's bound stays in the proven gap. Once a shape's bound
 reaches the best plan found, it is skipped. Replica counts: every composition of the devices into P
 groups up to 8 devices; beyond, equal groups and every split into two groups. Groups take
 contiguous devices in order.
@@ -26,8 +29,8 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule import SPLIT_BACKWARD
-from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_of
+from ..schedule import SPLIT_BACKWARD, busiest_rank_s
+from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_of, rank_orders
 from .cost import Costed, Limits, speed_ratio
 from .branch import CELLS_PER_NODE
 
@@ -235,11 +238,11 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
     best, scored = incumbent, 0
     built: set[tuple] = set()  # the rank orders (family, groups, micro-batches, v) built so far
 
-    def costed(family, v, groups, b, stops, cutoff: float = math.inf) -> Costed | None:
+    def costed(family, v, groups, b, stops, cutoff: float = math.inf, micro_batches: int = 0) -> Costed | None:
         """The candidate simulated (None: its busiest group's compute alone reaches `cutoff`), its
-        cost counted."""
+        cost counted. `micro_batches`: fewer than the global batch's, for the screen's estimate."""
         nonlocal scored
-        S, M = num_stages(family, v, groups), global_batch // b
+        S, M = num_stages(family, v, groups), micro_batches or global_batch // b
         key = (family, len(groups), M, v)
         if key not in built:  # a shape's first candidate also builds its rank orders: as dear as a simulation
             built.add(key)
@@ -254,27 +257,35 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
         per_stage = [groups[group_of(family, s, P)] for s in range(S)]
         return [*balanced_boundaries(profile, S, per_stage), L]
 
-    # Screen: each shape that could beat the incumbent, its balanced cuts, in increasing bound.
-    screened: list[tuple] = []  # (start or None, bound, family, v, groups, b, balanced cuts)
+    # Screen: each shape that could beat the incumbent, its balanced cuts, each family's in turn.
+    # A shape of many micro-batches is screened on 2P of them, its time extrapolated at the busiest
+    # group's pace (the steady state once the pipeline is full): an estimate that only orders the
+    # shapes, at a fraction of the cost; the search below simulates every candidate it keeps in full.
+    screened: list[tuple] = []  # (start or None, estimate or None, fits, bound, family, v, groups, b, cuts)
     cuts: dict[tuple, list[int]] = {}  # per (family, v, groups): cuts balanced by compute
     for bound, family, v, groups, b in _by_family(todo):
         if bound >= best * (1 - 1e-9):  # cannot win
             continue
-        start = None
-        each = _cost(num_stages(family, v, groups), global_batch // b)
+        start, estimate, fits = None, None, False
+        S, M, P = num_stages(family, v, groups), global_batch // b, len(groups)
+        few = M if M <= 2 * P else 2 * P  # (a multiple of P: valid for every family)
         if (family, v, groups) not in cuts:
             cuts[(family, v, groups)] = balanced(family, v, groups)
         stops = cuts[(family, v, groups)]
-        if scored + each <= budget * SCREEN:
-            start = costed(family, v, groups, b, stops)
-            if start.fits:
-                found.append(start)
-                best = min(best, start.iteration_s)
-        screened.append((start, bound, family, v, groups, b, stops))
-    # Search: the shapes whose screen scored best first (then the unscreened, by bound).
-    rank = lambda x: (x[0] is None, not (x[0] is not None and x[0].fits),  # noqa: E731
-                      x[0].iteration_s if x[0] is not None else x[1], x[1])
-    for start, bound, family, v, groups, b, stops in sorted(screened, key=rank):
+        if scored + _cost(S, few) <= budget * SCREEN:
+            probe = costed(family, v, groups, b, stops, micro_batches=few)
+            fits, estimate = probe.fits, probe.iteration_s
+            if few == M:
+                start = probe
+                if fits:
+                    found.append(start)
+                    best = min(best, start.iteration_s)
+            else:
+                estimate += busiest_rank_s(rank_orders(family, P, few, v), probe.costs) * (M / few - 1)
+        screened.append((start, estimate, fits, bound, family, v, groups, b, stops))
+    # Search: the shapes whose screen estimated fastest first (then the unscreened, by bound).
+    rank = lambda x: (x[1] is None, not x[2], x[1] if x[1] is not None else x[3], x[3])  # noqa: E731
+    for start, _, _, bound, family, v, groups, b, stops in sorted(screened, key=rank):
         if bound >= best * (1 - 1e-9):  # cannot beat what is found
             continue
         S, M = num_stages(family, v, groups), global_batch // b
