@@ -350,6 +350,31 @@ def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candid
     assert dropped > 5 and kept > 30, (dropped, kept)
 
 
+def test_the_chunked_pass_keeps_to_its_share_of_the_budget():
+    """search_chunked scores at most its share of strategy.search_nodes, counting every candidate's
+    stage costs and simulation (and a shape's first, its rank orders): past it by at most one
+    candidate, whose last check may not count the orders it builds. An exhaustive pass over a shape's
+    cuts once ran to twice the budget when its check left the stage costs out."""
+    from dapple_launch.planner.chunked_search import SHARE, _cost, _unsimulated_cost, search_chunked
+    rng = random.Random(5)
+    for _ in range(6):
+        topo = Topology("t", 2, 4, 8e9, 1e-5, 20e9, 1e9, inter_node_allreduce_bandwidth=3e9)
+        profile = random_profile(rng, rng.choice([12, 16, 20]))
+        budget = rng.choice([400, 2000, 8000])
+        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"), search_nodes=budget)
+        found, _, scored = search_chunked(profile, topo, 32, limits, [1, 2, 4, 8], math.inf)
+        most = max(2 * _cost(16, 32) + _unsimulated_cost(16), 1)
+        assert found and scored <= int(budget * SHARE) + most, (budget, scored)
+    # Chimera on 2 devices, 30 layers, 2 micro-batches: 29 cuts at 2 units each (stage costs 1,
+    # simulation 1) after a 3-unit screen do not fit a share of 40, so the pass descends instead
+    profile = chain("u", [LayerProfile(f"l{i}", 1.0, 2.0, 1.0, 0.0) for i in range(30)], batch_size=1)
+    pair = Topology("t", 1, 2, 1e12, 1e-6, 1e12, 1e12)
+    assert (_cost(2, 2), _unsimulated_cost(2)) == (1, 1)
+    _, _, scored = search_chunked(profile, pair, 4, Limits(schedules=("chimera",), search_nodes=int(40 / SHARE)),
+                                  [2], math.inf)
+    assert scored <= 40 + 3, scored
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_torch_style_baselines_are_uniform_even_splits_and_the_planner_is_never_slower(seed):
     """planner/torch_style.py: what a torchtitan user would configure for each torch schedule — a

@@ -273,7 +273,7 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
         if (family, v, groups) not in cuts:
             cuts[(family, v, groups)] = balanced(family, v, groups)
         stops = cuts[(family, v, groups)]
-        if scored + _cost(S, few) <= budget * SCREEN:
+        if scored + _unsimulated_cost(S) + _cost(S, few) <= budget * SCREEN:
             probe = costed(family, v, groups, b, stops, micro_batches=few)
             fits, estimate = probe.fits, probe.iteration_s
             if few == M:
@@ -290,7 +290,7 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
         if bound >= best * (1 - 1e-9):  # cannot beat what is found
             continue
         S, M = num_stages(family, v, groups), global_batch // b
-        each = _cost(S, M)
+        each = _unsimulated_cost(S) + _cost(S, M)  # (what costed counts for a simulated candidate)
         if scored + math.comb(L - 1, S - 1) * each <= budget:  # every cut of this shape
             for cut in itertools.combinations(range(1, L), S - 1):
                 c = costed(family, v, groups, b, (*cut, L))
