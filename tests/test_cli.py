@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -169,9 +170,12 @@ def test_plan_any_model_from_a_profile_file_with_auto(tmp_path):
     assert out.returncode == 0, out.stderr
     plan = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert plan["stages"][0]["layer_names"][0] == "node1"  # the profile's node ids
-    assert sum(s["replicas"] for s in plan["stages"]) <= 16
+    # (a stage's entry lists its device group's devices, which hold several stages under ZB-V or interleaving)
+    assert len({d for s in plan["stages"] for d in s["devices"]}) <= 16
     assert plan["estimate"]["speedup_over_data_parallel"] > 1
-    assert "runners-up:" in out.stdout and "optimal under the cost model" in out.stdout
+    # the proven claim: optimal, or (a chunked family chosen: their bound is weaker) within a stated gap
+    assert "runners-up:" in out.stdout
+    assert re.search(r"(optimal|within [0-9.]+% of the optimum) under the cost model", out.stdout), out.stdout[:400]
 
 
 @pytest.mark.slow
