@@ -251,7 +251,7 @@ def _exhaustive_chunked(profile, topo, G, limits):
     for family, v, groups, b in shapes(profile, topo, G, limits, sorted(divisors(G), reverse=True)):
         S = num_stages(family, v, groups)
         for cut in itertools.combinations(range(1, L), S - 1):
-            c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), [*cut, L], None, topo.num_devices),
+            c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), [*cut, L], None),
                                  b, G // b, limits, family, v)
             if c.fits:
                 best = min(best, c.iteration_s)
@@ -285,7 +285,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
             S = num_stages(family, v, groups)
             for _ in range(3):
                 stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
-                c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), stops, None, topo.num_devices),
+                c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), stops, None),
                                      b, G // b, limits, family, v)
                 assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
                 checked += 1
@@ -299,7 +299,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
             alike = chain("u", [LayerProfile(f"l{i}", 1.0, 2.0, 1.0, 0.0) for i in range(S)], batch_size=1)
             free = Topology("t", 1, P, 1e12, 10, 1e15, 1e15)
             for M in (P, 2 * P, 4 * P):
-                c = evaluate_chunked(alike, free, chunked_layout(family, [1] * P, list(range(1, S + 1)), None, P),
+                c = evaluate_chunked(alike, free, chunked_layout(family, [1] * P, list(range(1, S + 1)), None),
                                      1, M, Limits(schedules=(family,)), family, 2)
                 bound = shape_bound(alike, free, M, (1,) * P, 1, None, family, 2)
                 assert bound <= c.iteration_s, (family, P, M)
@@ -337,7 +337,7 @@ def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candid
         for family, groups, b in [("interleaved_1f1b", (2, 2), 2), ("zbv", (1, 1, 1, 1), 1), ("chimera", (2, 2), 2)]:
             S = num_stages(family, 2, groups)
             stops = [*sorted(rng.sample(range(1, 10), S - 1)), 10]
-            layout = chunked_layout(family, list(groups), stops, None, 4)
+            layout = chunked_layout(family, list(groups), stops, None)
             full = evaluate_chunked(profile, topo, layout, b, 8 // b, Limits(), family, 2)
             for cutoff in (full.iteration_s * 0.5, full.iteration_s * 0.99, full.iteration_s * 1.01, math.inf):
                 c = evaluate_chunked(profile, topo, layout, b, 8 // b, Limits(), family, 2, cutoff)

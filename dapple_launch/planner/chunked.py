@@ -14,6 +14,7 @@ parameters (× optimizer factor) of every stage its group holds.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from functools import lru_cache
@@ -101,13 +102,18 @@ def simulate_chunked(c: Costed, record: bool = True):
     return simulate_ranks(rank_orders(c.schedule, P, c.num_micro_batches, c.extra["chunks"]), c.costs, record)
 
 
-def chunked_layout(schedule: str, group_replicas: list[int], stops: list[int], devices: list[list[int]] | None,
-                   num_devices: int) -> tuple[StageSpec, ...]:
+def group_devices(group_replicas) -> list[tuple[int, ...]]:
+    """Each group's devices by default: contiguous, in group order."""
+    first = list(itertools.accumulate(group_replicas, initial=0))
+    return [tuple(range(first[g], first[g] + r)) for g, r in enumerate(group_replicas)]
+
+
+def chunked_layout(schedule: str, group_replicas: list[int], stops: list[int],
+                   devices: list[list[int]] | None) -> tuple[StageSpec, ...]:
     """Stages [0, stops[0]), [stops[0], stops[1]), … each on its group's devices (contiguous by default)."""
     P = len(group_replicas)
     if devices is None:
-        it = iter(range(num_devices))
-        devices = [[next(it) for _ in range(r)] for r in group_replicas]
+        devices = group_devices(group_replicas)
     starts = [0, *stops[:-1]]
     return tuple(StageSpec(a, z, tuple(d for g in groups_of(schedule, s, P) for d in devices[g]))
                  for s, (a, z) in enumerate(zip(starts, stops)))
@@ -210,7 +216,7 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
         if [len(d) for d in devices] != groups or len(set(flat)) != len(flat) or min(flat) < 0 or max(flat) >= D:
             raise ValueError(f"strategy.devices={devices} must list {groups} distinct devices of 0..{D - 1}, one "
                              f"list per device group")
-    layout = chunked_layout(schedule, groups, [*cuts, L], devices, D)
+    layout = chunked_layout(schedule, groups, [*cuts, L], devices)
     c = evaluate_chunked(profile, topology, layout, b, num_micro_batches, limits, schedule, v)
     if not c.fits:
         worst = max(range(num_stages), key=lambda s: c.memory_bytes[s])

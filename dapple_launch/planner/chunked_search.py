@@ -30,7 +30,7 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD, busiest_rank_s
-from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_of, rank_orders
+from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_devices, group_of, rank_orders
 from .cost import Costed, Limits, speed_ratio
 from .branch import CELLS_PER_NODE
 
@@ -132,14 +132,13 @@ def tail_bound(profile: ModelProfile, topology: Topology, global_batch: int, fam
     too heavy for one device, or too wide to all-reduce across nodes, bounds every cut of the shape."""
     P = len(groups)
     M = global_batch // b // (2 if family == "chimera" else 1)
-    first = [sum(groups[:g]) for g in range(P)]
+    own = group_devices(groups)
     weights = memo.get("weights")
     if weights is None:
         weights = memo["weights"] = np.array([profile.span(l, l + 1)[3] for l in range(profile.num_layers)])
     least = None
     for g in range(P):
-        devices = tuple(d for h in ((g, P - 1 - g) if family == "chimera" else (g,))
-                        for d in range(first[h], first[h] + groups[h]))
+        devices = own[g] + own[P - 1 - g] if family == "chimera" else own[g]
         key = ("allreduce", len(devices), topology.spans_nodes(devices))
         if key not in memo:
             memo[key] = np.array([topology.allreduce_s(devices, w) for w in weights])
@@ -178,8 +177,7 @@ def link_bound(profile: ModelProfile, topology: Topology, global_batch: int, fam
     S = num_stages(family, v, groups)
     if L < 2 or S < 2:
         return 0.0
-    first = [sum(groups[:g]) for g in range(P)]
-    devices = [tuple(range(first[g], first[g] + groups[g])) for g in range(P)]
+    devices = group_devices(groups)
     cuts = sorted(profile.cut_bytes[:L - 1])
     least_cuts = [0.0, *itertools.accumulate(x * b / profile.batch_size for x in cuts)]  # the n least, summed
     crossings: dict[tuple[int, int], int] = {}
@@ -228,7 +226,7 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
     """(candidates found, per micro-batch size the least bound of any shape not searched exactly,
     candidates scored). `incumbent`: the best plan so far (shapes that cannot beat it are cut)."""
     from .baselines import balanced_boundaries
-    L, D = profile.num_layers, topology.num_devices
+    L = profile.num_layers
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
     todo = sorted(((shape_bound(profile, topology, global_batch, g, b, memo, f, v), f, v, g, b)
@@ -248,7 +246,7 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
         if key not in built:  # a shape's first candidate also builds its rank orders: as dear as a simulation
             built.add(key)
             scored += _cost(S, M)
-        layout = chunked_layout(family, list(groups), list(stops), None, D)
+        layout = chunked_layout(family, list(groups), list(stops), None)
         c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff)
         scored += _unsimulated_cost(S) + (_cost(S, M) if c is not None else 0)  # its stage costs, its simulation
         return c

@@ -37,7 +37,7 @@ def _chunked(family: str, chunk_choices: tuple[int, ...]):
                 if P < 2 or P * v > L:
                     continue
                 r = D // P
-                layout = chunked_layout(family, [r] * P, even_stops(L, P * v), None, D)
+                layout = chunked_layout(family, [r] * P, even_stops(L, P * v), None)
                 for b in divisors(global_batch):
                     M = global_batch // b
                     # (interleaved: micro-batches in groups of the P ranks, as torch's Interleaved1F1B

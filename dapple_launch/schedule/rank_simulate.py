@@ -28,8 +28,7 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     S, M, R = schedule.num_stages, schedule.num_micro_batches, schedule.num_ranks
     if len(costs) != S:
         raise ValueError(f"simulate_ranks: {S} stages but {len(costs)} stage costs")
-    forward, backward = [c.forward_s + c.action_s for c in costs], [c.backward_s + c.action_s for c in costs]
-    input_, weight = [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs]
+    forward, backward, input_, weight = step_costs(costs)
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     kept = [c.activation_bytes for c in costs]
     early = [c.input_only_bytes for c in costs]  # freed at I (StageCosts.input_only_bytes), the rest at W
@@ -134,10 +133,15 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                       peak_activation_bytes=peak_bytes, timeline=timeline)
 
 
+def step_costs(costs: list[StageCosts]) -> tuple[list[float], ...]:
+    """Per kind code (actions.CODE_OF: F, B, I, W), each stage's step as the simulator charges it."""
+    return ([c.forward_s + c.action_s for c in costs], [c.backward_s + c.action_s for c in costs],
+            [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs])
+
+
 def busiest_rank_s(schedule: RankSchedule, costs: list[StageCosts]) -> float:
     """A lower bound on simulate_ranks' iteration time: the busiest rank's compute, each step at the
     cost the simulator charges it (a rank runs one step at a time, so no order finishes sooner).
     O(steps' distinct (kind, stage) per rank): what lets a search drop a candidate unsimulated."""
-    per_code = ([c.forward_s + c.action_s for c in costs], [c.backward_s + c.action_s for c in costs],
-                [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs])
+    per_code = step_costs(costs)
     return max((sum(per_code[code][s] * n for code, s, n in work) for work in schedule.work), default=0.0)

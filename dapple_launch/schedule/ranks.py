@@ -13,6 +13,7 @@ stage per rank (from_stages): one format for the validator, the simulator and pl
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -64,13 +65,8 @@ class RankSchedule:
     def work(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
         """Per rank, (kind code, stage, how many steps of that kind on that stage it runs): a rank
         computes one step at a time, so its steps' summed costs bound any simulation of the orders."""
-        out = []
-        for order in self.encoded_orders:
-            tally: dict[tuple[int, int], int] = {}
-            for code, s, _ in order:
-                tally[(code, s)] = tally.get((code, s), 0) + 1
-            out.append(tuple((code, s, n) for (code, s), n in sorted(tally.items())))
-        return tuple(out)
+        tallies = (Counter((code, s) for code, s, _ in order) for order in self.encoded_orders)
+        return tuple(tuple((code, s, n) for (code, s), n in sorted(t.items())) for t in tallies)
 
     @cached_property
     def route_table(self) -> list[list[int]]:
