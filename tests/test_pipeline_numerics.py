@@ -81,10 +81,12 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     ties = tied_groups(model, [s.layers for s in plan.stages])
     for g in ties:  # every rank creates every group, in order, as DappleStrategy does
         g.group = dist.new_group(sorted({r for s in g.stages for r in grid.stage_ranks(s)}))
-    sync = GradientSync(params, groups[stage], grid.replicas[stage])
+    # one bucket per layer: each all-reduced while the last backward still runs the layers below it
+    sync = GradientSync(params, groups[stage], grid.replicas[stage],
+                        [list(layer.parameters()) for layer in local.local_stack()], bucket_bytes=1)
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
     ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       on_last_backward=sync.start, precision=MixedPrecision(precision),
+                       on_last_backward=sync.start, before_last_backward=sync.arm, precision=MixedPrecision(precision),
                        recompute=[i - a for i in plan.stages[stage].recompute_layers],
                        slice_loss_fn=getattr(model, "slice_loss", None))
     result = ex.run(hand_made or plan.build_schedule(), batch)

@@ -65,8 +65,10 @@ class PendingWeights:
         self.groups, self.unanchored = groups, unanchored
 
     def run(self) -> None:
-        """Accumulate this micro-batch's weight gradients into .grad, then drop the graph."""
-        for g in self.groups:
+        """Accumulate this micro-batch's weight gradients into .grad, then drop the graph. The groups
+        run from the stage's last weights to its first, as a whole backward reaches them: a bucketed
+        all-reduce (runtime GradientSync) sends the last layers' gradients while W computes the rest."""
+        for g in reversed(self.groups):
             edges, grads = [], []
             for a in g.anchors:
                 for i, gr in enumerate(g.grads.get(a, ())):
@@ -94,13 +96,38 @@ class PendingWeights:
 
 def _accumulate(params, grads) -> None:
     """Into .grad in place, as autograd's own accumulation does (a new tensor per micro-batch
-    would cost an allocation and a copy of every weight gradient)."""
+    would cost an allocation and a copy of every weight gradient); then, as autograd's post-
+    accumulate hooks would, tell whoever watches that parameter (a bucketed all-reduce)."""
     for p, g in zip(params, grads):
         if g is not None:
             if p.grad is None:
                 p.grad = g
             else:
                 p.grad.add_(g)
+            watcher = _WATCHERS.get(id(p))
+            if watcher is not None:
+                watcher(p)
+
+
+_WATCHERS: dict = {}  # id(parameter) -> callback, while watched (watch_accumulation)
+
+
+class _Unwatch:
+    def __init__(self, keys):
+        self.keys = keys
+
+    def remove(self) -> None:
+        for k in self.keys:
+            _WATCHERS.pop(k, None)
+
+
+def watch_accumulation(params, callback) -> _Unwatch:
+    """Call `callback(p)` each time W accumulates a gradient into p.grad (what
+    Tensor.register_post_accumulate_grad_hook does for autograd's own accumulation); `.remove()` stops."""
+    keys = [id(p) for p in params]
+    for p in params:
+        _WATCHERS[id(p)] = callback
+    return _Unwatch(keys)
 
 
 def backward_input(outputs, grad_outputs, inputs, params) -> tuple[list, PendingWeights]:

@@ -21,7 +21,7 @@ from .grid import split_bounds
 from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .precision import MixedPrecision
-from ..models.split_backward import backward_input
+from ..models.split_backward import backward_input, watch_accumulation
 from ..models.token_slices import KVCache, TokenSlice, running
 from .recompute import with_recomputation
 
@@ -86,7 +86,7 @@ class _Iteration:
 class StageExecutor:
     def __init__(self, layers: Iterable[nn.Module], loss_fn: Callable, p2p: PointToPoint, num_stages: int,
                  replica_group=None, on_last_backward: Callable[[], None] | None = None,
-                 precision: MixedPrecision | None = None, recompute: Iterable[int] = (),
+                 before_last_backward: Callable[[], None] | None = None, precision: MixedPrecision | None = None, recompute: Iterable[int] = (),
                  slice_loss_fn: Callable | None = None):
         """`recompute`: indices into `layers` whose activations the backward recomputes (the plan's
         recompute_layers, local): consecutive ones run as one segment (runtime/recompute.py)."""
@@ -99,6 +99,7 @@ class StageExecutor:
         self.is_first, self.is_last = self.stage == 0, self.stage == num_stages - 1
         self.replicas = p2p.replicas_of(self.stage)  # (Chimera: the replicas of this copy)
         self.on_last_backward = on_last_backward
+        self.before_last_backward = before_last_backward  # (a bucketed all-reduce arms its hooks)
         self.precision = precision or MixedPrecision()
         self.saved_peak = 0  # most micro-batches whose activations were alive at once (memory check)
         self.timeline: list | None = None  # set to a list to record (action, start, end) wall times
@@ -125,6 +126,8 @@ class StageExecutor:
                         self.p2p.post_gradient(n_r, r.micro_batch, variant=v_r)
                 start = time.time()
                 BEAT.action(str(a))
+                if i == last_backward and self.before_last_backward is not None:
+                    self.before_last_backward()
                 self.act(a, it, loss_scale)
                 if i == last_backward and self.on_last_backward is not None:
                     self.on_last_backward()
@@ -278,33 +281,99 @@ def _receives_ahead(actions: tuple) -> dict[int, list]:
 
 
 class GradientSync:
-    """All-reduce (sum) of a stage's gradients inside its replica group, started asynchronously
-    right after the stage's last backward so it overlaps the other stages' remaining work."""
+    """All-reduce (sum) of a stage's gradients inside its replica group, in buckets that overlap the
+    stage's last backward (planner/allreduce.py costs it the same way).
 
-    def __init__(self, params: list[nn.Parameter], group, replicas: int):
+    `layers`: the stage's parameters per layer, first to last. Buckets take whole layers from the
+    last, each closed once it holds BUCKET_BYTES of gradients. `arm()` before the stage's last
+    gradient action (B, or W under a split backward) watches each parameter's accumulation; a bucket
+    whose gradients are all in is all-reduced asynchronously at once, while the action still runs
+    the layers below it. `start()` after the action sends what never reported (a parameter this
+    iteration gave no gradient), `finish()` waits and writes the sums back."""
+
+    def __init__(self, params: list[nn.Parameter], group, replicas: int,
+                 layers: list[list[nn.Parameter]] | None = None, bucket_bytes: int | None = None):
         self.params, self.group, self.replicas = params, group, replicas
-        self.work = None
-        self.flat = None
-        self.span: tuple[float, float] | None = None  # (started, waited for) wall times of the last one
+        mine = {id(p) for p in params}
+        per_layer = [[p for p in layer if id(p) in mine] for layer in (layers if layers is not None else [params])]
+        listed = {id(p) for layer in per_layer for p in layer}
+        per_layer[-1] += [p for p in params if id(p) not in listed]  # (defensive: every parameter in a bucket)
+        self.buckets = gradient_buckets(per_layer, bucket_bytes)
+        self.bucket_of = {id(p): k for k, bucket in enumerate(self.buckets) for p in bucket}
+        self.pending: list[int] = []  # per bucket, gradients still to come while armed (-1: sent)
+        self.sent = 0  # buckets sent so far (always the first ones)
+        self.works: list = []  # (bucket, flat buffer, async work) in launch order
+        self.handles: list = []
+        self.span: tuple[float, float] | None = None  # (first started, waited for) wall times of the last one
 
-    def start(self) -> None:
-        self.span = None
+    def arm(self) -> None:
+        """Before the stage's last gradient action: launch each bucket as soon as its gradients are in."""
+        self.span, self.works = None, []
         if self.replicas == 1 or not self.params:
             return
-        self.span = (time.time(), 0.0)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.flat = torch.cat([g.reshape(-1) for g in grads])
-        self.work = dist.all_reduce(self.flat, group=self.group, async_op=True)
+        self.pending, self.sent = [len(b) for b in self.buckets], 0
+        for p in self.params:
+            self.handles.append(p.register_post_accumulate_grad_hook(self._ready))  # autograd's B
+        self.handles.append(watch_accumulation(self.params, self._ready))  # a split backward's W
+
+    def _ready(self, p) -> None:
+        k = self.bucket_of.get(id(p))
+        if k is None or self.pending[k] <= 0:
+            return
+        self.pending[k] -= 1
+        # in bucket order, as every replica issues its collectives: which gradients a backward
+        # reports first may differ between replicas (a layer unused on one replica's data)
+        while self.sent < len(self.buckets) and self.pending[self.sent] == 0:
+            self._launch(self.sent)
+
+    def _launch(self, k: int) -> None:
+        if self.span is None:
+            self.span = (time.time(), 0.0)
+        self.pending[k], self.sent = -1, k + 1
+        bucket = self.buckets[k]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        self.works.append((k, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+
+    def start(self) -> None:
+        """After the stage's last gradient action: stop watching, send the buckets not yet sent."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if self.replicas == 1 or not self.params:
+            return
+        if not self.pending:  # never armed (a caller without the hook before its last action)
+            self.span, self.works, self.pending, self.sent = None, [], [len(b) for b in self.buckets], 0
+        for k in range(self.sent, len(self.buckets)):
+            self._launch(k)
+        self.pending = []
 
     def finish(self) -> None:
-        if self.work is None:
+        if not self.works:
             return
         BEAT.action("AR (gradient all-reduce)")
-        self.work.wait()
+        for k, flat, work in self.works:
+            work.wait()
+            offset = 0
+            for p in self.buckets[k]:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+                offset += n
         self.span = (self.span[0], time.time())
-        offset = 0
-        for p in self.params:
-            k = p.numel()
-            p.grad = self.flat[offset:offset + k].view_as(p).clone()
-            offset += k
-        self.work, self.flat = None, None
+        self.works = []
+
+
+def gradient_buckets(layers: list[list[nn.Parameter]], bucket_bytes: int | None = None) -> list[list[nn.Parameter]]:
+    """Whole layers from the last, a bucket closed once it holds `bucket_bytes` (BUCKET_BYTES, as
+    planner/allreduce.py costs it)."""
+    from ..planner.allreduce import BUCKET_BYTES
+    cap = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    out, current, size = [], [], 0
+    for layer in reversed(layers):
+        current += [p for p in layer]
+        size += sum(p.numel() * p.element_size() for p in layer)
+        if size >= cap:
+            out.append(current)
+            current, size = [], 0
+    if current:
+        out.append(current)
+    return [b for b in out if b]

@@ -108,12 +108,14 @@ def expand(order: tuple, num_stages: int) -> list[tuple[int, Action]]:
 
 class RankExecutor:
     def __init__(self, chunks: dict[int, StageExecutor], group: int,
-                 on_last_backward: dict[int, Callable[[], None]] | None = None):
+                 on_last_backward: dict[int, Callable[[], None]] | None = None,
+                 before_last_backward: dict[int, Callable[[], None]] | None = None):
         """`chunks`: stage -> its executor (built on ChunkLinks); `group`: the device group (rank of the
         schedule's orders) this process belongs to; `on_last_backward`: stage -> what to start once
         that stage's gradients are complete (its all-reduce)."""
         self.chunks, self.group = chunks, group
         self.on_last_backward = on_last_backward or {}
+        self.before_last_backward = before_last_backward or {}  # stage -> what to arm before it (its buckets)
         self.timeline: list | None = None  # set to a list to record (step, start, end) wall times
         self.saved_peak = 0  # most (stage, micro-batch) activations alive at once on this rank
 
@@ -143,6 +145,8 @@ class RankExecutor:
                         self.chunks[rs].p2p.post_gradient(n_r, r.micro_batch)
                 start = time.time()
                 BEAT.action(f"{a}·s{s}")
+                if i in finishing and finishing[i] in self.before_last_backward:
+                    self.before_last_backward[finishing[i]]()
                 ex.act(a, it, loss_scale)
                 if i in finishing and finishing[i] in self.on_last_backward:
                     self.on_last_backward[finishing[i]]()
@@ -200,11 +204,12 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
                                   precision=precision, recompute=[i - a for i in plan.stages[s].recompute_layers])
     steps = expand(schedule.orders[group], schedule.num_stages)
     last = {s: max(i for i, (t, x) in enumerate(steps) if t == s and x.kind.frees_activations) for s in local}
-    syncs, on_last, seen = {}, {}, set()
+    syncs, on_last, arm, seen = {}, {}, {}, set()
     for s in sorted(local, key=lambda s: -last[s]):  # latest-finishing first: it takes the shared parameters
-        params = [p for i in range(*plan.stages[s].layers) for p in layers[i].parameters()
-                  if p.requires_grad and id(p) not in seen]
+        per_layer = [[p for p in layers[i].parameters() if p.requires_grad and id(p) not in seen]
+                     for i in range(*plan.stages[s].layers)]
+        params = [p for layer in per_layer for p in layer]
         seen |= {id(p) for p in params}
-        syncs[s] = GradientSync(params, stage_groups[s], grid.replicas[s])
-        on_last[s] = syncs[s].start
-    return RankExecutor(chunks, group, on_last), [syncs[s] for s in sorted(local, key=lambda s: last[s])]
+        syncs[s] = GradientSync(params, stage_groups[s], grid.replicas[s], per_layer)
+        on_last[s], arm[s] = syncs[s].start, syncs[s].arm
+    return RankExecutor(chunks, group, on_last, arm), [syncs[s] for s in sorted(local, key=lambda s: last[s])]

@@ -144,10 +144,12 @@ class DappleStrategy(DDPStrategy):
             return
         p2p = PointToPoint(self.grid, self.stage, self.replica, self.root_device)
         params = [p for p in module.parameters() if p.requires_grad]
-        self._syncs = [GradientSync(params, self._stage_groups[self.stage], self.grid.replicas[self.stage])]
+        per_layer = [[p for p in layer.parameters() if p.requires_grad] for layer in module.local_stack()]
+        self._syncs = [GradientSync(params, self._stage_groups[self.stage], self.grid.replicas[self.stage], per_layer)]
         first = self.plan.stages[self.stage].layers[0]
         self._executor = StageExecutor(module.local_stack(), module.model.loss, p2p, self.grid.num_stages,
-                                       on_last_backward=self._syncs[0].start, precision=module.mixed_precision(),
+                                       on_last_backward=self._syncs[0].start,
+                                       before_last_backward=self._syncs[0].arm, precision=module.mixed_precision(),
                                        recompute=[i - first for i in self.plan.stages[self.stage].recompute_layers],
                                        slice_loss_fn=getattr(module.model, "slice_loss", None))
 

@@ -1,0 +1,59 @@
+"""A stage's gradient all-reduce in buckets, overlapped with its last backward (runtime GradientSync).
+
+The runtime arms a watch on each gradient when a stage starts its last gradient action (B, or W
+under a split backward). That action runs the stage's layers last to first; the buckets are whole
+layers from the last, each closed once it holds BUCKET_BYTES of gradients (DDP's default size), and
+each is all-reduced, in order over the stage's all-reduce link, as soon as its lowest layer is done.
+With ready_k the time into the action at which bucket k is complete and ar_k its all-reduce, the
+last bucket ends at E = max_k (ready_k + sum_{j >= k} ar_j) after the action starts; what the
+simulator charges after the action ends is the exposed part E - duration (0 where the last bucket
+is done before the action is). The search's closed forms (bounds.py, branch.py) bound it from below
+by one all-reduce of every byte less the action's duration: the buckets start no sooner than the
+action and together cost at least that one all-reduce (each pays its own latency).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+BUCKET_BYTES = 25 * 2**20
+
+
+def bucket_layers(parameter_bytes: Sequence[float], cap: float = BUCKET_BYTES) -> list[list[int]]:
+    """Positions (into the stage's layers) of each bucket, the first bucket holding the last layers.
+    Layers without parameters join the bucket being filled."""
+    out, current, size = [], [], 0.0
+    for i in range(len(parameter_bytes) - 1, -1, -1):
+        current.append(i)
+        size += parameter_bytes[i]
+        if size >= cap:
+            out.append(current)
+            current, size = [], 0.0
+    if current:
+        out.append(current)
+    return [b for b in out if any(parameter_bytes[i] > 0 for i in b)]
+
+
+def exposed(ready: Sequence[float], costs: Sequence[float], duration: float) -> tuple[float, float]:
+    """(all the buckets' all-reduce, what is left of it after the action ends) for buckets complete
+    at `ready` (time into the action, in sending order) whose all-reduces take `costs`."""
+    end = 0.0
+    for r, c in zip(ready, costs):
+        end = (end if end > r else r) + c
+    total = sum(costs)
+    return total, (max(0.0, end - duration) if total > 0 else 0.0)
+
+
+def overlapped(layer_seconds: Sequence[float], parameter_bytes: Sequence[float],
+               allreduce: Callable[[float], float], cap: float = BUCKET_BYTES) -> tuple[float, float]:
+    """(the buckets' all-reduce in all, the part left after an action of these per-layer seconds ends).
+    `layer_seconds`: the action's time in each of the stage's layers, first to last."""
+    done_from, elapsed = {}, 0.0  # layer -> time into the action at which it is done (last layer first)
+    for i in range(len(layer_seconds) - 1, -1, -1):
+        elapsed += layer_seconds[i]
+        done_from[i] = elapsed
+    ready, costs = [], []
+    for bucket in bucket_layers(parameter_bytes, cap):
+        # complete once its lowest layer holding weights is done (the last of them the action reaches)
+        ready.append(done_from[min(i for i in bucket if parameter_bytes[i] > 0)])
+        costs.append(allreduce(sum(parameter_bytes[i] for i in bucket)))
+    return exposed(ready, costs, elapsed)
