@@ -130,7 +130,9 @@ def test_vgg_large_batch_beats_dapples_published_plan_with_uneven_replicas():
         assert dapple.estimate.iteration_s <= published.iteration_s
     best, _, _, stats = search(p, V100X16, 1024, Limits())
     assert stats.proven_optimal and best.warmup_depth > 1
-    assert best.iteration_s < dapple.estimate.iteration_s * 0.9
+    # (5.5 % faster: DAPPLE's plan, 2 micro-batches of 512, hides most of its all-reduce under its
+    # long last backward, planner/allreduce.py; without that overlap deeper warm-ups won 13 %)
+    assert best.iteration_s < dapple.estimate.iteration_s * 0.96
     assert simulate_costed(best).iteration_s == pytest.approx(best.iteration_s, rel=1e-12)
     chosen = plan(p, V100X16, 1024, Limits())
     assert plan(p, V100X16, 1024, Limits()) == chosen  # deterministic

@@ -67,6 +67,8 @@ def test_one_stage_per_rank_simulates_as_the_stage_simulator():
         costs = [StageCosts(rng.uniform(.1, 2), rng.uniform(.1, 4), rng.uniform(0, 1), rng.uniform(0, 1),
                             rng.uniform(0, 3), rng.uniform(1, 5), recompute_bytes=rng.choice([0.0, 2.0]))
                  for _ in range(S)]
+        costs = [replace(c, allreduce_after_b_s=rng.uniform(0, c.allreduce_s), allreduce_after_w_s=rng.uniform(
+            0, c.allreduce_s)) if rng.random() < 0.5 else c for c in costs]  # buckets overlapping the last B or W
         a, b = simulate(sched, costs), simulate_ranks(from_stages(sched), costs)
         assert b.iteration_s == pytest.approx(a.iteration_s, rel=1e-12)
         assert b.stage_end_s == pytest.approx(a.stage_end_s, rel=1e-12)

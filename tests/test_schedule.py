@@ -140,6 +140,8 @@ def test_the_planners_iteration_time_equals_the_simulator(seed):
         costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
                             rng.choice([0.0, rng.uniform(0, 5)])) for s in range(S)]
         costs = [replace(c, weight_grad_s=rng.choice([None, c.backward_s * rng.uniform(0, 1)])) for c in costs]
+        costs = [replace(c, allreduce_after_b_s=rng.uniform(0, c.allreduce_s), allreduce_after_w_s=rng.uniform(
+            0, c.allreduce_s)) if rng.random() < 0.5 else c for c in costs]  # buckets overlapping the last B or W
         schedules = [gpipe(S, M), zb_h1(S, M)] + [one_f_one_b(S, M, deeper_warmup(S, M, d)) for d in (1, 2, 3)]
         for schedule in schedules:
             compute = [[a for a in actions if a.kind.is_compute] for actions in schedule.stage_actions]

@@ -177,9 +177,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             per_pass = t + 2 * link
             rest_sum = pass_sum[z][:, nxt].transpose(1, 0, 2)
             sum_at = np.minimum(sum_at, (per_pass + rest_sum).min(axis=(0, 1)))
-            ar = np.where(stage_param_bytes[None, :, None] > 0,
-                          stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :], 0.0)
             forward = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None]
+            # what is left of the all-reduce after the last backward, whose buckets it may overlap
+            # (planner/allreduce.py): at least one all-reduce of every byte less that backward
+            ar = np.where(stage_param_bytes[None, :, None] > 0, np.maximum(
+                0.0, stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :] - (t - forward)), 0.0)
             forward_in = forward + link
             end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
             end_at = np.minimum(end_at, end.min(axis=(0, 1)))

@@ -304,8 +304,10 @@ class BranchAndBound:
                         break  # more layers only need more memory
                     if (self.M - 1) * max(beta_placed, f + bk) + f + bk >= self.cutoff:
                         break  # a longer stage is only slower
-                    chain = (placed or _EMPTY).then(i, z, devices, f, bk, link_in,
-                                                    self.t.allreduce_s(devices, params), self.M)
+                    # what is left of the stage's all-reduce after its last B or W, whose buckets overlap
+                    # it (planner/allreduce.py): at least one all-reduce of every byte less the backward
+                    exposed = max(0.0, self.t.allreduce_s(devices, params) - bk)
+                    chain = (placed or _EMPTY).then(i, z, devices, f, bk, link_in, exposed, self.M)
                     self.scored += 1  # the budget counts scored candidates: the unit of work
                     if self.scored > self.node_budget:
                         self.open_bound = min(self.open_bound, self._lower_bound(i, d, placed))

@@ -24,7 +24,7 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule, busiest_rank_s, simulate_ranks
 from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
-from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, stage_costs
+from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, stage_allreduce, stage_costs
 
 CHUNKED = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
 INTERLEAVED = ("interleaved_1f1b", "interleaved_zb")  # v stages per group, s on group s mod P
@@ -59,6 +59,17 @@ def rank_orders(schedule: str, groups: int, num_micro_batches: int, chunks: int)
     return build_rank_schedule(schedule, groups, num_micro_batches, chunks)
 
 
+def _over_both_copies(profile: ModelProfile, topology: Topology, c, down: StageSpec, both: StageSpec,
+                      micro_batch_size: int):
+    """A Chimera stage's costs on its down copy with its all-reduce over both copies' devices (what
+    a tied weight adds on top of it, c's beyond its own buckets, kept)."""
+    n, share = math.ceil(micro_batch_size / down.replicas), profile.weight_share(down.start, down.stop)
+    own = stage_allreduce(profile, topology, down, n, share)
+    total, after_b, after_w = stage_allreduce(profile, topology, both, n, share)
+    extra = c.allreduce_s - own[0]
+    return replace(c, allreduce_s=total + extra, allreduce_after_b_s=after_b + extra, allreduce_after_w_s=after_w + extra)
+
+
 def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
                      num_micro_batches: int, limits: Limits, schedule: str, chunks: int,
                      cutoff: float = math.inf) -> Costed | None:
@@ -69,8 +80,7 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
     P = groups_for(schedule, S, chunks)
     if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies
         down = tuple(StageSpec(st.start, st.stop, st.devices[:len(st.devices) // 2]) for st in layout)
-        costs = [replace(c, allreduce_s=c.allreduce_s - topology.allreduce_s(d.devices, profile.span(d.start, d.stop)[3])
-                         + topology.allreduce_s(st.devices, profile.span(st.start, st.stop)[3]))
+        costs = [_over_both_copies(profile, topology, c, d, st, micro_batch_size)
                  for c, d, st in zip(stage_costs(profile, topology, down, micro_batch_size), down, layout)]
         own = down
     else:

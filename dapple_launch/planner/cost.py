@@ -26,6 +26,7 @@ from ..schedule import SPLIT_BACKWARD, StageCosts, build_schedule, simulate, zer
 from ..schedule.gpipe import compute_orders as gpipe_orders
 from ..schedule.one_f_one_b import compute_orders, deeper_warmup
 from ..schedule.simulate import encode_orders, orders_time, program
+from .allreduce import bucket_layers, exposed
 
 
 @dataclass(frozen=True)
@@ -275,25 +276,83 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
         key = (st.start, st.stop, st.devices, micro_batch_size)
         if key not in memo:
             n = math.ceil(micro_batch_size / st.replicas)
-            params = profile.span(st.start, st.stop)[3]
             f, b = profile.seconds(st.start, st.stop, n)
-            memo[key] = (f * speed, b * speed, topology.allreduce_s(st.devices, params),
-                         profile.kept_bytes(st.start, st.stop, n), profile.weight_share(st.start, st.stop))
+            share = profile.weight_share(st.start, st.stop)
+            memo[key] = (f * speed, b * speed, stage_allreduce(profile, topology, st, n, share),
+                         profile.kept_bytes(st.start, st.stop, n), share)
         f, b, allreduce, activation, share = memo[key]
         # the first stage's input needs no gradient: its split backward is all W (models/split_backward.py);
         # elsewhere W's measured share of the backward, or the simulator's rule (half) when not measured
-        costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce, activation,
+        costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce[0], activation,
                                 weight_grad_s=b if s == 0 else None if share is None else b * share,
-                                action_s=topology.action_overhead_s))
+                                action_s=topology.action_overhead_s, allreduce_after_b_s=allreduce[1],
+                                allreduce_after_w_s=allreduce[2]))
     for layers, nbytes in profile.tied:
         # A weight several stages hold (a tied embedding): after their own all-reduces, the stages
         # holding a copy sum its gradient among all their devices (runtime/tied.py).
         holders = [s for s, st in enumerate(layout) if any(st.start <= i < st.stop for i in layers)]
         if len(holders) > 1:
             extra = topology.allreduce_s(tuple(d for s in holders for d in layout[s].devices), nbytes)
-            for s in holders:
-                costs[s] = replace(costs[s], allreduce_s=costs[s].allreduce_s + extra)
+            for s in holders:  # after the stage's own buckets: it adds to what is left of them
+                c = costs[s]
+                costs[s] = replace(c, allreduce_s=c.allreduce_s + extra,
+                                   allreduce_after_b_s=c.exposed_allreduce_s(False) + extra,
+                                   allreduce_after_w_s=c.exposed_allreduce_s(True) + extra)
     return costs
+
+
+def stage_allreduce(profile: ModelProfile, topology: Topology, st: StageSpec, samples: int,
+                    share: float | None) -> tuple[float, float, float]:
+    """(all-reduce in all, left after a last B, left after a last W) of a stage's gradients over its
+    devices, in buckets overlapping that action (planner/allreduce.py). Each layer's W is its share of
+    the layer's backward: all of it on the first stage (no input gradient), else the stage's
+    measured share, else half (StageCosts.weight_s)."""
+    if st.replicas <= 1:
+        return 0.0, 0.0, 0.0
+    # the search costs many placements of one span: what matters of the devices is their count and
+    # whether they span nodes (Topology.allreduce_s), so one entry per span serves them all
+    memo = profile.__dict__.setdefault("_allreduce_memo", {})  # (a frozen dataclass: as cached_property does)
+    key = (topology, st.start, st.stop, st.replicas, topology.spans_nodes(st.devices), samples, share)
+    if key not in memo:
+        if len(memo) > 200_000:
+            memo.clear()
+        memo[key] = _stage_allreduce(profile, topology, st, samples, share)
+    return memo[key]
+
+
+def _stage_allreduce(profile: ModelProfile, topology: Topology, st: StageSpec, samples: int,
+                     share: float | None) -> tuple[float, float, float]:
+    """allreduce.overlapped's account from the profile's prefix sums: O(buckets), not O(layers)."""
+    buckets = _buckets(profile, st.start, st.stop)
+    if not buckets:
+        return 0.0, 0.0, 0.0
+    speed, n, z = speed_ratio(profile, topology), samples / profile.batch_size, st.stop
+    b, fixed = profile._prefix["b"], profile._prefix["bf"]
+
+    def backward(a: int) -> float:  # ModelProfile.seconds(a, z, samples)[1], inline: the planner's hot path
+        part = fixed[z] - fixed[a]
+        return (part + (b[z] - b[a] - part) * n) * speed
+    duration = backward(st.start)
+    # a bucket is complete once the action has run the layers from its lowest weighted one up
+    ready = [backward(low) for low, _ in buckets]
+    r = st.replicas  # Topology.allreduce_s per bucket, its link looked up once
+    bw, lat = topology.allreduce_link(topology.spans_nodes(st.devices))
+    costs = [2 * (r - 1) / r * nbytes / bw + 2 * (r - 1) * lat for _, nbytes in buckets]
+    ratio = 1.0 if st.start == 0 else 0.5 if share is None else share
+    total, after_b = exposed(ready, costs, duration)
+    after_w = exposed([x * ratio for x in ready], costs, duration * ratio)[1]
+    return total, after_b, after_w
+
+
+def _buckets(profile: ModelProfile, start: int, stop: int) -> list[tuple[int, float]]:
+    """Per bucket of layers [start, stop) (allreduce.bucket_layers), its lowest weighted layer and bytes."""
+    memo = profile.__dict__.setdefault("_bucket_memo", {})
+    key = (start, stop)
+    if key not in memo:
+        weights = [profile.layers[i].parameter_bytes for i in range(start, stop)]
+        memo[key] = [(start + min(i for i in b if weights[i] > 0), sum(weights[i] for i in b))
+                     for b in bucket_layers(weights)]
+    return memo[key]
 
 
 def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,

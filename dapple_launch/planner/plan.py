@@ -27,7 +27,8 @@ class Estimate:
     speedup_over_data_parallel: float | None = None
     simulated_iteration_s: float | None = None  # the discrete-event simulator's figure
     # per stage, the cost model's figures the estimate was made from (schedule.StageCosts fields):
-    # forward_s, backward_s, send_activation_s, send_gradient_s, allreduce_s, activation_bytes
+    # forward_s, backward_s, send_activation_s, send_gradient_s, allreduce_s (and what of it is left
+    # after the last B or W: allreduce_after_b_s, allreduce_after_w_s), activation_bytes, ...
     stage_costs: tuple[dict, ...] = ()
     # token slices: per stage, how a slice's costs scale from the whole sequence's
     # (schedule/terapipe.py slice_scale's arguments), so an outside tool can re-simulate the plan

@@ -57,7 +57,8 @@ def warmup_bound(costs: list[StageCosts], num_micro_batches: int, warmup: tuple[
         R[s] = R[s + 1] + A[s] + G[s] + F[s + 1] + B[s + 1]
     bound, reach, down = 0.0, 0.0, 0.0
     for s in range(S):
-        down = costs[s].allreduce_s if s == 0 else max(costs[s].allreduce_s, G[s - 1] + B[s - 1] + down)
+        ar = costs[s].exposed_allreduce_s(False)  # what is left of it after the last B
+        down = ar if s == 0 else max(ar, G[s - 1] + B[s - 1] + down)
         in_flight = min(M, warmup[s] + 1)
         ahead = in_flight - 1  # forwards (and, at the end, backwards) that can fill the wait
         wait = max(0.0, R[s] - ahead * F[s], R[s] - ahead * B[s])
@@ -89,7 +90,8 @@ def split_bound(costs: list[StageCosts], num_micro_batches: int, warmup: tuple[i
     bound, reach = 0.0, 0.0
     for s, c in enumerate(costs):
         ahead = min(M, warmup[s] + 1) - 1
-        bound = max(bound, reach + M * (c.forward_s + c.backward_s) + max(0.0, R[s] - ahead * F[s]) + c.allreduce_s)
+        bound = max(bound, reach + M * (c.forward_s + c.backward_s) + max(0.0, R[s] - ahead * F[s])
+                    + c.exposed_allreduce_s(True))
         reach += F[s] + c.send_activation_s
     return bound
 

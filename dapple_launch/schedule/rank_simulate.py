@@ -119,15 +119,17 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                             f"are never produced (blocked step marked)\n{schedule.grid(blocked)}")
     # all-reduces: each stage once its last backward ended everywhere, queued per rank in ready order
     queue = [0.0] * R
+    split = {a.stage for order in schedule.orders for a in order if a.kind is Kind.WEIGHT_GRAD}  # last step: a W
     for s in sorted(range(S), key=lambda s: (last_backward[s], s)):
         if costs[s].allreduce_s <= 0:
             continue
         ranks = schedule.placement[s]
-        start = max(last_backward[s], *(queue[r] for r in ranks))
+        end = costs[s].allreduce_end_s(last_backward[s], max(queue[r] for r in ranks), s in split)
         for r in ranks:
-            queue[r] = start + costs[s].allreduce_s
-        if record:
-            timeline += [Event(r, f"AR·s{s}" if several[r] else "AR", "allreduce", start, queue[r]) for r in ranks]
+            queue[r] = end
+        if record:  # the buckets' span, which begins during the last backward where it overlaps
+            timeline += [Event(r, f"AR·s{s}" if several[r] else "AR", "allreduce", end - costs[s].allreduce_s, end)
+                         for r in ranks]
     ends = [max(c, q) for c, q in zip(clock, queue)]
     return Simulation(iteration_s=max(ends), stage_end_s=ends, peak_in_flight=peak,
                       peak_activation_bytes=peak_bytes, timeline=timeline)

@@ -38,6 +38,22 @@ class StageCosts:
     # Python, the autograd engine's call, posting its transfers. A split backward is two actions and
     # pays it twice; a token slice pays it whole (it is a call, not a share of the sequence).
     action_s: float = 0.0
+    # the all-reduce in buckets overlapping the stage's last gradient action (planner/allreduce.py):
+    # of allreduce_s, what is left once that action ends, when it is a B and when it is a W (shorter,
+    # it hides less). None: all of allreduce_s is left (one all-reduce after the action).
+    allreduce_after_b_s: float | None = None
+    allreduce_after_w_s: float | None = None
+
+    def exposed_allreduce_s(self, split: bool) -> float:
+        """What of the all-reduce runs after the stage's last B (`split` False) or last W (True) ends."""
+        left = self.allreduce_after_w_s if split else self.allreduce_after_b_s
+        return self.allreduce_s if left is None else left
+
+    def allreduce_end_s(self, last_end: float, link_free: float, split: bool) -> float:
+        """When the all-reduce ends: after the exposed part once the last gradient action ends at
+        `last_end`, and no sooner than the whole of it on a link free from `link_free` (the buckets
+        go over it one after another)."""
+        return max(link_free + self.allreduce_s, last_end + self.exposed_allreduce_s(split))
 
     @property
     def weight_s(self) -> float:
@@ -197,7 +213,9 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
             pending.append(s - 1)
     if any(d < len(order) for d, order in zip(done, orders)):
         raise ValueError("iteration_time: the compute orders deadlock (validate the schedule first)")
-    return max(clock[s] if costs[s].allreduce_s <= 0 else max(clock[s], last_backward_end[s] + costs[s].allreduce_s)
+    counts = action_counts(orders)
+    return max(clock[s] if costs[s].allreduce_s <= 0 else
+               max(clock[s], last_backward_end[s] + costs[s].exposed_allreduce_s(counts[s][3] > 0))
                for s in range(S))
 
 
@@ -279,9 +297,11 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
     for s in range(S):
         done = clock[s]
         if costs[s].allreduce_s > 0 and not schedule.forward_only:
-            start = last_backward_end[s]
-            done = max(done, start + costs[s].allreduce_s)
-            timeline.append(Event(s, "AR", "allreduce", start, start + costs[s].allreduce_s))
+            split = any(a.kind is Kind.WEIGHT_GRAD for a in schedule.stage_actions[s])
+            end = costs[s].allreduce_end_s(last_backward_end[s], 0.0, split)
+            done = max(done, end)
+            # the buckets' span, which begins during the last backward where it overlaps
+            timeline.append(Event(s, "AR", "allreduce", end - costs[s].allreduce_s, end))
         ends.append(done)
     return Simulation(
         iteration_s=max(ends),
