@@ -157,6 +157,7 @@ class DappleStrategy(DDPStrategy):
     def _broadcast_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
         # The last stage's replicas hold the loss in parts; one all-reduce gives it to every rank.
         loss = loss_sum.detach().clone().float()
+        BEAT.action("collective (the loss)")  # blocked here is waiting on a peer (launch names the culprit)
         dist.all_reduce(loss)
         return loss
 
@@ -224,6 +225,7 @@ class DappleStrategy(DDPStrategy):
         counted = [p for p in params if id(p) not in self._norm_excluded]
         sq = sum((p.grad.detach().float() ** 2).sum() for p in counted) if counted else torch.zeros(())
         sq = torch.as_tensor(sq, device=self.root_device) * (1.0 if self.replica == 0 else 0.0)
+        BEAT.action("collective (gradient norm)")
         dist.all_reduce(sq)
         norm = sq.sqrt()
         coef = max_norm / (float(norm) + 1e-6)
@@ -252,7 +254,12 @@ class DappleStrategy(DDPStrategy):
         BEAT.action("checkpoint save")
         state = checkpoint.pop("state_dict")
         optim = checkpoint.pop("optimizer_states", [])
-        tmp = ckpt.fresh_tmp(filepath, self.broadcast(secrets.token_hex(4) if self.is_global_zero else None))
+        # the save's collectives wait on every rank: labelled as such, so a rank stopped meanwhile is
+        # named with the others only waiting on it (launch/local.py)
+        BEAT.action("collective (checkpoint save: its directory)")
+        token = self.broadcast(secrets.token_hex(4) if self.is_global_zero else None)
+        BEAT.action("checkpoint save")
+        tmp = ckpt.fresh_tmp(filepath, token)
         error = ""
         try:
             if self.replica == 0:
@@ -268,7 +275,9 @@ class DappleStrategy(DDPStrategy):
                                      shard_optim)
         except OSError as exc:
             error = storage_error(exc, tmp)
+        BEAT.action("collective (checkpoint save: every shard written)")
         self._agree_or_fail(error, tmp)
+        BEAT.action("checkpoint save")
         if self.is_global_zero:
             checkpoint["dapple"] = {"model": identity(self.lightning_module.model), "plan": self.plan.to_dict(),
                                     "num_layers": self.plan.num_layers}
