@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.contract import as_tuple, carry_map, run_layers
+from ..planner.allreduce import BUCKET_BYTES, bucket_layers
 from ..schedule import Kind, Schedule
 from .grid import split_bounds
 from .heartbeat import BEAT
@@ -363,17 +364,9 @@ class GradientSync:
 
 
 def gradient_buckets(layers: list[list[nn.Parameter]], bucket_bytes: int | None = None) -> list[list[nn.Parameter]]:
-    """Whole layers from the last, a bucket closed once it holds `bucket_bytes` (BUCKET_BYTES, as
-    planner/allreduce.py costs it)."""
-    from ..planner.allreduce import BUCKET_BYTES
+    """The parameters of each bucket: the layers planner/allreduce.bucket_layers groups (whole layers
+    from the last, closed at `bucket_bytes`, default BUCKET_BYTES), so the runtime sends the buckets
+    the planner costs."""
+    nbytes = [sum(p.numel() * p.element_size() for p in layer) for layer in layers]
     cap = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
-    out, current, size = [], [], 0
-    for layer in reversed(layers):
-        current += [p for p in layer]
-        size += sum(p.numel() * p.element_size() for p in layer)
-        if size >= cap:
-            out.append(current)
-            current, size = [], 0
-    if current:
-        out.append(current)
-    return [b for b in out if b]
+    return [[p for i in bucket for p in layers[i]] for bucket in bucket_layers(nbytes, cap)]

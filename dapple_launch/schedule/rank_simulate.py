@@ -12,7 +12,7 @@ order the stages become ready, overlapping whatever compute is left.
 """
 from __future__ import annotations
 
-from .actions import COMPUTE_CODES, Kind
+from .actions import CODE_OF, COMPUTE_CODES, Kind
 from .ranks import RankSchedule
 from .simulate import Event, Simulation, StageCosts
 from .validate import ScheduleError
@@ -119,7 +119,7 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                             f"are never produced (blocked step marked)\n{schedule.grid(blocked)}")
     # all-reduces: each stage once its last backward ended everywhere, queued per rank in ready order
     queue = [0.0] * R
-    split = {a.stage for order in schedule.orders for a in order if a.kind is Kind.WEIGHT_GRAD}  # last step: a W
+    split = {s for tally in schedule.work for code, s, _ in tally if code == CODE_OF[Kind.WEIGHT_GRAD]}  # ends on a W
     for s in sorted(range(S), key=lambda s: (last_backward[s], s)):
         if costs[s].allreduce_s <= 0:
             continue
