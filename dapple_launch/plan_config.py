@@ -321,7 +321,7 @@ def measured_cpu_share(model: PipelineModel, topology: Topology, precision: str 
 
     import torch
 
-    from .launch.local import threads_per_rank, usable_cores
+    from .host import threads_per_rank, usable_cores
     from .profile.measure import measure_profile
     cores, ranks = usable_cores(), topology.num_devices
     threads = threads_per_rank(ranks, cores)

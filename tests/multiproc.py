@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dapple_launch.launch.ports import free_port
+from dapple_launch.host import free_port
 
 
 def _entry(rank, world, port, out_dir, fn, args):

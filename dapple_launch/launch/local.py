@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..host import free_port, threads_per_rank
 from ..log import get_logger
 from ..planner.plan import Plan
 from ..runtime.heartbeat import describe, is_waiting, read_heartbeats
-from .ports import free_port
 from .zygote import die_with_parent
 
 GRACE_S = 5.0  # a rank asked to stop after a peer failed gets this long before it is killed
@@ -38,17 +38,6 @@ EXIT_STOPPED = 3  # worker: stopped early on a signal, after saving (launch/work
 # when peers have failed (a receive timed out), how stale a live rank's heartbeat may be before it is
 # named the cause: its beats come every second, so a rank silent this long is not merely between beats
 STALE_WHEN_PEERS_FAIL = 0.75
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which a container or Slurm may narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def threads_per_rank(ranks: int, cores: int | None = None) -> int:
-    """The torch threads each of `ranks` local processes gets: the cores shared out, at least one.
-    The measuring profiler and the link probe use the same figure, so they see the ranks' view."""
-    return max(1, (cores or usable_cores()) // ranks)
 
 
 class _Rank:

@@ -71,7 +71,7 @@ def run_gloo_probe(worker, processes: int, threads: int, *args) -> list[dict]:
     The measured links' probe and the runtime's cost-per-action probe (runtime/action_cost.py)."""
     import torch.multiprocessing as mp
 
-    from ..launch.ports import free_port
+    from ..host import free_port
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "probe")
         mp.start_processes(_probe_rank, args=(worker, processes, free_port(), threads, out, args), nprocs=processes,
@@ -113,7 +113,7 @@ def _time_links(rank: int, world: int) -> dict:
 def measure_links(processes: int, use_cache: bool = True) -> LinkProfile:
     if processes < 2:
         raise ValueError(f"measuring links needs at least 2 processes, got {processes}")
-    from ..launch.local import threads_per_rank, usable_cores
+    from ..host import threads_per_rank, usable_cores
     cores = usable_cores()
     path = _cache_path(processes, cores)
     if use_cache and path.is_file():

@@ -105,7 +105,7 @@ def fit_action_cost(world: int, iteration_s: float, forward_s: float, backward_s
 def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bool = True) -> float:
     """Seconds the runtime adds to each compute action with `processes` local ranks (see the module's
     docstring). `links`: those measured between as many processes (None for one: no transfers)."""
-    from ..launch.local import threads_per_rank, usable_cores
+    from ..host import threads_per_rank, usable_cores
     from ..profile.links import run_gloo_probe
     from ..profile.measure import write_cached
     cores = usable_cores()
