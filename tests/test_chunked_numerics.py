@@ -59,7 +59,8 @@ def _compare(rank, world, model_name, plan_json, batch_n):
         g.group = dist.new_group(sorted({r for s in g.stages for r in grid.stage_ranks(s)}))
     replica = grid.stage_ranks(local_stages[0]).index(rank)
     ex, syncs = build_rank_executor(plan, grid, rank, {i: local.layers[str(i)] for i in indices}, model.loss, groups,
-                                    precision=MixedPrecision("32"))
+                                    precision=MixedPrecision("32"), bucket_bytes=1)
+    # (one bucket per layer: each all-reduced while the stage's last B or W still runs the layers below)
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), local_stages, replica)
     counter = SavedBytes(weights=list(local.parameters()))
     with counter.hooks():

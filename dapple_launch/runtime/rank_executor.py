@@ -174,13 +174,15 @@ def group_ranks(grid, schedule: RankSchedule, group: int) -> list[int]:
 
 
 def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module], loss_fn: Callable,
-                        stage_groups: dict[int, object], precision=None, device=None) -> tuple[RankExecutor, list]:
+                        stage_groups: dict[int, object], precision=None, device=None,
+                        bucket_bytes: int | None = None) -> tuple[RankExecutor, list]:
     """This rank's executor for a plan whose device groups hold several stages, and the gradient
     syncs to finish after each iteration (one per local stage, in the order they start).
 
     Each stage's all-reduce starts after its last backward on this rank. A parameter two local stages
     share (a tied weight on both ends of a V) is reduced once, by the stage whose backwards end last,
-    when both stages' contributions are in."""
+    when both stages' contributions are in. `bucket_bytes`: the all-reduce's bucket size (default
+    planner/allreduce.BUCKET_BYTES, what the planner costs)."""
     from .executor import GradientSync
     schedule = plan.build_schedule()
     groups = [group_ranks(grid, schedule, g) for g in range(schedule.num_ranks)]
@@ -210,6 +212,6 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
                      for i in range(*plan.stages[s].layers)]
         params = [p for layer in per_layer for p in layer]
         seen |= {id(p) for p in params}
-        syncs[s] = GradientSync(params, stage_groups[s], grid.replicas[s], per_layer)
+        syncs[s] = GradientSync(params, stage_groups[s], grid.replicas[s], per_layer, bucket_bytes)
         on_last[s], arm[s] = syncs[s].start, syncs[s].arm
     return RankExecutor(chunks, group, on_last, arm), [syncs[s] for s in sorted(local, key=lambda s: last[s])]
