@@ -300,8 +300,8 @@ def plan_from_file(path: str | None, topology, num_layers: int, global_batch: in
 
 
 def _one_plan(path: str, index: int | None) -> Plan:
-    import json
-    data = json.loads(Path(path).read_text())
+    from .planner.plan import loads
+    data = loads(Path(path).read_text())
     if isinstance(data, list):  # pareto.json: plans fastest first
         if index is None or not 0 <= index < len(data):
             raise IndexError(f"{path} holds {len(data)} plans (a frontier, fastest first): pick one with "

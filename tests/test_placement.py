@@ -76,6 +76,22 @@ def test_a_plan_file_runs_as_written_or_is_refused_before_anything_starts(tmp_pa
     assert not (tmp_path / "c" / "logs").exists()
 
 
+def test_a_plan_holding_nan_or_infinity_is_refused_where_it_is_read(tmp_path):
+    """json reads NaN and Infinity as numbers: a plan.json with one is refused, with the fix, rather
+    than printing a NaN estimate or failing inside the runtime."""
+    from dapple_launch.plan_config import plan_from_file
+    plan = plan_with([[0], [1]])
+    for field, value in (("iteration_s", "NaN"), ("samples_per_s", "Infinity")):
+        text = plan.to_json().replace(f'"{field}": {getattr(plan.estimate, field)!r}', f'"{field}": {value}')
+        assert value in text
+        with pytest.raises(ValueError, match=f"{value} is not a finite number"):
+            Plan.from_json(text)
+        path = tmp_path / f"{field}.json"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=f"is not a readable plan .*{value} is not a finite number.*dry_run=true"):
+            plan_from_file(str(path), None, plan.num_layers, plan.global_batch_size)
+
+
 def test_plans_carry_the_devices_per_node_they_were_made_for():
     plan = plan_with([[0], [1]])
     assert Plan.from_json(plan.to_json()).devices_per_node == 4

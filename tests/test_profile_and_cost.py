@@ -53,11 +53,23 @@ def test_cut_carries_skip_edges():
      "node2 -- b -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0\n"
      "\tnode1 -- node2\n\tnode2 -- node1", "cycle"),
     ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=1\n", "lacks"),
+    ("node1 -- a -- forward_compute_time=nan, backward_compute_time=1, activation_size=1, parameter_size=0",
+     "'nan' is not a finite number"),
+    ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=inf, parameter_size=0",
+     "'inf' is not a finite number"),
 ])
 def test_bad_profile_files_name_line_and_reason(text, reason):
     with pytest.raises(ProfileFileError, match=reason) as e:
         parse_graph_text(text, "bad", 1, source="bad.txt")
     assert "bad.txt" in str(e.value)
+
+
+def test_a_profile_file_of_bad_bytes_is_named_with_the_offset_and_what_a_profile_is(tmp_path):
+    bad = tmp_path / "model-pbs-4.txt"
+    bad.write_bytes(b"node1 -- a -- forward_compute_time=1\xff")
+    with pytest.raises(ProfileFileError, match=r"model-pbs-4.txt: byte 0xff at offset 36 is not UTF-8 text; "
+                                               r"a profile is the text"):
+        read_profile_file(bad, 4)
 
 
 def test_analytic_profile_counts_real_parameters():

@@ -180,7 +180,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(loads(text))
 
     def to_yaml(self) -> str:
         from omegaconf import OmegaConf
@@ -206,3 +206,14 @@ class Plan:
     def explain(self) -> str:
         from .explain import explain
         return explain(self)
+
+
+def loads(text: str):
+    """A plan.json's (or a pareto.json's) data, refusing NaN and Infinity, which json reads as numbers:
+    a plan holding one (a hand edit, a damaged file) would print a NaN estimate or fail deep in the
+    runtime, so it is refused where it is read."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a finite number; every number in a plan is finite")

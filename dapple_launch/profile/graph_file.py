@@ -31,6 +31,8 @@ def _number(text: str, where: str) -> float:
         value = float(text)
     except ValueError:
         raise ProfileFileError(f"{where}: {text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):  # a time or size the planner cannot add up
+        raise ProfileFileError(f"{where}: {text!r} is not a finite number; give the measured value")
     if value < 0:
         raise ProfileFileError(f"{where}: negative value {value}")
     return value
@@ -112,6 +114,12 @@ def read_profile_file(path: str | Path, batch_size: int, name: str | None = None
     path = Path(path)
     if not path.is_file():
         raise ProfileFileError(f"profile file {path} does not exist")
-    p = parse_graph_text(path.read_text(), name or path.stem, batch_size, source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileFileError(f"profile file {path}: byte {e.object[e.start]:#04x} at offset {e.start} is not UTF-8 text; "
+                               "a profile is the text PipeDream/DAPPLE's profiler writes, one "
+                               "'nodeN -- NAME -- forward_compute_time=..., ...' line per layer") from None
+    p = parse_graph_text(text, name or path.stem, batch_size, source=str(path))
     return ModelProfile(name=p.name, layers=p.layers, batch_size=p.batch_size, source=p.source,
                         device=device, device_tflops=device_tflops)
