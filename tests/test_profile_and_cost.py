@@ -1,6 +1,7 @@
 """Pure tier: profile files, analytic profiles, the cost model and fixed plans."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,43 @@ def test_a_profile_file_of_bad_bytes_is_named_with_the_offset_and_what_a_profile
     with pytest.raises(ProfileFileError, match=r"model-pbs-4.txt: byte 0xff at offset 36 is not UTF-8 text; "
                                                r"a profile is the text"):
         read_profile_file(bad, 4)
+
+
+def test_a_damaged_cache_entry_is_measured_again_and_overwritten_not_fatal(tmp_path, monkeypatch):
+    """The cache only saves measuring again: an entry cut short, of bad bytes or of another version's
+    fields is measured again (with a warning) and replaced, for every reader of the cache."""
+    import logging
+
+    import numpy as np
+
+    from dapple_launch.data.files import max_token
+    from dapple_launch.log import get_logger
+    from dapple_launch.profile import measure_profile
+    from dapple_launch.profile.cache import cache_dir
+    monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path / "cache"))
+    lines: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    get_logger().addHandler(handler)
+    try:
+        first = measure_profile(_BusyModel(), 2, repeats=1)
+        (entry,) = [f for f in cache_dir().glob("*.json")]
+        for damage in (entry.read_bytes()[:40], b"\xff\xfe" + entry.read_bytes(), b'{"name": "busy"}'):
+            entry.write_bytes(damage)
+            again = measure_profile(_BusyModel(), 2, repeats=1)
+            assert again.num_layers == first.num_layers and ModelProfile.from_json(entry.read_text()) == again
+            assert any(str(entry) in x and "measuring again" in x for x in lines), lines
+            lines.clear()
+        tokens = tmp_path / "tokens.bin"
+        np.arange(300, dtype=np.uint16).tofile(tokens)
+        stream = np.fromfile(tokens, dtype=np.uint16)
+        assert max_token(stream, tokens) == 299
+        (key,) = (cache_dir().parent / "data").glob("max-token-*.json")
+        key.write_text('{"max": ')
+        assert max_token(stream, tokens) == 299 and json.loads(key.read_text()) == {"max": 299}
+        assert any("measuring again" in x for x in lines), lines
+    finally:
+        get_logger().removeHandler(handler)
 
 
 def test_analytic_profile_counts_real_parameters():

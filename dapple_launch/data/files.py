@@ -149,12 +149,13 @@ def check(data_cfg, model: PipelineModel, global_batch: int, min_val_batch: int)
 def max_token(stream: np.ndarray, path: Path) -> int:
     """The largest id in the stream; a token file's is cached by (path, size, mtime): scanning
     gigabytes once per launch would be the slowest part of it."""
-    from ..profile.measure import cache_dir, write_cached
+    from ..profile.cache import cache_dir, read_cached, write_cached
     st = path.stat()
     ident = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]
     key = cache_dir().parent / "data" / f"max-token-{ident}.json"
-    if not path.is_dir() and key.is_file():
-        return int(json.loads(key.read_text())["max"])
+    cached = None if path.is_dir() else read_cached(key, lambda text: int(json.loads(text)["max"]))
+    if cached is not None:
+        return cached
     top, chunk = 0, 1 << 26
     for a in range(0, len(stream), chunk):
         top = max(top, int(stream[a:a + chunk].max()))

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .measure import cache_dir, write_cached
+from .cache import cache_dir, read_cached, write_cached
 
 SMALL, LARGE = 4096, 4 * 2**20  # bytes: latency-bound, bandwidth-bound
 REPEATS = 15
@@ -116,8 +116,9 @@ def measure_links(processes: int, use_cache: bool = True) -> LinkProfile:
     from ..host import threads_per_rank, usable_cores
     cores = usable_cores()
     path = _cache_path(processes, cores)
-    if use_cache and path.is_file():
-        return LinkProfile(**json.loads(path.read_text()))
+    cached = read_cached(path, lambda text: LinkProfile(**json.loads(text))) if use_cache else None
+    if cached is not None:
+        return cached
     threads = threads_per_rank(processes, cores)  # what the local launcher gives each rank
     timings = {int(k): v for k, v in run_gloo_probe(_time_links, processes, threads)[0].items()}  # (rank 0's)
     (p2p_small, ar_small), (p2p_large, ar_large) = timings[SMALL], timings[LARGE]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer
 from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
 from ..models.split_backward import backward_input
+from .cache import cache_dir, read_cached, write_cached
 from .model_profile import LayerProfile, ModelProfile, chain
 
 
@@ -28,19 +28,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device).replace(" ", "-")
     return f"cpu-{torch.get_num_threads()}t"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DAPPLE_CACHE", Path.home() / ".cache" / "dapple_launch")) / "profiles"
-
-
-def write_cached(path: Path, text: str) -> None:
-    """Atomic: a concurrent reader of the cache sees the old file or the whole new one, and two
-    writers (each with its own temporary file) never interleave."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str = "32") -> str:
@@ -235,8 +222,9 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
     dev = torch.device(device)
     name = device_name(dev)
     path = cache_dir() / f"{model.name}-b{batch_size}-{name}-{cache_key(model, batch_size, name, precision)}.json"
-    if use_cache and path.is_file():
-        return ModelProfile.from_json(path.read_text())
+    cached = read_cached(path, ModelProfile.from_json) if use_cache else None
+    if cached is not None:
+        return cached
     small, large = batch_size, 4 * batch_size
     at_small, noisy = settled_times(lambda: _time_layers(model, small, dev, repeats, seed, precision))
     at_large, noisy_large = settled_times(lambda: _time_layers(model, large, dev, repeats, seed, precision))

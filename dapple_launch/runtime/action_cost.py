@@ -38,7 +38,7 @@ VERSION = 1  # of the probe's method: a cache written by another is measured aga
 def _cache_path(processes: int, cores: int) -> Path:
     import torch
 
-    from ..profile.measure import cache_dir
+    from ..profile.cache import cache_dir
     return cache_dir() / f"actions-gloo-{processes}p-{cores}c-torch{torch.__version__.split('+')[0]}.json"
 
 
@@ -107,13 +107,12 @@ def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bo
     docstring). `links`: those measured between as many processes (None for one: no transfers)."""
     from ..host import threads_per_rank, usable_cores
     from ..profile.links import run_gloo_probe
-    from ..profile.measure import write_cached
+    from ..profile.cache import read_cached, write_cached
     cores = usable_cores()
     path = _cache_path(processes, cores)
-    if use_cache and path.is_file():
-        cached = json.loads(path.read_text())
-        if cached.get("version") == VERSION:
-            return float(cached["action_overhead_s"])
+    cached = read_cached(path, json.loads) if use_cache else None
+    if isinstance(cached, dict) and cached.get("version") == VERSION and isinstance(cached.get("action_overhead_s"), (int, float)):
+        return float(cached["action_overhead_s"])
     # one of the probe's transfers (a micro-batch's activation or its gradient, fp32) over the measured links
     send = links.p2p_latency_s + ROWS * WIDTH * 4.0 / links.p2p_bandwidth if links is not None else 0.0
     threads = threads_per_rank(processes, cores)
