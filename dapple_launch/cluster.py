@@ -67,8 +67,7 @@ class Topology:
         r = len(devices)
         if r <= 1 or nbytes <= 0:
             return 0.0
-        bw, lat = self.allreduce_link(self.spans_nodes(devices))
-        return 2 * (r - 1) / r * nbytes / bw + 2 * (r - 1) * lat
+        return ring_allreduce_s(r, nbytes, self.allreduce_link(self.spans_nodes(devices)))
 
     def allreduce_link(self, across_nodes: bool) -> tuple[float, float]:
         """(bus bandwidth, latency per ring step) of an all-reduce inside a node or across nodes."""
@@ -77,3 +76,10 @@ class Topology:
                     self.inter_node_allreduce_latency_s or self.inter_node_latency_s)
         return (self.intra_node_allreduce_bandwidth or self.intra_node_bandwidth,
                 self.intra_node_allreduce_latency_s or self.intra_node_latency_s)
+
+
+def ring_allreduce_s(replicas: int, nbytes: float, link: tuple[float, float]) -> float:
+    """A ring all-reduce of `nbytes` over `replicas` devices on `link` (Topology.allreduce_link's
+    bus bandwidth and latency per step): each byte crosses 2 (r - 1) / r times, in 2 (r - 1) steps."""
+    bw, lat = link
+    return 2 * (replicas - 1) / replicas * nbytes / bw + 2 * (replicas - 1) * lat

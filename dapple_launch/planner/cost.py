@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from ..cluster import Topology
+from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD, StageCosts, build_schedule, simulate, zero_bubble
 from ..schedule.gpipe import compute_orders as gpipe_orders
@@ -335,9 +335,8 @@ def _stage_allreduce(profile: ModelProfile, topology: Topology, st: StageSpec, s
     duration = backward(st.start)
     # a bucket is complete once the action has run the layers from its lowest weighted one up
     ready = [backward(low) for low, _ in buckets]
-    r = st.replicas  # Topology.allreduce_s per bucket, its link looked up once
-    bw, lat = topology.allreduce_link(topology.spans_nodes(st.devices))
-    costs = [2 * (r - 1) / r * nbytes / bw + 2 * (r - 1) * lat for _, nbytes in buckets]
+    link = topology.allreduce_link(topology.spans_nodes(st.devices))  # (Topology.allreduce_s, looked up once)
+    costs = [ring_allreduce_s(st.replicas, nbytes, link) for _, nbytes in buckets]
     ratio = 1.0 if st.start == 0 else 0.5 if share is None else share
     total, after_b = exposed(ready, costs, duration)
     after_w = exposed([x * ratio for x in ready], costs, duration * ratio)[1]

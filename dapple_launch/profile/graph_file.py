@@ -9,6 +9,7 @@ sorted topologically, keeping file order wherever the edges allow.
 from __future__ import annotations
 
 import heapq
+import math
 import re
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def _number(text: str, where: str) -> float:
         value = float(text)
     except ValueError:
         raise ProfileFileError(f"{where}: {text!r} is not a number") from None
-    if value != value or value in (float("inf"), float("-inf")):  # a time or size the planner cannot add up
+    if not math.isfinite(value):  # a time or size the planner cannot add up
         raise ProfileFileError(f"{where}: {text!r} is not a finite number; give the measured value")
     if value < 0:
         raise ProfileFileError(f"{where}: negative value {value}")

@@ -102,6 +102,13 @@ def fit_action_cost(world: int, iteration_s: float, forward_s: float, backward_s
     return (lo + hi) / 2
 
 
+def _cached_cost(text: str) -> float | None:
+    """A cache entry's cost per action; None when another version of the probe wrote it (measured
+    again without a warning); a damaged entry raises, for read_cached to warn and measure again."""
+    entry = json.loads(text)
+    return float(entry["action_overhead_s"]) if entry.get("version") == VERSION else None
+
+
 def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bool = True) -> float:
     """Seconds the runtime adds to each compute action with `processes` local ranks (see the module's
     docstring). `links`: those measured between as many processes (None for one: no transfers)."""
@@ -110,9 +117,9 @@ def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bo
     from ..profile.cache import read_cached, write_cached
     cores = usable_cores()
     path = _cache_path(processes, cores)
-    cached = read_cached(path, json.loads) if use_cache else None
-    if isinstance(cached, dict) and cached.get("version") == VERSION and isinstance(cached.get("action_overhead_s"), (int, float)):
-        return float(cached["action_overhead_s"])
+    cached = read_cached(path, _cached_cost) if use_cache else None
+    if cached is not None:
+        return cached
     # one of the probe's transfers (a micro-batch's activation or its gradient, fp32) over the measured links
     send = links.p2p_latency_s + ROWS * WIDTH * 4.0 / links.p2p_bandwidth if links is not None else 0.0
     threads = threads_per_rank(processes, cores)
