@@ -120,3 +120,45 @@ def test_each_rank_binds_the_gpu_the_plan_placed_it_on(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match="needs 4 ranks"):
         PlannedEnvironment(plan, 4)
+
+
+CHUNKED_FIXED = {
+    "zbv": ["strategy.stages=8", "strategy.num_micro_batches=4"],
+    "interleaved_1f1b": ["strategy.stages=8", "strategy.chunks=2", "strategy.num_micro_batches=4"],
+    "interleaved_zb": ["strategy.stages=8", "strategy.chunks=2", "strategy.num_micro_batches=4"],
+    "chimera": ["strategy.stages=4", "strategy.num_micro_batches=4"],
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(CHUNKED_FIXED))
+def test_a_plan_whose_device_groups_hold_several_stages_runs_from_its_file_and_on_slurm(schedule, compose_cfg, tmp_path):
+    """Interleaved, ZB-V and Chimera put several stages on one device group: the checks that Slurm
+    submission and strategy=file run accept such a plan as planned (they refused every shared
+    device, so `python -m dapple_launch model=bert cluster=v100x16` stopped after planning a ZB-V
+    plan), and refuse a group whose stages disagree on its devices, or a device in two groups."""
+    from dapple_launch.plan_config import plan_from_config, plan_from_file, topology_from_config
+    cfg = compose_cfg(["model=bert", "cluster=v100x16", "strategy=fixed", f"strategy.schedule={schedule}",
+                       *CHUNKED_FIXED[schedule]])
+    plan, topo = plan_from_config(cfg), topology_from_config(cfg.cluster)
+    assert len({d for s in plan.stages for d in s.devices}) < sum(s.replicas for s in plan.stages)  # shared
+    check_plan_runs_on(plan, topo, plan.num_layers)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert plan_from_file(str(path), topo, plan.num_layers, plan.global_batch_size) == Plan.load(path)
+    last = plan.stages[-1]  # shares a group with stage 0 (ZB-V, Chimera) or with a middle stage
+    for devices, words in (
+            (tuple(reversed(last.devices)), "list the same devices in the same order"),
+            ((plan.stages[1].devices[0], *last.devices[1:]), "same devices in the same order"),
+            ((last.devices[0],) * last.replicas, "more than once")):
+        edited = dataclasses.replace(plan, stages=(*plan.stages[:-1], dataclasses.replace(last, devices=devices)))
+        with pytest.raises(ValueError, match=words):
+            check_plan_runs_on(edited, topo, plan.num_layers)
+
+
+def test_the_headline_plan_passes_the_submission_checks(compose_cfg):
+    """`python -m dapple_launch model=bert cluster=v100x16`: whatever schedule the planner picks,
+    the plan it prints is one the cluster's checks accept."""
+    from dapple_launch.plan_config import plan_from_config, topology_from_config
+    cfg = compose_cfg(["model=bert", "cluster=v100x16"])
+    plan = plan_from_config(cfg)
+    check_plan_runs_on(plan, topology_from_config(cfg.cluster), plan.num_layers)

@@ -5,6 +5,7 @@ Run with `pytest -m slurm` after `slurm/dev-cluster.sh start`; scripts/test.sh d
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -57,6 +58,21 @@ def test_submitted_pipelined_job_trains_and_checkpoints(tmp_path):
     assert (run / "plan.json").is_file()
     got = losses(run)
     assert got[min(got)] > got[max(got)]
+    assert [p.name for p in find_checkpoints(run / "checkpoints")][-1] == "step000020.ckpt"
+
+
+def test_a_plan_whose_device_groups_hold_several_stages_is_submitted_and_trains(tmp_path):
+    """ZB-V: four stages on two tasks, each task holding two stages (what the planner picks for
+    model=bert cluster=v100x16): submitted as planned, trained, checkpointed."""
+    run = tmp_path / "run"
+    out = cli([*TWO_TASKS, "strategy=fixed", "strategy.schedule=zbv", "strategy.stages=4", "strategy.num_micro_batches=4",
+               "trainer.max_steps=20", "trainer.checkpoint_every_n_steps=10", "launcher.wait=true",
+               f"hydra.run.dir={run}"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "finished" in out.stdout
+    assert json.loads((run / "plan.json").read_text())["schedule"] == "zbv"
+    got = losses(run)
+    assert len(got) == 20 and all(map(math.isfinite, got.values()))
     assert [p.name for p in find_checkpoints(run / "checkpoints")][-1] == "step000020.ckpt"
 
 

@@ -38,16 +38,7 @@ def check_plan_runs_on(plan: Plan, topology: Topology, num_layers: int | None = 
                 f"stage {s} is placed on device(s) {bad}, which cluster {topology.name} does not have: it has "
                 f"{topology.nodes} node(s) × {k} devices = ids 0..{D - 1}; re-plan for this cluster or use one "
                 f"with more nodes (cluster.nodes)")
-    owners: dict[int, list[int]] = {}
-    for s, stage in enumerate(plan.stages):
-        for d in stage.devices:
-            owners.setdefault(d, []).append(s)
-    shared = {d: st for d, st in owners.items() if len(st) > 1}
-    if shared:
-        d, st = next(iter(sorted(shared.items())))
-        raise ValueError(
-            f"device {d} is given to stages {sorted(set(st))} (and {len(shared) - 1} more shared device(s)); each "
-            f"device runs one replica of one stage: give every replica its own device id")
+    _check_device_sharing(plan)
     stops = [s.layers for s in plan.stages]
     expected = 0
     for s, (a, z) in enumerate(stops):
@@ -61,6 +52,52 @@ def check_plan_runs_on(plan: Plan, topology: Topology, num_layers: int | None = 
     if plan.micro_batch_size * plan.num_micro_batches != plan.global_batch_size:
         raise ValueError(f"micro_batch_size {plan.micro_batch_size} × num_micro_batches {plan.num_micro_batches} "
                          f"must equal global_batch_size {plan.global_batch_size}")
+
+
+def _check_device_sharing(plan: Plan) -> None:
+    """One stage per device, but where the schedule puts several stages on one device group
+    (interleaved, ZB-V, Chimera): there every stage of a group lists that group's devices, in one
+    order (a replica's rank hands its slice of a micro-batch to the same replica of the group's
+    next stage), and no device is in two groups."""
+    from ..schedule import CHUNKED_SCHEDULES
+    if plan.schedule not in CHUNKED_SCHEDULES:
+        owners: dict[int, list[int]] = {}
+        for s, stage in enumerate(plan.stages):
+            for d in stage.devices:
+                owners.setdefault(d, []).append(s)
+        shared = {d: st for d, st in owners.items() if len(st) > 1}
+        if shared:
+            d, st = next(iter(sorted(shared.items())))
+            raise ValueError(
+                f"device {d} is given to stages {sorted(set(st))} (and {len(shared) - 1} more shared device(s)); under "
+                f"schedule {plan.schedule} each device runs one replica of one stage: give every replica its own "
+                f"device id, or use a schedule that puts several stages on a device group ({', '.join(CHUNKED_SCHEDULES)})")
+        return
+    schedule = plan.build_schedule()  # a ValueError naming the rule where stages and chunks do not fit the family
+    group_devices: dict[int, tuple[int, tuple[int, ...]]] = {}  # group -> (the first stage listing it, its devices)
+    for s, stage in enumerate(plan.stages):
+        groups = schedule.placement[s]
+        if len(stage.devices) % len(groups):
+            raise ValueError(f"stage {s} lists {len(stage.devices)} devices but sits on {len(groups)} device groups "
+                             f"under {plan.schedule} (a Chimera stage lists its down copy's devices, then its up "
+                             f"copy's): list the same number for each")
+        part = len(stage.devices) // len(groups)
+        for j, g in enumerate(groups):
+            devices = tuple(stage.devices[j * part:(j + 1) * part])
+            if len(set(devices)) != len(devices):
+                raise ValueError(f"stage {s} lists device(s) {sorted({d for d in devices if devices.count(d) > 1})} "
+                                 f"more than once in {list(devices)}: each replica runs on its own device")
+            first, known = group_devices.setdefault(g, (s, devices))
+            if known != devices:
+                raise ValueError(
+                    f"stages {first} and {s} share device group {g} under {plan.schedule} but list its devices as "
+                    f"{list(known)} and {list(devices)}: the stages of a group list the same devices in the same order")
+    seen: dict[int, int] = {}
+    for g, (_, devices) in sorted(group_devices.items()):
+        for d in devices:
+            if seen.setdefault(d, g) != g:
+                raise ValueError(f"device {d} is in device groups {seen[d]} and {g} under {plan.schedule}; each device "
+                                 f"belongs to one group: give each group its own device ids")
 
 
 def check_world_size(plan: Plan, world_size: int) -> None:
