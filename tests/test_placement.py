@@ -137,8 +137,8 @@ def test_a_plan_whose_device_groups_hold_several_stages_runs_from_its_file_and_o
     device, so `python -m dapple_launch model=bert cluster=v100x16` stopped after planning a ZB-V
     plan), and refuse a group whose stages disagree on its devices, or a device in two groups."""
     from dapple_launch.plan_config import plan_from_config, plan_from_file, topology_from_config
-    cfg = compose_cfg(["model=gpt", "model.num_layers=8", "model.hidden=32", "model.heads=2", "model.seq_len=16",
-                       "cluster=v100x16", "strategy=fixed", f"strategy.schedule={schedule}", *CHUNKED_FIXED[schedule]])
+    cfg = compose_cfg(["model=from_profile", "model.profile=bert-48-pbs-2", "cluster=v100x16", "strategy=fixed",
+                       f"strategy.schedule={schedule}", *CHUNKED_FIXED[schedule]])  # (a profile file: no model to trace)
     plan, topo = plan_from_config(cfg), topology_from_config(cfg.cluster)
     assert len({d for s in plan.stages for d in s.devices}) < sum(s.replicas for s in plan.stages)  # shared
     check_plan_runs_on(plan, topo, plan.num_layers)
