@@ -50,6 +50,13 @@ def test_every_recipe_plans_in_a_dry_run(tmp_path, recipe):
     plan = json.loads((run / "plan.json").read_text())
     assert plan["micro_batch_size"] * plan["num_micro_batches"] == plan["global_batch_size"]
     assert "nothing started" in out.stdout
+    # the plan a dry run prints is one the launch accepts: the checks Slurm submission and
+    # strategy=file run (bert-large-v100x16 plans ZB-V, whose device groups hold two stages each)
+    from dapple_launch.plan_config import topology_from_config
+    from dapple_launch.planner.plan import Plan
+    from dapple_launch.runtime.placement import check_plan_runs_on
+    written = Plan.load(run / "plan.json")
+    check_plan_runs_on(written, topology_from_config(compose([f"+recipe={recipe}"]).cluster), written.num_layers)
 
 
 @pytest.mark.slow
