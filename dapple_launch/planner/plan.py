@@ -123,12 +123,14 @@ class Plan:
         """The devices of the device group running orders[group]: its first stage's, or where a stage
         sits on two groups (Chimera) the half of that stage's devices that group holds (a stage lists
         its down pipeline's copy first)."""
-        s = schedule.stages_of(group)[0]
-        devices = self.stages[s].devices
-        if len(schedule.placement[s]) == 1:
-            return tuple(devices)
-        half = len(devices) // 2
-        return tuple(devices[:half] if schedule.placement[s][0] == group else devices[half:])
+        return dict(self.devices_by_group(schedule, schedule.stages_of(group)[0]))[group]
+
+    def devices_by_group(self, schedule, stage: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(group, its devices) for each device group holding `stage`, in the stage's device order:
+        a stage's devices split evenly among its groups (Chimera: the down copy's first)."""
+        groups, devices = schedule.placement[stage], self.stages[stage].devices
+        part = len(devices) // len(groups)
+        return tuple((g, tuple(devices[j * part:(j + 1) * part])) for j, g in enumerate(groups))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":

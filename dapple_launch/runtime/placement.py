@@ -81,9 +81,7 @@ def _check_device_sharing(plan: Plan) -> None:
             raise ValueError(f"stage {s} lists {len(stage.devices)} devices but sits on {len(groups)} device groups "
                              f"under {plan.schedule} (a Chimera stage lists its down copy's devices, then its up "
                              f"copy's): list the same number for each")
-        part = len(stage.devices) // len(groups)
-        for j, g in enumerate(groups):
-            devices = tuple(stage.devices[j * part:(j + 1) * part])
+        for g, devices in plan.devices_by_group(schedule, s):
             if len(set(devices)) != len(devices):
                 raise ValueError(f"stage {s} lists device(s) {sorted({d for d in devices if devices.count(d) > 1})} "
                                  f"more than once in {list(devices)}: each replica runs on its own device")
