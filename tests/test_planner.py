@@ -479,7 +479,7 @@ def test_best_first_over_layouts_and_micro_batches_equals_the_full_sweep(seed):
         layouts = [(layout, rng.choice([1, len(layout)])) for layout in
                    rng.sample(list(all_layouts(profile, topo, 4, 4)), 12)]
         G = rng.choice([16, 32, 48])
-        for limits in (Limits(), Limits(recompute="auto"), Limits(schedule="gpipe")):
+        for limits in (Limits(), Limits(recompute="auto"), Limits(schedule="gpipe"), Limits(schedule="zb_h1")):
             full = None
             for index, (layout, least) in enumerate(layouts):
                 for m in divisors(G):
@@ -494,6 +494,24 @@ def test_best_first_over_layouts_and_micro_batches_equals_the_full_sweep(seed):
                 continue
             assert got.iteration_s == pytest.approx(full.iteration_s, rel=1e-12)
             assert got.fits
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_compute_floor_baselines_skip_by_stays_below_the_simulator(seed):
+    """baselines.compute_floor (the busiest stage's compute, no links) is a lower bound: no layout,
+    micro-batch size or schedule family runs faster under the simulator, with transfers, all-reduces,
+    recomputation and each action's own overhead."""
+    from dapple_launch.planner.baselines import compute_floor
+    from dapple_launch.planner.cost import speed_ratio
+    rng = random.Random(90 + seed)
+    profile = random_profile(rng, 7)
+    topo = Topology("t", 2, 4, 32e9, 1.0, 5e10, 1e9, action_overhead_s=rng.choice([0.0, 1e-4]))
+    for layout in rng.sample(list(all_layouts(profile, topo, 4, 4)), 40):
+        b = rng.choice([4, 8])
+        m = rng.choice([1, 2, 4, 8])
+        floor = compute_floor(profile, layout, b, m, speed_ratio(profile, topo))
+        for limits in (Limits(), Limits(schedule="gpipe"), Limits(schedule="zb_h1"), Limits(recompute="full")):
+            assert floor <= evaluate(profile, topo, layout, b, m, limits).iteration_s * (1 + 1e-12)
 
 
 def test_the_screen_never_drops_a_candidate_that_fits_and_beats():

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
+from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio, stage_costs
 from ..schedule.one_f_one_b import deeper_warmup
 
 
@@ -33,11 +33,13 @@ def fastest(profile: ModelProfile, topology: Topology, layouts: list[tuple[tuple
             global_batch: int, limits: Limits) -> Costed | None:
     """The fastest (layout, micro-batch count) that fits memory over `layouts`, each with its least
     micro-batch count; ties (within rounding) go to the earlier layout, then the fewer micro-batches.
-    Under 1F1B the candidates are simulated best-first by warmup.py's bound (valid at any warm-up;
-    recomputation only adds time) and the rest skipped once the bound passes the best found: the
-    full sweep's answer at a fraction of its simulations."""
+    The candidates are taken in increasing compute_floor and the rest skipped once the floor passes
+    the best found; under 1F1B one whose warmup.py bound (valid at any warm-up; recomputation only
+    adds time) passes it is not simulated: the full sweep's answer at a fraction of its stage costs
+    and simulations."""
     from .warmup import warmup_bound  # (warmup.py's search imports this module's callers)
     todo = []
+    speed = speed_ratio(profile, topology)
     for index, (layout, min_micro_batches) in enumerate(layouts):
         widest = max(s.replicas for s in layout)
         for m in divisors(global_batch):
@@ -46,19 +48,29 @@ def fastest(profile: ModelProfile, topology: Topology, layouts: list[tuple[tuple
                 continue
             if limits.micro_batch_size and b != limits.micro_batch_size:
                 continue
-            costs = stage_costs(profile, topology, layout, b)
-            bound = warmup_bound(costs, m, deeper_warmup(len(layout), m, 1)) if limits.schedule == "1f1b" else 0.0
-            todo.append((bound, index, m, layout, costs))
+            todo.append((compute_floor(profile, layout, b, m, speed), index, m, layout))
     best, best_key = None, None
-    for bound, index, m, layout, costs in sorted(todo, key=lambda x: x[:3]):
-        if best is not None and bound > best.iteration_s * (1 + TIE):
+    # by the busiest stage's compute first: a layout's stage costs (links, all-reduces) are costed
+    # only while that floor can still beat the best found (the P:Q family's ~1000 layouts × sizes)
+    for floor, index, m, layout in sorted(todo, key=lambda x: x[:3]):
+        if best is not None and floor > best.iteration_s * (1 + TIE):
             break  # none left can be faster (ties within rounding are still simulated)
+        costs = stage_costs(profile, topology, layout, global_batch // m)
+        if best is not None and limits.schedule == "1f1b" and \
+                warmup_bound(costs, m, deeper_warmup(len(layout), m, 1)) > best.iteration_s * (1 + TIE):
+            continue
         c = evaluate(profile, topology, layout, global_batch // m, m, limits, costs=costs, time_unless_fits=False,
                      cutoff=best.iteration_s * (1 + TIE) if best is not None else math.inf)
         if c.fits and (best is None or c.iteration_s < best.iteration_s * (1 - TIE)
                        or (c.iteration_s <= best.iteration_s * (1 + TIE) and (index, m) < best_key)):
             best, best_key = c, (index, m)
     return best
+
+
+def compute_floor(profile: ModelProfile, layout: tuple[StageSpec, ...], b: int, m: int, speed: float) -> float:
+    """No schedule runs the layout faster: every stage's device runs m forwards and m backwards of its
+    layers on its share of b samples, one after another (stage_costs' compute, without the links)."""
+    return m * speed * max(sum(profile.seconds(s.start, s.stop, math.ceil(b / s.replicas))) for s in layout)
 
 
 TIE = 1e-12  # two times this close are one time summed in two orders
