@@ -58,6 +58,9 @@ def test_cut_carries_skip_edges():
      "'nan' is not a finite number"),
     ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=inf, parameter_size=0",
      "'inf' is not a finite number"),
+    ("node1 -- a -- forward_compute_time=0, backward_compute_time=0.0, activation_size=1, parameter_size=0\n"
+     "node2 -- b -- forward_compute_time=0, backward_compute_time=0, activation_size=1, parameter_size=8\n",
+     "all 2 nodes have forward_compute_time and backward_compute_time 0"),
 ])
 def test_bad_profile_files_name_line_and_reason(text, reason):
     with pytest.raises(ProfileFileError, match=reason) as e:
@@ -277,3 +280,13 @@ def test_passes_agree_by_layer_and_combine_by_median():
     assert unsettled([[row(10e-6, 10e-6)], [row(40e-6, 50e-6)]]) == []  # under 50 µs apart: jitter
     combined = combine_passes([one, two, [row(1e-3, 2e-3), row(2.2e-3, 4.2e-3, 2.1e-3)]])
     assert combined[1] == ("x", 2.2e-3, 4.2e-3, 10.0, 20.0, 30.0, 2.1e-3)  # the medians; bytes as counted
+
+
+def test_a_profile_whose_layers_all_take_no_time_is_refused_wherever_it_comes_from():
+    """The planner balances stages by time and states plans as shares of it: a profile of zero time
+    (a model's own profile_layers, a hand-built chain) is refused with the fix, not divided by."""
+    from dapple_launch.profile import LayerProfile, chain
+    with pytest.raises(ValueError, match=r"profile 'idle': all 2 layers have forward and backward time 0; give each "
+                                         r"layer its measured time"):
+        chain("idle", [LayerProfile("a", 0.0, 0.0, 1.0, 0.0), LayerProfile("b", 0.0, 0.0, 1.0, 8.0)], batch_size=1)
+    assert chain("one", [LayerProfile("a", 0.0, 0.0, 1.0, 0.0), LayerProfile("b", 0.0, 1e-3, 1.0, 8.0)], 1).num_layers == 2

@@ -60,6 +60,10 @@ class ModelProfile:
             raise ValueError(f"profile {self.name!r} has no layers")
         if self.batch_size < 1:
             raise ValueError(f"profile {self.name!r}: profile batch size must be >= 1, got {self.batch_size}")
+        if not sum(x.forward_s + x.backward_s for x in self.layers) > 0:
+            # the planner balances stages by time and states its plans as shares of the total
+            raise ValueError(f"profile {self.name!r}: all {len(self.layers)} layers have forward and backward time 0; "
+                             f"give each layer its measured time (forward_compute_time, backward_compute_time)")
 
     @property
     def num_layers(self) -> int:
