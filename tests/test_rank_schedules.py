@@ -160,12 +160,15 @@ def test_chimera_all_reduces_a_stage_after_its_last_backward_on_both_ranks():
 
 def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
     """plan.json's `orders` and per-stage costs are enough: rebuilt as rank orders, the simulator
-    gives the plan's own simulated time, with no knowledge of the schedule's name."""
+    gives the plan's own simulated time, with no knowledge of the schedule's name: every family,
+    device groups holding several stages and Chimera's stages on two groups included."""
     rng = random.Random(5)
     profile = random_profile(rng, 6)
     topo = Topology("t", 1, 4, 32e9, 10, 20e9, 5e9)
-    for schedules in (("1f1b",), ("zb_h1",)):
+    for schedules in (("1f1b",), ("zb_h1",), ("gpipe",), ("interleaved_1f1b",), ("interleaved_zb",), ("zbv",),
+                      ("chimera",)):
         p = plan(profile, topo, 16, Limits(schedules=schedules))
+        assert p.schedule == schedules[0]
         d = json.loads(json.dumps(p.to_dict()))
         orders = [steps_from_json(o["actions"]) for o in d["orders"]]
         placement = tuple(tuple(g for g, o in enumerate(orders) if any(a.stage == s for a in o))
