@@ -60,7 +60,8 @@ def test_cut_carries_skip_edges():
      "'inf' is not a finite number"),
     ("node1 -- a -- forward_compute_time=0, backward_compute_time=0.0, activation_size=1, parameter_size=0\n"
      "node2 -- b -- forward_compute_time=0, backward_compute_time=0, activation_size=1, parameter_size=8\n",
-     "all 2 nodes have forward_compute_time and backward_compute_time 0"),
+     "profile 'bad': all 2 layers have forward and backward time 0; give each layer its measured time "
+     r"\(forward_compute_time, backward_compute_time\)"),
 ])
 def test_bad_profile_files_name_line_and_reason(text, reason):
     with pytest.raises(ProfileFileError, match=reason) as e:
