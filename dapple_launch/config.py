@@ -45,7 +45,8 @@ GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
 BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
 VGGPreset = choice("VGGPreset", "imagenet", "tiny")
 StrategyName = choice("StrategyName", "auto", "fixed", "file")
-ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
+ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera",
+                      "1f1b_rr", "zb_h1_rr")
 RecomputeName = choice("RecomputeName", "none", "full", "selective", "auto")
 Objective = choice("Objective", "time", "memory", "pareto")
 DevicesChoice = choice("DevicesChoice", "all", "auto")
@@ -252,6 +253,9 @@ class FixedStrategyConfig(PlannedStrategyConfig):
     warmup_depth: int = 1  # 1F1B in-flight micro-batches as a multiple of DAPPLE's S - s
     # interleaved_1f1b: stages per device group (v >= 2; `stages` counts all v·P of them); zbv holds 2
     chunks: int = 2
+    # 1f1b_rr, zb_h1_rr: round-robin copies per stage (one count for all, or one per stage; each
+    # divides its stage's replicas); [] = the fewest whose copies split a micro-batch evenly
+    copies: List[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -259,6 +263,11 @@ class FixedStrategyConfig(PlannedStrategyConfig):
                   warmup_depth=self.warmup_depth, chunks=self.chunks)
         for r in self.replicas:
             _need(r >= 1, "strategy.replicas", list(self.replicas), "every replica count must be >= 1")
+        for c in self.copies:
+            _need(c >= 1, "strategy.copies", list(self.copies), "every copy count must be >= 1")
+        _need(not self.copies or str(self.schedule) in ("1f1b_rr", "zb_h1_rr"), "strategy.copies", list(self.copies),
+              f"is a setting of strategy.schedule=1f1b_rr or zb_h1_rr (stages of round-robin copies), not "
+              f"{self.schedule}: drop it or change the schedule")
 
 
 @dataclass

@@ -36,9 +36,11 @@ Keys set most often:
   strategy.schedule=1f1b|gpipe|zb_h1 strategy.warmup_depth=K                 (strategy=fixed)
   strategy.schedule=interleaved_1f1b|interleaved_zb strategy.chunks=v | zbv | chimera  (strategy=fixed; groups
       holding several stages: stages counts all of them, replicas one per group)
+  strategy.schedule=1f1b_rr|zb_h1_rr strategy.copies=[C,..]  (strategy=fixed; a stage's replicas as C
+      round-robin copies, each running whole micro-batches in turn: PipeDream's replicated stages)
   strategy.max_stages=S strategy.search_nodes=N                             (strategy=auto)
-  strategy.schedules=[1f1b,zb_h1,interleaved_1f1b,interleaved_zb,zbv,chimera]  the families to choose from
-      (strategy=auto; default all six)
+  strategy.schedules=[1f1b,zb_h1,interleaved_1f1b,interleaved_zb,zbv,chimera,1f1b_rr,zb_h1_rr]  the families
+      to choose from (strategy=auto; default all eight)
   strategy.recompute=none|full|selective|auto  activation recomputation; selective takes
       strategy.recompute_counts=[first layers per stage] or strategy.recompute_layers=[positions]
   strategy.objective=time|memory|pareto strategy.memory_budget_gib=G       (strategy=auto; pareto writes

@@ -21,7 +21,7 @@ _SHAPE_KEYS["bert"] = _SHAPE_KEYS["gpt"]
 PROFILE_BATCH = 2
 
 # strategy=auto's families when none are named (README: strategy.schedules)
-DEFAULT_SCHEDULES = ("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
+DEFAULT_SCHEDULES = ("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera", "1f1b_rr", "zb_h1_rr")
 
 
 def model_from_config(m: DictConfig) -> PipelineModel:
@@ -154,7 +154,8 @@ def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
                   auto_token_slices=slices == "auto" and str(s.recompute) not in ("full", "selective"), seq_len=seq_len,
                   recompute_layers=tuple(int(i) for i in s.recompute_layers),
                   recompute_counts=tuple(int(i) for i in s.recompute_counts),
-                  **({"chunks": int(s.chunks)} if "chunks" in s else {}), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
+                  **({"chunks": int(s.chunks)} if "chunks" in s else {}),
+                  **({"copies": tuple(int(c) for c in s.copies)} if "copies" in s else {}), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
                                                 "max_warmup_depth": s.max_warmup_depth,
                                                 "schedules": auto_schedules(s)} if auto else {}))
 

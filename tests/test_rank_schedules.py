@@ -166,7 +166,7 @@ def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
     profile = random_profile(rng, 6)
     topo = Topology("t", 1, 4, 32e9, 10, 20e9, 5e9)
     for schedules in (("1f1b",), ("zb_h1",), ("gpipe",), ("interleaved_1f1b",), ("interleaved_zb",), ("zbv",),
-                      ("chimera",)):
+                      ("chimera",), ("1f1b_rr",), ("zb_h1_rr",)):
         p = plan(profile, topo, 16, Limits(schedules=schedules))
         assert p.schedule == schedules[0]
         d = json.loads(json.dumps(p.to_dict()))
@@ -233,7 +233,7 @@ def test_recomputation_runs_on_the_families_with_a_whole_backward_and_the_planne
             assert c["backward_s"] > n["backward_s"] and c["activation_bytes"] < n["activation_bytes"]
         assert Plan.from_json(full.to_json()) == full
     cfg = compose_cfg(["strategy=auto", "strategy.recompute=full", "global_batch_size=8"])
-    assert auto_schedules(cfg.strategy) == ("1f1b", "interleaved_1f1b", "chimera")
+    assert auto_schedules(cfg.strategy) == ("1f1b", "interleaved_1f1b", "chimera", "1f1b_rr")
     chosen = plan_from_config(cfg)
     assert chosen.schedule in ("1f1b", "interleaved_1f1b", "chimera") and not chosen.token_slices
     assert all(s.recompute_layers == tuple(range(*s.layers)) for s in chosen.stages)

@@ -11,17 +11,22 @@ from .chunked import CHUNKED
 from .cost import Costed, Limits, StageSpec, evaluate, simulate_costed
 from .explain import human_bytes
 from .plan import Estimate, Plan, RunnerUp, StagePlan
+from ..schedule.round_robin import RR_FAMILIES
+from .round_robin import RR, canonical_copies, check_copies, evaluate_rr
 
 MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1, "zb_h1": lambda stages: stages,
-                     "terapipe": lambda stages: 1}
+                     "terapipe": lambda stages: 1,
+                     # stages of copies: one micro-batch per copy at the least (round_robin_constraint)
+                     "1f1b_rr": lambda stages: 1, "zb_h1_rr": lambda stages: 1}
 
 
 def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: int, planner: str,
             runners_up: list[Costed] = (), data_parallel_s: float | None = None) -> Plan:
     sim = simulate_costed(c)
     sets = c.recompute or ((),) * len(c.layout)
+    copies = c.extra.get("copies", (1,) * len(c.layout))
     stages = tuple(StagePlan((s.start, s.stop), tuple(profile.layers[i].name for i in range(s.start, s.stop)),
-                             s.replicas, s.devices, tuple(marks)) for s, marks in zip(c.layout, sets))
+                             s.replicas, s.devices, tuple(marks), k) for s, marks, k in zip(c.layout, sets, copies))
     return Plan(
         model=profile.name, cluster=topology.name, global_batch_size=global_batch,
         micro_batch_size=c.micro_batch_size, num_micro_batches=c.num_micro_batches, schedule=c.schedule,
@@ -103,11 +108,26 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             f"global_batch_size={global_batch} is not divisible by strategy.num_micro_batches={num_micro_batches}; "
             f"pick a divisor of {global_batch} or set global_batch_size={lo or num_micro_batches}")
     b = global_batch // num_micro_batches
-    if b < max(replicas):
+    rr = limits.schedule in RR
+    copies = tuple(limits.copies) if rr and limits.copies else \
+        tuple(canonical_copies(r, b) for r in replicas) if rr else (1,) * num_stages
+    if rr and len(copies) == 1:
+        copies = copies * num_stages
+    if limits.copies and not rr:
+        raise ValueError(f"strategy.copies={list(limits.copies)} is a setting of schedules {list(RR)} (stages of "
+                         f"round-robin copies); schedule {limits.schedule} splits every micro-batch across a stage's "
+                         f"replicas: drop strategy.copies or use strategy.schedule=1f1b_rr")
+    if rr:  # (the copies' own rules first: they set how many samples a micro-batch must have)
+        why = check_copies(tuple(StageSpec(0, 0, tuple(range(r))) for r in replicas), copies, num_micro_batches)
+        if why:
+            raise ValueError(why)
+    widest = max(r // c for r, c in zip(replicas, copies))
+    if b < widest:
         raise ValueError(
             f"a micro-batch of {b} samples (global_batch_size {global_batch} / {num_micro_batches} micro-batches) "
-            f"cannot be split across {max(replicas)} replicas; need micro_batch_size >= {max(replicas)}: lower "
-            f"strategy.num_micro_batches to <= {global_batch // max(replicas)} or raise global_batch_size")
+            f"cannot be split across {widest} replicas; need micro_batch_size >= {widest}: lower "
+            f"strategy.num_micro_batches to <= {global_batch // widest} or raise global_batch_size"
+            + (" (or use more copies: strategy.copies)" if rr else ""))
     check_micro_batches("terapipe" if limits.token_slices else limits.schedule, num_stages, num_micro_batches)
     if devices:
         if [len(d) for d in devices] != replicas:
@@ -121,11 +141,13 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
         devices = [[next(it) for _ in range(r)] for r in replicas]
     starts, stops = [0, *cuts], [*cuts, L]
     layout = tuple(StageSpec(a, z, tuple(ds)) for a, z, ds in zip(starts, stops, devices))
-    if warmup_depth < 1 or (warmup_depth > 1 and limits.schedule not in ("1f1b", "zb_h1")):
+    if warmup_depth < 1 or (warmup_depth > 1 and limits.schedule not in ("1f1b", "zb_h1", *RR)):
         raise ValueError(f"strategy.warmup_depth={warmup_depth}: must be >= 1 (1 = the minimal warm-up, k = k times "
                          f"as many micro-batches in flight per stage), and deeper than 1 only with strategy.schedule=1f1b "
                          f"or zb_h1")
-    if limits.token_slices:  # TeraPipe on the stated layout, with the stated slices
+    if rr:  # stages of round-robin copies: the simulator of their rank orders
+        c = evaluate_rr(profile, topology, layout, copies, b, num_micro_batches, limits, limits.schedule, warmup_depth)
+    elif limits.token_slices:  # TeraPipe on the stated layout, with the stated slices
         from .terapipe import evaluate_sliced
         c = evaluate_sliced(profile, topology, layout, b, num_micro_batches, limits.token_slices, limits)
     else:
@@ -135,7 +157,12 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             sliced = best_slicing(profile, topology, layout, b, num_micro_batches, limits.seq_len, limits)
             if sliced is not None and len(sliced.extra["token_slices"]) > 1 and sliced.iteration_s < c.iteration_s:
                 c = sliced
-    validate(build_schedule(c.schedule, num_stages, num_micro_batches, c.warmup, c.extra.get("token_slices", ())))
+    if rr:
+        from ..schedule import validate_ranks
+        from ..schedule.round_robin import round_robin
+        validate_ranks(round_robin(c.schedule, copies, num_micro_batches, c.warmup))
+    else:
+        validate(build_schedule(c.schedule, num_stages, num_micro_batches, c.warmup, c.extra.get("token_slices", ())))
     if not c.fits:
         worst = max(range(num_stages), key=lambda s: c.memory_bytes[s])
         raise ValueError(
@@ -144,6 +171,7 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             f"less {limits.memory_headroom:.0%} headroom); use more stages, more micro-batches (smaller ones), or "
             f"strategy=auto")
     # the baseline on its own layout: a per-stage recomputation list means nothing there
+    base = replace(limits, schedule=RR_FAMILIES[limits.schedule], copies=()) if rr else limits  # (its stage order)
     dp = data_parallel(profile, topology, global_batch,
-                       replace(limits, recompute="auto") if limits.recompute == "selective" else limits)
+                       replace(base, recompute="auto") if base.recompute == "selective" else base)
     return to_plan(c, profile, topology, global_batch, "fixed", data_parallel_s=dp.iteration_s if dp else None)

@@ -55,6 +55,9 @@ class Limits:
     seq_len: int | None = None
     # stages per device group: interleaved_1f1b's v (>= 2); zbv holds 2 (planner/chunked.py)
     chunks: int = 1
+    # round-robin copies per stage (schedules 1f1b_rr, zb_h1_rr: planner/round_robin.py); () = the
+    # canonical ones (replicas / gcd(replicas, micro-batch size)); one count = for every stage
+    copies: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
@@ -127,6 +130,7 @@ class Costed:
                 + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}"
                 + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
                 + (f", {self.schedule}" if self.schedule != "1f1b" else "")
+                + (f" copies {':'.join(map(str, self.extra['copies']))}" if "copies" in self.extra else "")
                 + (f", recompute {recompute_text(self.layout, self.recompute)}" if any(self.recompute) else "")
                 + (f", token slices {list(self.extra['token_slices'])}" if "token_slices" in self.extra else ""))
 
@@ -418,6 +422,9 @@ def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tup
 def simulate_costed(c: Costed, record: bool = False):
     """Run the discrete-event simulator on the schedule this candidate would execute (`record`: with
     its timeline, which a plan's check of its estimate does not need)."""
+    if "copies" in c.extra:  # stages of round-robin copies: the rank orders' simulator
+        from .round_robin import simulate_rr
+        return simulate_rr(c, record)
     if "chunks" in c.extra:  # device groups holding several stages: the rank orders' simulator
         from .chunked import simulate_chunked
         return simulate_chunked(c, record)

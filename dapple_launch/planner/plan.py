@@ -17,6 +17,10 @@ class StagePlan:
     # positions (as in `layers`) whose activations are recomputed in the backward rather than kept:
     # () = none, every position of the stage = full (runtime/recompute.py)
     recompute_layers: tuple[int, ...] = ()
+    # round-robin copies (schedules 1f1b_rr, zb_h1_rr): the stage's devices form this many copies of
+    # replicas / copies devices each, micro-batch m running whole on copy m mod copies (its devices
+    # listed copy by copy); 1 = every replica takes a share of every micro-batch
+    copies: int = 1
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ class Plan:
         d = dict(d)
         d["stages"] = tuple(
             StagePlan(tuple(s["layers"]), tuple(s["layer_names"]), int(s["replicas"]), tuple(s["devices"]),
-                      tuple(int(i) for i in s.get("recompute_layers", ())))
+                      tuple(int(i) for i in s.get("recompute_layers", ())), int(s.get("copies", 1)))
             for s in d["stages"])
         e = dict(d["estimate"])
         e["peak_memory_bytes"] = tuple(e["peak_memory_bytes"])
@@ -172,6 +176,13 @@ class Plan:
     def build_schedule(self):
         """The action lists every reader of this plan uses: runtime, simulator, timeline."""
         from ..schedule import CHUNKED_SCHEDULES, build_rank_schedule, build_schedule, num_groups
+        from ..schedule.round_robin import RR_FAMILIES, round_robin
+        if self.schedule in RR_FAMILIES:
+            return round_robin(self.schedule, tuple(s.copies for s in self.stages), self.num_micro_batches,
+                               self.warmup or None)
+        if any(s.copies != 1 for s in self.stages):
+            raise ValueError(f"stage copies are a setting of schedules {sorted(RR_FAMILIES)}; schedule "
+                             f"{self.schedule!r} splits every micro-batch across a stage's replicas: set copies to 1")
         if self.schedule in CHUNKED_SCHEDULES:
             return build_rank_schedule(self.schedule, num_groups(self.schedule, self.num_stages, self.chunks),
                                        self.num_micro_batches, self.chunks)

@@ -25,6 +25,8 @@ from .baselines import all_baselines, balanced_uniform, divisors
 from .branch import BranchAndBound, SearchStats, _OutOfTime, replica_choices
 from .build import to_plan
 from .chunked import CHUNKED
+from ..schedule.round_robin import RR_FAMILIES
+from .round_robin import RR, START_PLANS, search_round_robin
 from .chunked_search import search_chunked
 from .cost import Costed, Limits, StageSpec, evaluate
 from .explain import human_bytes, human_gap
@@ -70,6 +72,9 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     """(best, runners-up, baselines, stats). `with_baselines=False`: the search's own space only (a
     frontier's searches below the first: the baselines were compared once, on the whole card)."""
     t0 = time.perf_counter()
+    if not [f for f in schedules.allowed(limits) if f not in (*CHUNKED, *RR)] and \
+            any(f in RR for f in schedules.allowed(limits)):
+        return _copies_only(profile, topology, global_batch, limits, keep, t0)
     if not [f for f in schedules.allowed(limits) if f not in CHUNKED]:  # chunked families alone
         return _chunked_only(profile, topology, global_batch, limits, keep, t0)
     baselines = all_baselines(profile, topology, global_batch, limits) if with_baselines else {}
@@ -161,6 +166,18 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
         per_b += [c for c in prior if c.schedule in CHUNKED]
         bounds = {b: min(bounds.get(b, math.inf), chunked_bounds.get(b, math.inf)) for b in {*bounds, *chunked_bounds}}
         best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
+    rr = [f for f in RR if f in schedules.allowed(limits)]
+    if rr and best is not None:
+        # stages of round-robin copies (planner/round_robin.py), from the layouts the passes above found best
+        starts = [c for c in found + per_b if c.schedule in ("1f1b", "zb_h1")]
+        copied, rr_bounds, scored = search_round_robin(profile, topology, global_batch, limits, sizes, starts, rr,
+                                                       best.iteration_s)
+        per_b += copied
+        stats.nodes += scored
+        if stats.gap_without_chunked is None:
+            stats.gap_without_chunked = _proven_gap(best.iteration_s, bounds)
+        bounds = {b: min(bounds.get(b, math.inf), rr_bounds.get(b, math.inf)) for b in {*bounds, *rr_bounds}}
+        best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
     stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
     # equal times (a link-bound pipeline is as fast under several warm-ups and both families): the
@@ -177,7 +194,8 @@ def search(profile: ModelProfile, topology: Topology, global_batch: int, limits:
 
 
 LABELS = {"1f1b": "1F1B", "zb_h1": "ZB-H1", "interleaved_1f1b": "interleaved 1F1B",
-          "interleaved_zb": "interleaved zero bubble", "zbv": "ZB-V", "chimera": "Chimera"}
+          "interleaved_zb": "interleaved zero bubble", "zbv": "ZB-V", "chimera": "Chimera",
+          "1f1b_rr": "1F1B of round-robin copies", "zb_h1_rr": "ZB-H1 of round-robin copies"}
 
 
 def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[str, ...], deep: bool) -> str:
@@ -185,9 +203,9 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
     (chunked_search.py) with a weaker bound, so where the plan is of another family the exact claim
     over that family comes first and theirs follows."""
     exact = [LABELS[n] for n in ("1f1b", schedules.FAMILY) if n in allowed]
-    chunked = [LABELS[n] for n in CHUNKED if n in allowed]
+    chunked = [LABELS[n] for n in (*CHUNKED, *RR) if n in allowed]  # (searched with the weaker bounds)
     warm = f" with warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
-    split = bool(exact) and stats.gap_without_chunked is not None and best.schedule not in CHUNKED
+    split = bool(exact) and stats.gap_without_chunked is not None and best.schedule not in (*CHUNKED, *RR)
     if not exact:
         space = f" over {' and '.join(chunked)} layouts and micro-batches"
     elif exact == ["1F1B"] and not chunked:
@@ -207,13 +225,16 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
             how += ("; over 1F1B plans alone: optimal" if alone == 0 else
                     f"; over 1F1B plans alone: within {human_gap(alone)}")
     if split:
-        how += (f"; {' and '.join(chunked)} (device groups holding several stages, cuts searched whole where the "
-                f"budget affords, else locally): none faster" + ("" if stats.proven_gap == 0 else
+        how += (f"; {' and '.join(chunked)} (device groups holding several stages or stages of copies, searched "
+                f"whole where the budget affords, else locally): none faster" + ("" if stats.proven_gap == 0 else
                 f", and their bound (the busiest group's work) leaves this plan within {human_gap(stats.proven_gap)} "
                 f"of the optimum over all {len(exact) + len(chunked)} families"))
     if best.schedule in CHUNKED:
         how += (f"; {LABELS[best.schedule]} with {best.extra['chunks']} stages per device group (costed by the "
                 f"simulator of its rank orders)")
+    if best.schedule in RR:
+        how += (f"; {LABELS[best.schedule]}, copies {':'.join(map(str, best.extra['copies']))} (each runs whole "
+                f"micro-batches in turn; costed by the simulator of their rank orders)")
     return how
 
 
@@ -225,6 +246,34 @@ def _chunked_only(profile: ModelProfile, topology: Topology, global_batch: int, 
                                                 micro_batch_sizes(global_batch, limits), math.inf)
     found.sort(key=lambda c: (c.iteration_s, c.peak_memory_bytes, c.summary()))
     best = found[0] if found else None
+    stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
+    stats.proven_optimal = stats.proven_gap == 0.0
+    stats.seconds = time.perf_counter() - t0
+    return best, found[1:keep + 1], {}, stats
+
+
+def _copies_only(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, keep: int,
+                 t0: float) -> tuple[Costed | None, list[Costed], dict[str, Costed | None], SearchStats]:
+    """strategy.schedules naming only stages of copies (and chunked families): the copies' pass from
+    the layouts 1F1B and ZB-H1 find best (those plans themselves not chosen), then the chunked pass."""
+    allowed = schedules.allowed(limits)
+    rr = [f for f in RR if f in allowed]
+    plain = tuple(RR_FAMILIES[f] for f in rr)
+    start, runners_up, _, stats = search(profile, topology, global_batch, replace(limits, schedules=plain),
+                                         START_PLANS, with_baselines=False)
+    sizes = micro_batch_sizes(global_batch, limits)
+    starts = [c for c in [start, *runners_up] if c is not None]
+    found, bounds, scored = search_round_robin(profile, topology, global_batch, limits, sizes, starts, rr, math.inf)
+    stats.nodes += scored
+    if any(f in CHUNKED for f in allowed):
+        chunked, chunked_bounds, scored = search_chunked(profile, topology, global_batch, limits, sizes,
+                                                         min((c.iteration_s for c in found), default=math.inf))
+        found += chunked
+        stats.nodes += scored
+        bounds = {b: min(bounds.get(b, math.inf), chunked_bounds.get(b, math.inf)) for b in {*bounds, *chunked_bounds}}
+    found.sort(key=lambda c: (c.iteration_s, c.peak_memory_bytes, c.summary()))
+    best = found[0] if found else None
+    stats.gap_without_chunked = stats.gap_without_zero_bubble = None
     stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
     stats.seconds = time.perf_counter() - t0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -117,20 +118,22 @@ class PointToPoint:
     layouts: dict = field(default_factory=dict)
     header_expected: set = field(default_factory=set)
     bytes_sent: int = 0  # payload bytes this rank has sent (activations and gradients), headers aside
-    # Chimera: stage -> the ranks of the copy this endpoint exchanges with (its own stage's included);
-    # None: every rank holding the stage (one copy per stage)
-    copies: dict | None = None
+    # stages on several device groups (Chimera's two pipelines, round-robin copies): (stage,
+    # micro-batch) -> the ranks of the copy that runs it (the schedule's route); None: every rank
+    # holding the stage (one copy per stage)
+    route: Callable[[int, int], tuple[int, ...]] | None = None
 
-    def ranks_of(self, stage: int) -> list[int]:
-        return list(self.copies[stage]) if self.copies and stage in self.copies else self.grid.stage_ranks(stage)
+    def ranks_of(self, stage: int, micro_batch: int = 0) -> list[int]:
+        return list(self.route(stage, micro_batch)) if self.route else self.grid.stage_ranks(stage)
 
     def replicas_of(self, stage: int) -> int:
-        return len(self.copies[stage]) if self.copies and stage in self.copies else self.grid.replicas[stage]
+        """The replicas of one copy of `stage` (its copies are alike)."""
+        return len(self.route(stage, 0)) if self.route else self.grid.replicas[stage]
 
     def _send_pieces(self, carry: tuple, logical: tuple, n: int, peer_stage: int, space: str,
                      micro_batch: int, variant: int | None = None) -> None:
         my_lo = split_bounds(n, self.replicas_of(self.stage))[self.replica][0]
-        peer_ranks = self.ranks_of(peer_stage)
+        peer_ranks = self.ranks_of(peer_stage, micro_batch)
         for _, k, lo, hi in overlaps(n, self.replicas_of(self.stage), self.replicas_of(peer_stage), src=self.replica):
             pieces = tuple(t[lo - my_lo:hi - my_lo].contiguous() for t in carry)
             key = (space, peer_ranks[k], hi - lo, variant, self.stage)
@@ -154,7 +157,7 @@ class PointToPoint:
     def _post(self, n: int, peer_stage: int, space: str, micro_batch: int, variant: int | None = None) -> None:
         if (space, micro_batch) in self.posted:
             return
-        peer_ranks = self.ranks_of(peer_stage)
+        peer_ranks = self.ranks_of(peer_stage, micro_batch)
         posted = []
         for j, _, lo, hi in overlaps(n, self.replicas_of(peer_stage), self.replicas_of(self.stage), dst=self.replica):
             key = (space, peer_ranks[j], hi - lo, variant, peer_stage)

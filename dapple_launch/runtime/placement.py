@@ -59,8 +59,8 @@ def _check_device_sharing(plan: Plan) -> None:
     (interleaved, ZB-V, Chimera): there every stage of a group lists that group's devices, in one
     order (a replica's rank hands its slice of a micro-batch to the same replica of the group's
     next stage), and no device is in two groups."""
-    from ..schedule import CHUNKED_SCHEDULES
-    if plan.schedule not in CHUNKED_SCHEDULES:
+    from ..schedule import CHUNKED_SCHEDULES, RANK_ORDER_SCHEDULES
+    if plan.schedule not in RANK_ORDER_SCHEDULES:
         owners: dict[int, list[int]] = {}
         for s, stage in enumerate(plan.stages):
             for d in stage.devices:

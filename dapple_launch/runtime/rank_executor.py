@@ -109,7 +109,7 @@ def expand(order: tuple, num_stages: int) -> list[tuple[int, Action]]:
 class RankExecutor:
     def __init__(self, chunks: dict[int, StageExecutor], group: int,
                  on_last_backward: dict[int, Callable[[], None]] | None = None,
-                 before_last_backward: dict[int, Callable[[], None]] | None = None):
+                 before_last_backward: dict[int, Callable[[], None]] | None = None, routes: dict | None = None):
         """`chunks`: stage -> its executor (built on ChunkLinks); `group`: the device group (rank of the
         schedule's orders) this process belongs to; `on_last_backward`: stage -> what to start once
         that stage's gradients are complete (its all-reduce)."""
@@ -118,10 +118,13 @@ class RankExecutor:
         self.before_last_backward = before_last_backward or {}  # stage -> what to arm before it (its buckets)
         self.timeline: list | None = None  # set to a list to record (step, start, end) wall times
         self.saved_peak = 0  # most (stage, micro-batch) activations alive at once on this rank
+        self.routes = routes  # where stages sit on several groups: the route table the transfers follow
 
     def run(self, schedule: RankSchedule, batch: tuple, loss_scale: float = 1.0) -> StepResult:
         """One iteration: this device group's order of `schedule`."""
         train = not schedule.forward_only
+        if self.routes is not None:
+            self.routes["table"] = schedule.route_table
         its = {s: ex.begin(batch, schedule.num_micro_batches, train) for s, ex in self.chunks.items()}
         steps = expand(schedule.orders[self.group], schedule.num_stages)
         last = {}
@@ -163,14 +166,14 @@ class RankExecutor:
 
 def group_ranks(grid, schedule: RankSchedule, group: int) -> list[int]:
     """The ranks of device group `group` (the one running orders[group]): the devices of its first
-    stage, or for a stage on two groups (Chimera) that stage's first copy, which lists the group of
-    its down pipeline (its own index) first."""
+    stage, or for a stage on several groups (Chimera's two pipelines, round-robin copies) that
+    group's part of them: a stage lists its groups' devices in the order of its placement, in equal
+    parts (Chimera: the down pipeline's copy first)."""
     s = schedule.stages_of(group)[0]
-    ranks = grid.stage_ranks(s)
-    if len(schedule.placement[s]) == 1:
-        return ranks
-    half = len(ranks) // 2
-    return ranks[:half] if schedule.placement[s][0] == group else ranks[half:]
+    ranks, groups = grid.stage_ranks(s), schedule.placement[s]
+    part = len(ranks) // len(groups)
+    j = groups.index(group)
+    return ranks[j * part:(j + 1) * part]
 
 
 def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module], loss_fn: Callable,
@@ -191,17 +194,17 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
     local = schedule.stages_of(group)
     chunks = {}
     replica = groups[group].index(rank)
+    route, routes = None, None
+    if any(len(p) > 1 for p in schedule.placement):  # (Chimera, copies): a micro-batch's copy of each stage
+        routes = {"table": schedule.route_table}  # the running schedule's (evaluation routes its own way)
+
+        def route(stage: int, micro_batch: int) -> tuple[int, ...]:
+            return tuple(groups[routes["table"][stage][micro_batch]])
     for s in local:
         a, b = plan.stages[s].layers
-        copies = None
-        if any(len(p) > 1 for p in schedule.placement):  # Chimera: this copy's pipeline neighbours
-            down = schedule.placement[s][0] == group
-            D = schedule.num_stages
-            near = {s: group, s - 1: s - 1 if down else D - s, s + 1: s + 1 if down else D - 2 - s}
-            copies = {t: tuple(groups[g]) for t, g in near.items() if 0 <= t < D}
-        remote = PointToPoint(grid, s, replica, device or torch.device("cpu"), copies=copies)
-        links = ChunkLinks(remote, mailbox, local_prev=s - 1 in local and copies is None,
-                           local_next=s + 1 in local and copies is None)
+        remote = PointToPoint(grid, s, replica, device or torch.device("cpu"), route=route)
+        links = ChunkLinks(remote, mailbox, local_prev=s - 1 in local and route is None,
+                           local_next=s + 1 in local and route is None)
         chunks[s] = StageExecutor([layers[i] for i in range(a, b)], loss_fn, links, grid.num_stages,
                                   precision=precision, recompute=[i - a for i in plan.stages[s].recompute_layers])
     steps = expand(schedule.orders[group], schedule.num_stages)
@@ -214,4 +217,4 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
         seen |= {id(p) for p in params}
         syncs[s] = GradientSync(params, stage_groups[s], grid.replicas[s], per_layer, bucket_bytes)
         on_last[s], arm[s] = syncs[s].start, syncs[s].arm
-    return RankExecutor(chunks, group, on_last, arm), [syncs[s] for s in sorted(local, key=lambda s: last[s])]
+    return RankExecutor(chunks, group, on_last, arm, routes), [syncs[s] for s in sorted(local, key=lambda s: last[s])]

@@ -20,7 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from ..models import identity
 from ..models.contract import as_tuple, parameter_layer, tied_owners
 from ..planner.plan import Plan
-from ..schedule import CHUNKED_SCHEDULES, forward_only
+from ..schedule import RANK_ORDER_SCHEDULES, forward_only
 from ..schedule.ranks import forward_only_orders
 from . import checkpoint as ckpt
 from .executor import GradientSync, StageExecutor
@@ -51,7 +51,7 @@ class DappleStrategy(DDPStrategy):
         self.grid = ProcessGrid.from_plan(self.plan)
         self.train_schedule = self.plan.build_schedule()
         # interleaved 1F1B, ZB-V: each device group holds several stages (runtime/rank_executor.py)
-        self.chunked = self.plan.schedule in CHUNKED_SCHEDULES
+        self.chunked = self.plan.schedule in RANK_ORDER_SCHEDULES
         self._executor: StageExecutor | RankExecutor | None = None
         self._syncs: list[GradientSync] = []
         self._tied: TiedSync | None = None

@@ -64,7 +64,9 @@ def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chun
 
 
 CHUNKED_SCHEDULES = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")  # several stages per device group
-SPLIT_BACKWARD = ("zb_h1", "interleaved_zb", "zbv")  # the backward split into I and W (no recomputation)
+# run by rank orders (runtime/rank_executor.py): the chunked families and stages of round-robin copies
+RANK_ORDER_SCHEDULES = CHUNKED_SCHEDULES + ("1f1b_rr", "zb_h1_rr")
+SPLIT_BACKWARD = ("zb_h1", "interleaved_zb", "zbv", "zb_h1_rr")  # the backward split into I and W (no recomputation)
 
 
 def num_groups(name: str, num_stages: int, chunks: int) -> int:
@@ -74,5 +76,5 @@ def num_groups(name: str, num_stages: int, chunks: int) -> int:
         return num_stages
     return num_stages // (2 if name == "zbv" else chunks)
 
-__all__ += ["CHUNKED_SCHEDULES", "num_groups", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "busiest_rank_s", "validate_ranks",
+__all__ += ["CHUNKED_SCHEDULES", "RANK_ORDER_SCHEDULES", "num_groups", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "busiest_rank_s", "validate_ranks",
             "zbv"]

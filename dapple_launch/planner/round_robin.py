@@ -1,0 +1,336 @@
+"""Stages of round-robin copies (schedule/round_robin.py: 1f1b_rr, zb_h1_rr): costing and the search pass.
+
+A stage of r replicas splits each micro-batch of b samples r ways, so when r does not divide b its
+replicas run ceil(b / r) samples and some of them idle; at the small micro-batches a deep pipeline
+wants, r > b leaves r - b replicas idle outright. VGG-19 on 16 V100s is the case: its convolutions
+are 69 % of the compute, which wants 11 of the 16 devices, but 11 replicas of a micro-batch of 8
+do the work of 8. Copies cut the granularity at micro-batches instead: the stage's r devices form
+c = r / g copies of g devices each, micro-batch m running whole on copy m mod c.
+
+The canonical copies of a stage are the fewest whose copies split b evenly: g = gcd(r, b), c = r / g
+(c = 1 when r divides b, the plain stage). Costs: a copy's forward and backward on b / g samples;
+a transfer between copies of two stages moves the micro-batch's cut over the slower of the two
+stages' links, split over the smaller copy; the gradient all-reduce spans all the stage's devices.
+The simulator of the rank orders (each copy a rank) times the candidate, the one cost path.
+
+Search: from the best plans the exact passes found (their cuts and replica counts), each micro-batch
+size a copy could help and each warm-up depth; then local search (a replica moved between two
+stages, a cut moved by one layer), a move whose busiest copy alone cannot win left unsimulated.
+Bound over the families, per micro-batch size b: each device runs whole copy-micro-batches, so the
+M micro-batches' work over all layers, each layer at its cheapest copy size g (g devices running
+ceil(b / g) samples each), is shared by at most D devices: T >= (M / D) Σ_l min_g g t_l(ceil(b / g)),
+the compute bound at this granularity (a weak bound, as the chunked families' is).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import busiest_rank_s, simulate_ranks
+from ..schedule.round_robin import RR_FAMILIES, copy_warmup, round_robin, round_robin_constraint
+from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, speed_ratio, stage_allreduce, stage_costs
+
+RR = tuple(RR_FAMILIES)
+START_PLANS = 4  # distinct layouts of the exact passes' best plans the pass starts from
+SLACK = 1.25  # how much slower than the incumbent a start of the local search may be
+MOVES_SIMULATED = 6  # per step of the local search, the moves the proxy ranks best
+SHARE = 1 / 20  # of strategy.search_nodes: the candidates this pass may simulate
+
+
+def canonical_copies(replicas: int, micro_batch_size: int) -> int:
+    """The fewest copies whose g = replicas / copies devices split a micro-batch evenly: r / gcd(r, b)."""
+    return replicas // math.gcd(replicas, micro_batch_size)
+
+
+def copy_specs(layout: tuple[StageSpec, ...], copies: tuple[int, ...]) -> tuple[StageSpec, ...]:
+    """Each stage as one of its copies (its first g devices): what a copy's costs are computed on."""
+    return tuple(StageSpec(st.start, st.stop, st.devices[:st.replicas // c]) for st, c in zip(layout, copies))
+
+
+def check_copies(layout: tuple[StageSpec, ...], copies: tuple[int, ...], num_micro_batches: int) -> str:
+    """'' when the copies suit the layout; else the rule, the numbers and the fix."""
+    if len(copies) != len(layout):
+        return f"strategy.copies={list(copies)} must give one count per stage ({len(layout)} stages)"
+    for s, (st, c) in enumerate(zip(layout, copies)):
+        if c < 1 or st.replicas % c:
+            ok = [d for d in range(1, st.replicas + 1) if st.replicas % d == 0]
+            return (f"stage {s} has {st.replicas} replicas, which {c} copies cannot share evenly (a copy runs "
+                    f"whole micro-batches on its devices); use one of {ok}")
+    return round_robin_constraint(tuple(copies), num_micro_batches)
+
+
+def rr_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], copies: tuple[int, ...],
+             b: int, memo: dict | None = None) -> list:
+    """Per stage, one copy's step costs; transfers over the slower link of the two stages' devices;
+    the all-reduce (and a tied weight's) over every device of the stage."""
+    one = copy_specs(layout, copies)
+    costs = stage_costs(profile, topology, one, b, memo)
+    for s in range(len(layout) - 1):
+        total = profile.cut_bytes[layout[s].stop - 1] * b / profile.batch_size
+        bw, lat = topology.p2p(layout[s].devices, layout[s + 1].devices)
+        t = lat + max(total / one[s].replicas, total / one[s + 1].replicas) / bw
+        costs[s] = replace(costs[s], send_activation_s=t)
+        costs[s + 1] = replace(costs[s + 1], send_gradient_s=t)
+    tied = [0.0] * len(layout)
+    for layers, nbytes in profile.tied:
+        holders = [s for s, st in enumerate(layout) if any(st.start <= i < st.stop for i in layers)]
+        if len(holders) > 1:
+            extra = topology.allreduce_s(tuple(d for s in holders for d in layout[s].devices), nbytes)
+            for s in holders:
+                tied[s] += extra
+    for s, (st, c1) in enumerate(zip(layout, one)):
+        n = math.ceil(b / c1.replicas)
+        total, after_b, after_w = stage_allreduce(profile, topology, st, n, profile.weight_share(st.start, st.stop))
+        costs[s] = replace(costs[s], allreduce_s=total + tied[s], allreduce_after_b_s=after_b + tied[s],
+                           allreduce_after_w_s=after_w + tied[s])
+    return costs
+
+
+def evaluate_rr(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], copies: tuple[int, ...],
+                b: int, num_micro_batches: int, limits: Limits, family: str, depth: int = 1,
+                cutoff: float = math.inf, memo: dict | None = None) -> Costed | None:
+    """A candidate of copies costed in full by the simulator of its rank orders; None, unsimulated,
+    where its busiest copy's compute alone reaches `cutoff`."""
+    costs = rr_costs(profile, topology, layout, copies, b, memo)
+    sets = recompute_sets(layout, limits) if family == "1f1b_rr" else ()
+    if sets:  # (Limits refuses recomputation with a split backward)
+        costs = recomputed_costs(profile, topology, copy_specs(layout, copies), costs, b, sets)
+    warmup = copy_warmup(copies, num_micro_batches, depth)
+    orders = round_robin(family, copies, num_micro_batches, warmup)
+    if cutoff < math.inf and busiest_rank_s(orders, costs) >= cutoff:
+        return None
+    sim = simulate_ranks(orders, costs, record=False)
+    first = 0
+    memory = []
+    for s, (st, c) in enumerate(zip(layout, copies)):
+        peak = max(sim.peak_activation_bytes[first:first + c])
+        first += c
+        memory.append(profile.span(st.start, st.stop)[3] * limits.optimizer_factor + peak)
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
+    return Costed(layout, b, num_micro_batches, family, costs, sim.iteration_s, memory, capacity,
+                  extra={"copies": tuple(copies)}, warmup=warmup, warmup_depth=depth,
+                  recompute=sets if any(sets) else ())
+
+
+def simulate_rr(c: Costed, record: bool = True):
+    return simulate_ranks(round_robin(c.schedule, c.extra["copies"], c.num_micro_batches, c.warmup), c.costs, record)
+
+
+def contiguous(bounds: tuple[int, ...], replicas: tuple[int, ...]) -> tuple[StageSpec, ...]:
+    """Stages [bounds[s], bounds[s + 1]) on contiguous devices in stage order (copies: consecutive
+    runs of a stage's devices, so a copy of a node's size or less stays inside a node where it can)."""
+    out, first = [], 0
+    for s, r in enumerate(replicas):
+        out.append(StageSpec(bounds[s], bounds[s + 1], tuple(range(first, first + r))))
+        first += r
+    return tuple(out)
+
+
+def granularity_bound(profile: ModelProfile, topology: Topology, global_batch: int, b: int, memo: dict) -> float:
+    """T >= (M / D) Σ_l min_g g t_l(ceil(b / g)): no plan of copies at micro-batch size b is faster
+    (each device runs whole copy-micro-batches, one step at a time)."""
+    D, M = topology.num_devices, global_batch // b
+    speed = speed_ratio(profile, topology)
+    key = ("granularity", b)
+    if key not in memo:
+        per_g = []
+        for g in sorted({math.ceil(b / n) for n in range(1, b + 1)} | {1}):
+            g = min(g, D)
+            n = math.ceil(b / g)
+            per_g.append(np.array([sum(profile.seconds(l, l + 1, n)) for l in range(profile.num_layers)]) * g * speed)
+        memo[key] = float(np.min(per_g, axis=0).sum())
+    return M / D * memo[key]
+
+
+def _stage_load(profile: ModelProfile, topology: Topology, M: int, b: int, start: int, stop: int,
+                devices: tuple[int, ...], memo: dict) -> float:
+    """A stage's busiest copy's compute with canonical copies (ceil(M / c) micro-batches of b / g
+    samples) and its gradient all-reduce over all its devices: what the stage adds to the
+    iteration at the least. The proxy the layout moves are ranked by (each pick is then simulated)."""
+    key = ("load", M, b, start, stop, len(devices), topology.spans_nodes(devices))
+    if key not in memo:
+        r = len(devices)
+        c = canonical_copies(r, b)
+        compute = math.ceil(M / c) * speed_ratio(profile, topology) * sum(profile.seconds(start, stop, math.ceil(b * c / r)))
+        memo[key] = compute + (topology.allreduce_s(devices, profile.span(start, stop)[3]) if r > 1 else 0.0)
+    return memo[key]
+
+
+def compute_floor(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],
+                  replicas: tuple[int, ...], b: int) -> float:
+    """The busiest copy's compute: no plan of these stages and copies is faster."""
+    M, speed, start, most = global_batch // b, speed_ratio(profile, topology), 0, 0.0
+    for stop, r in zip(stops, replicas):
+        c = canonical_copies(r, b)
+        most = max(most, math.ceil(M / c) * speed * sum(profile.seconds(start, stop, math.ceil(b * c / r))))
+        start = stop
+    return most
+
+
+def proxy(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],
+          replicas: tuple[int, ...], b: int, memo: dict) -> float:
+    layout = contiguous((0, *stops), replicas)
+    return max(_stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo) for st in layout)
+
+
+def share_devices(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],
+                  b: int, memo: dict, start: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+    """Replica counts for copies at micro-batch size b: from `start` (default: one device each, then
+    each next device to the slowest stage), moves of 1 to 3 devices between two stages while the
+    proxy (the slowest stage's load, all-reduce included) falls."""
+    S, D = len(stops), topology.num_devices
+    if S > D:
+        return None
+    if start is None or sum(start) != D or len(start) != S:
+        replicas = [1] * S
+        for _ in range(D - S):
+            layout = contiguous((0, *stops), tuple(replicas))
+            loads = [_stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo)
+                     for st in layout]
+            replicas[max(range(S), key=lambda k: (loads[k], -k))] += 1
+    else:
+        replicas = list(start)
+    here = proxy(profile, topology, global_batch, stops, tuple(replicas), b, memo)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(S):
+            for j in range(S):
+                for k in (1, 2, 3):
+                    if i == j or replicas[j] <= k:
+                        continue
+                    r = list(replicas)
+                    r[i], r[j] = r[i] + k, r[j] - k
+                    v = proxy(profile, topology, global_batch, stops, tuple(r), b, memo)
+                    if v < here * (1 - 1e-9):
+                        replicas, here, improved = r, v, True
+    return tuple(replicas)
+
+
+def balance_cuts(profile: ModelProfile, topology: Topology, global_batch: int, replicas: tuple[int, ...],
+                 b: int, memo: dict) -> tuple[int, ...]:
+    """Cuts minimising the proxy for these replica counts (a dynamic program over layers: O(S L^2))."""
+    L, S, M = profile.num_layers, len(replicas), global_batch // b
+    devices = [st.devices for st in contiguous(tuple(range(S + 1)), replicas)]
+    INF = math.inf
+    best = [[INF] * (L + 1) for _ in range(S + 1)]
+    back = [[0] * (L + 1) for _ in range(S + 1)]
+    best[0][0] = 0.0
+    for s in range(1, S + 1):
+        for stop in range(s, L - (S - s) + 1):
+            for start in range(stop - 1, s - 2, -1):  # the stage grows: once it alone is no better, stop
+                load = _stage_load(profile, topology, M, b, start, stop, devices[s - 1], memo)
+                if load >= best[s][stop]:
+                    break
+                v = max(best[s - 1][start], load)
+                if v < best[s][stop]:
+                    best[s][stop], back[s][stop] = v, start
+    stops, stop = [], L
+    for s in range(S, 0, -1):
+        stops.append(stop)
+        stop = back[s][stop]
+    return tuple(reversed(stops))
+
+
+def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
+                       sizes: list[int], starts: list[Costed], families: list[str],
+                       incumbent: float) -> tuple[list[Costed], dict[int, float], int]:
+    """(candidates found, bound per micro-batch size, candidates simulated)."""
+    memo: dict = {}
+    budget = max(50, int(limits.search_nodes * SHARE))
+    scored = 0
+    bounds = {b: granularity_bound(profile, topology, global_batch, b, memo) for b in sizes}
+    best: Costed | None = None
+    # the local search walks from the best plan of copies even where it starts slower than the
+    # incumbent (a plain stage's layout is rarely the right one for copies): within SLACK of it
+    cut = incumbent * SLACK
+
+    def consider(layout, b, family, depth) -> Costed | None:
+        nonlocal best, cut, scored
+        M = global_batch // b
+        copies = tuple(canonical_copies(st.replicas, b) for st in layout)
+        # (all copies of one: the plain stage, which the exact passes cost, unless they are not asked)
+        if (all(c == 1 for c in copies) and incumbent < math.inf) or round_robin_constraint(copies, M) \
+                or scored >= budget:
+            return None
+        c = evaluate_rr(profile, topology, layout, copies, b, M, limits, family, depth, cutoff=cut, memo=memo)
+        scored += 1
+        if c is None or not c.fits:
+            return None
+        if c.iteration_s < cut:
+            best, cut = c, c.iteration_s
+        return c
+
+    seen = set()
+    shapes = []
+    for c in sorted(starts, key=lambda c: (c.iteration_s, c.summary())):
+        key = (tuple(st.stop for st in c.layout), tuple(st.replicas for st in c.layout))
+        if key in seen or len(seen) == START_PLANS:
+            continue
+        seen.add(key)
+        # the start's busiest device's compute: copies help where they cut it (a replica count that
+        # does not divide the micro-batch, or more replicas than samples)
+        floor = max(c.num_micro_batches * (x.forward_s + x.backward_s) for x in c.costs)
+        shapes.append((*key, floor))
+    depths = range(1, limits.max_warmup_depth + 1)
+    small = [b for b in sizes if b * START_PLANS <= topology.num_devices] or sizes[-1:]
+    for stops, replicas, floor in shapes:
+        tried = set()
+        layouts = [(stops, replicas, b) for b in small]
+        for b in small:  # the start's cuts, its devices re-shared for copies; then cuts for those, and again
+            layouts.append((balance_cuts(profile, topology, global_batch, replicas, b, memo), replicas, b))
+            st, r = stops, None
+            for _ in range(3):
+                r = share_devices(profile, topology, global_batch, st, b, memo, r)
+                if r is None:
+                    break
+                st = balance_cuts(profile, topology, global_batch, r, b, memo)
+                layouts.append((st, r, b))
+        for st, r, b in layouts:
+            if (st, r, b) in tried or r is None or (incumbent < math.inf and
+                                                     compute_floor(profile, topology, global_batch, st, r, b) >= floor):
+                continue
+            tried.add((st, r, b))
+            # at the deepest warm-up first (copies keep fewer micro-batches in flight each; the winner tries every depth)
+            consider(contiguous((0, *st), r), b, families[-1], depths[-1])
+    if best is None:
+        return [], bounds, scored
+    # local search from the best: 1 to 3 devices moved between two stages (the cuts kept, or
+    # re-balanced for the new counts), a cut moved by one layer; the moves the proxy ranks best are simulated
+    done = set()
+    while best is not None and scored < budget:
+        here = best
+        stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
+        S, b = len(stops), here.micro_batch_size
+        moves = set()
+        for i in range(S):
+            for j in range(S):
+                for k in (1, 2, 3):
+                    if i != j and replicas[j] > k:
+                        r = list(replicas)
+                        r[i], r[j] = r[i] + k, r[j] - k
+                        moves.add((stops, tuple(r)))
+                        moves.add((balance_cuts(profile, topology, global_batch, tuple(r), b, memo), tuple(r)))
+        for k in range(S - 1):
+            for d in (-1, 1):
+                st = list(stops)
+                st[k] += d
+                if (st[k - 1] if k else 0) < st[k] < st[k + 1]:
+                    moves.add((tuple(st), replicas))
+        ranked = sorted((m for m in moves if (m, b) not in done),
+                        key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m))
+        for st, r in ranked[:MOVES_SIMULATED]:
+            done.add(((st, r), b))
+            consider(contiguous((0, *st), r), b, here.schedule, here.warmup_depth)
+        if best is here:
+            break
+    if best is not None:  # the winner's other warm-ups and families
+        layout = best.layout
+        for family in families:
+            for depth in depths:
+                consider(layout, best.micro_batch_size, family, depth)
+    return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored

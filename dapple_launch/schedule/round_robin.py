@@ -1,0 +1,87 @@
+"""Round-robin stage copies (PipeDream's 1F1B-RR): a stage's devices form c copies, each running
+whole micro-batches, micro-batch m on copy m mod c.
+
+Splitting every micro-batch of b samples across a stage's r replicas wastes replicas whenever r does
+not divide b: each runs ceil(b / r) samples, so 11 replicas do no more per micro-batch of 8 than 8
+would. Copies fix the granularity at the level of micro-batches instead: over M micro-batches copy
+k runs ceil((M - k) / c) of them, so 11 single-device copies of a stage share 128 micro-batches
+12:12:…:11 rather than 16 each. A copy of r / c devices still splits its micro-batches among them
+(copies of 1 device are PipeDream's replicas; one copy of r devices is DAPPLE's stage).
+
+Orders: each stage runs the stage-level order of its family (1F1B, or ZB-H1 with W split off) at a
+warm-up deep enough for its copies (`warmup`), and copy k of stage s runs that order's steps of
+its own micro-batches, in the same order. Every copy's order is a subsequence of a valid stage
+order, so the ranks run to the end (the stage-level run orders every step after its inputs); a
+channel between two copies carries its micro-batches in increasing order both ways, the order both
+ends use. Ranks are numbered stage by stage, copy by copy: stage s's copy k is rank
+sum(c[:s]) + k, and a stage's gradients are all-reduced over all its copies' devices.
+"""
+from __future__ import annotations
+
+from .actions import Kind
+from .ranks import RankSchedule, Step
+
+RR_FAMILIES = {"1f1b_rr": "1f1b", "zb_h1_rr": "zb_h1"}  # family -> the stage-level order its copies filter
+
+
+def round_robin_constraint(copies: tuple[int, ...], num_micro_batches: int) -> str:
+    """'' when every copy gets a micro-batch; else the rule, the numbers and the fix."""
+    if not copies or any(c < 1 for c in copies):
+        return f"stage copies must be positive integers, one per stage; got {list(copies)}"
+    widest = max(copies)
+    if num_micro_batches < widest:
+        return (f"a stage of {widest} copies needs at least {widest} micro-batches (one per copy), got "
+                f"{num_micro_batches}; use {widest} or more micro-batches, or fewer copies")
+    return ""
+
+
+def copy_warmup(copies: tuple[int, ...], num_micro_batches: int, depth: int = 1) -> tuple[int, ...]:
+    """Stage-level warm-up forwards that keep `depth` × (S - s) micro-batches in flight on each copy
+    of stage s (DAPPLE's minimum per copy at depth 1): c_s times that on the stage, capped at M, and
+    never fewer than the next stage's (the stage-level order's rule: a stage feeds the next one's
+    warm-up before it waits for a gradient)."""
+    if depth < 1:
+        raise ValueError(f"warm-up depth must be >= 1 (1 = DAPPLE's minimum per copy), got {depth}")
+    S, M = len(copies), num_micro_batches
+    out = [0] * S
+    for s in range(S - 2, -1, -1):
+        out[s] = max(min(M, copies[s] * depth * (S - s)) - 1, out[s + 1], min(S - s - 1, M))
+    return tuple(out)
+
+
+def round_robin(family: str, copies: tuple[int, ...], num_micro_batches: int,
+                warmup: tuple[int, ...] | None = None) -> RankSchedule:
+    """The rank orders of `family` (1f1b_rr or zb_h1_rr) with `copies[s]` copies of stage s; `warmup`:
+    the stage-level warm-up forwards (as 1F1B's; default copy_warmup at depth 1)."""
+    from .one_f_one_b import compute_orders as one_f_one_b_orders
+    from .zero_bubble import compute_orders as zero_bubble_orders
+    if family not in RR_FAMILIES:
+        raise ValueError(f"unknown round-robin family {family!r}; valid: {sorted(RR_FAMILIES)}")
+    copies, M = tuple(copies), num_micro_batches
+    why = round_robin_constraint(copies, M)
+    if why:
+        raise ValueError(why)
+    S = len(copies)
+    warmup = copy_warmup(copies, M) if not warmup else tuple(warmup)
+    least = [min(S - s - 1, M) for s in range(S)]
+    if len(warmup) != S or any(not least[s] <= w <= M for s, w in enumerate(warmup)) \
+            or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
+        raise ValueError(f"{family} warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
+                         f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage; "
+                         f"e.g. {list(copy_warmup(copies, M))}")
+    stage_orders = (one_f_one_b_orders if RR_FAMILIES[family] == "1f1b" else zero_bubble_orders)(S, M, warmup)
+    orders, placement, first = [], [], 0
+    for s, (c, order) in enumerate(zip(copies, stage_orders)):
+        for k in range(c):
+            orders.append(tuple(Step(a.kind, s, a.micro_batch) for a in order if a.micro_batch % c == k))
+        placement.append(tuple(range(first, first + c)))
+        first += c
+    return RankSchedule(family, len(copies), M, tuple(orders), tuple(placement))
+
+
+def rank_of(copies: tuple[int, ...], stage: int, micro_batch: int) -> int:
+    """The rank (copy) of `stage` that runs `micro_batch`."""
+    return sum(copies[:stage]) + micro_batch % copies[stage]
+
+
+__all__ = ["RR_FAMILIES", "Kind", "copy_warmup", "rank_of", "round_robin", "round_robin_constraint"]
