@@ -86,7 +86,7 @@ def row(name, profile, topo, G, limits):
         "proven_gap_exact": stats.gap_without_chunked if stats.gap_without_chunked is not None else stats.proven_gap,
         "nodes": stats.nodes,
         "wall_s": wall,
-        # lower bounds proven by the searches: over all six families (the chunked ones' bound is weaker)
+        # lower bounds proven by the searches: over all the families (the chunked ones' and copies' bounds are weaker)
         # and over 1F1B and ZB-H1 alone; a share of the compute bound above bound / these is out of reach
         "compute_bound_s": bound, "lower_bound_s": best.iteration_s * (1 - stats.proven_gap),
         "lower_bound_exact_s": exact.iteration_s * (1 - exact_stats.proven_gap) if exact else None,
@@ -95,11 +95,11 @@ def row(name, profile, topo, G, limits):
 
 def proven(r: dict) -> str:
     """'optimal', or the gap to the optimum the search proved before its budget ended: over 1F1B and
-    ZB-H1, then (where searched) over all six families."""
+    ZB-H1, then (where searched) over all the default families."""
     exact, gap = r.get("proven_gap_exact", r.get("proven_gap")), r.get("proven_gap")
     text = "optimal" if exact == 0 else f"within {human_gap(exact)}"
     if gap != exact:
-        text += f"; all 6 families: {'optimal' if gap == 0 else 'within ' + human_gap(gap)}"
+        text += f"; all {len(DEFAULT_SCHEDULES)} families: {'optimal' if gap == 0 else 'within ' + human_gap(gap)}"
     return text
 
 
@@ -165,8 +165,9 @@ def main() -> None:
                    for k in ("lower_bound_exact_s", "lower_bound_s")}
         print(f"\nthe most a plan could reach on those rows, by the searches' proven lower bounds: a geometric-mean "
               f"share of {ceiling['lower_bound_exact_s']:.3f} for any 1F1B or ZB-H1 plan, "
-              f"{ceiling['lower_bound_s']:.3f} for any plan of the six families (interleaved 1F1B, ZB-V and Chimera "
-              f"are bounded by their busiest device group, at most the compute bound: 1.000 says no more than it)")
+              f"{ceiling['lower_bound_s']:.3f} for any plan of the {len(DEFAULT_SCHEDULES)} families (interleaved 1F1B, "
+              f"ZB-V and Chimera are bounded by their busiest device group, stages of copies by the compute bound at "
+              f"their micro-batch size: 1.000 says no more than it)")
         summary.update(ceiling_exact=ceiling["lower_bound_exact_s"], ceiling_all=ceiling["lower_bound_s"])
         Path(args.out).write_text(json.dumps(rows, indent=2))
     if not args.skip_scaling:

@@ -67,6 +67,8 @@ def explain(plan) -> str:
               f"layout {plan.layout()}, schedule {plan.schedule}"
               + (f" ({plan.num_stages // plan.chunks} device groups of {plan.chunks} stages each; "
                  f"a group's stages share its devices)" if plan.chunks > 1 else "")
+              + (f" (round-robin copies per stage {':'.join(str(s.copies) for s in plan.stages)}: a copy runs "
+                 f"whole micro-batches in turn)" if any(s.copies > 1 for s in plan.stages) else "")
               + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
               + (f", token slices {list(plan.token_slices)}" if plan.token_slices else "")
               + f", global batch {plan.global_batch_size} = "

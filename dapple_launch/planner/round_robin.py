@@ -30,15 +30,17 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule import busiest_rank_s, simulate_ranks
+from ..schedule import SPLIT_BACKWARD, busiest_rank_s, simulate_ranks
 from ..schedule.round_robin import RR_FAMILIES, copy_warmup, round_robin, round_robin_constraint
 from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, speed_ratio, stage_allreduce, stage_costs
 
 RR = tuple(RR_FAMILIES)
 START_PLANS = 4  # distinct layouts of the exact passes' best plans the pass starts from
 SLACK = 1.25  # how much slower than the incumbent a start of the local search may be
+SIZES = 3  # micro-batch sizes (the smallest) the pass re-shares each start's devices for
 MOVES_SIMULATED = 6  # per step of the local search, the moves the proxy ranks best
-SHARE = 1 / 20  # of strategy.search_nodes: the candidates this pass may simulate
+SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greedy share
+STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
 
 def canonical_copies(replicas: int, micro_batch_size: int) -> int:
@@ -195,7 +197,7 @@ def share_devices(profile: ModelProfile, topology: Topology, global_batch: int, 
     else:
         replicas = list(start)
     here = proxy(profile, topology, global_batch, stops, tuple(replicas), b, memo)
-    improved = True
+    improved = S <= SHARE_MOVES_STAGES  # (S^2 moves a round: beyond, the greedy share alone)
     while improved:
         improved = False
         for i in range(S):
@@ -241,8 +243,10 @@ def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: 
                        incumbent: float) -> tuple[list[Costed], dict[int, float], int]:
     """(candidates found, bound per micro-batch size, candidates simulated)."""
     memo: dict = {}
-    budget = max(50, int(limits.search_nodes * SHARE))
-    scored = 0
+    # a budget of simulated steps, not candidates: a candidate's simulation walks every (stage,
+    # micro-batch) step, so 512 devices' 35 stages × 1024 micro-batches cost what 100 small ones do
+    budget = max(STEPS_PER_NODE * 1000, limits.search_nodes * STEPS_PER_NODE)
+    scored, walked = 0, 0
     bounds = {b: granularity_bound(profile, topology, global_batch, b, memo) for b in sizes}
     best: Costed | None = None
     # the local search walks from the best plan of copies even where it starts slower than the
@@ -250,15 +254,16 @@ def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: 
     cut = incumbent * SLACK
 
     def consider(layout, b, family, depth) -> Costed | None:
-        nonlocal best, cut, scored
+        nonlocal best, cut, scored, walked
         M = global_batch // b
         copies = tuple(canonical_copies(st.replicas, b) for st in layout)
         # (all copies of one: the plain stage, which the exact passes cost, unless they are not asked)
         if (all(c == 1 for c in copies) and incumbent < math.inf) or round_robin_constraint(copies, M) \
-                or scored >= budget:
+                or walked >= budget:
             return None
         c = evaluate_rr(profile, topology, layout, copies, b, M, limits, family, depth, cutoff=cut, memo=memo)
         scored += 1
+        walked += M * len(layout) * (3 if family in SPLIT_BACKWARD else 2)
         if c is None or not c.fits:
             return None
         if c.iteration_s < cut:
@@ -277,7 +282,8 @@ def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: 
         floor = max(c.num_micro_batches * (x.forward_s + x.backward_s) for x in c.costs)
         shapes.append((*key, floor))
     depths = range(1, limits.max_warmup_depth + 1)
-    small = [b for b in sizes if b * START_PLANS <= topology.num_devices] or sizes[-1:]
+    # copies pay where micro-batches are small against the replica counts: the few smallest sizes
+    small = sorted(b for b in sizes if b * START_PLANS <= topology.num_devices)[:SIZES] or sorted(sizes)[:1]
     for stops, replicas, floor in shapes:
         tried = set()
         layouts = [(stops, replicas, b) for b in small]
@@ -302,19 +308,22 @@ def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: 
     # local search from the best: 1 to 3 devices moved between two stages (the cuts kept, or
     # re-balanced for the new counts), a cut moved by one layer; the moves the proxy ranks best are simulated
     done = set()
-    while best is not None and scored < budget:
+    while best is not None and walked < budget:
         here = best
         stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
         S, b = len(stops), here.micro_batch_size
         moves = set()
+        shifted = []
         for i in range(S):
             for j in range(S):
                 for k in (1, 2, 3):
                     if i != j and replicas[j] > k:
                         r = list(replicas)
                         r[i], r[j] = r[i] + k, r[j] - k
-                        moves.add((stops, tuple(r)))
-                        moves.add((balance_cuts(profile, topology, global_batch, tuple(r), b, memo), tuple(r)))
+                        shifted.append((proxy(profile, topology, global_batch, stops, tuple(r), b, memo), tuple(r)))
+        for _, r in sorted(shifted)[:MOVES_SIMULATED]:  # the best few shifts, with their cuts kept and re-balanced
+            moves.add((stops, r))
+            moves.add((balance_cuts(profile, topology, global_batch, r, b, memo), r))
         for k in range(S - 1):
             for d in (-1, 1):
                 st = list(stops)
