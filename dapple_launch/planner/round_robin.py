@@ -156,21 +156,22 @@ def _stage_load(profile: ModelProfile, topology: Topology, M: int, b: int, start
     key = ("load", M, b, start, stop, len(devices), topology.spans_nodes(devices))
     if key not in memo:
         r = len(devices)
-        c = canonical_copies(r, b)
-        compute = math.ceil(M / c) * speed_ratio(profile, topology) * sum(profile.seconds(start, stop, math.ceil(b * c / r)))
-        memo[key] = compute + (topology.allreduce_s(devices, profile.span(start, stop)[3]) if r > 1 else 0.0)
+        memo[key] = _copy_compute(profile, topology, M, b, start, stop, r) \
+            + (topology.allreduce_s(devices, profile.span(start, stop)[3]) if r > 1 else 0.0)
     return memo[key]
+
+
+def _copy_compute(profile: ModelProfile, topology: Topology, M: int, b: int, start: int, stop: int, r: int) -> float:
+    """A stage's busiest copy's compute with canonical copies: ceil(M / c) micro-batches of b / g samples."""
+    c = canonical_copies(r, b)
+    return math.ceil(M / c) * speed_ratio(profile, topology) * sum(profile.seconds(start, stop, math.ceil(b * c / r)))
 
 
 def compute_floor(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],
                   replicas: tuple[int, ...], b: int) -> float:
     """The busiest copy's compute: no plan of these stages and copies is faster."""
-    M, speed, start, most = global_batch // b, speed_ratio(profile, topology), 0, 0.0
-    for stop, r in zip(stops, replicas):
-        c = canonical_copies(r, b)
-        most = max(most, math.ceil(M / c) * speed * sum(profile.seconds(start, stop, math.ceil(b * c / r))))
-        start = stop
-    return most
+    return max(_copy_compute(profile, topology, global_batch // b, b, start, stop, r)
+               for start, stop, r in zip((0, *stops), stops, replicas))
 
 
 def proxy(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],

@@ -18,7 +18,6 @@ sum(c[:s]) + k, and a stage's gradients are all-reduced over all its copies' dev
 """
 from __future__ import annotations
 
-from .actions import Kind
 from .ranks import RankSchedule, Step
 
 RR_FAMILIES = {"1f1b_rr": "1f1b", "zb_h1_rr": "zb_h1"}  # family -> the stage-level order its copies filter
@@ -54,7 +53,7 @@ def round_robin(family: str, copies: tuple[int, ...], num_micro_batches: int,
     """The rank orders of `family` (1f1b_rr or zb_h1_rr) with `copies[s]` copies of stage s; `warmup`:
     the stage-level warm-up forwards (as 1F1B's; default copy_warmup at depth 1)."""
     from .one_f_one_b import compute_orders as one_f_one_b_orders
-    from .zero_bubble import compute_orders as zero_bubble_orders
+    from .zero_bubble import check_warmup, compute_orders as zero_bubble_orders
     if family not in RR_FAMILIES:
         raise ValueError(f"unknown round-robin family {family!r}; valid: {sorted(RR_FAMILIES)}")
     copies, M = tuple(copies), num_micro_batches
@@ -63,12 +62,7 @@ def round_robin(family: str, copies: tuple[int, ...], num_micro_batches: int,
         raise ValueError(why)
     S = len(copies)
     warmup = copy_warmup(copies, M) if not warmup else tuple(warmup)
-    least = [min(S - s - 1, M) for s in range(S)]
-    if len(warmup) != S or any(not least[s] <= w <= M for s, w in enumerate(warmup)) \
-            or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
-        raise ValueError(f"{family} warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
-                         f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage; "
-                         f"e.g. {list(copy_warmup(copies, M))}")
+    check_warmup(family, warmup, S, M, list(copy_warmup(copies, M)))
     stage_orders = (one_f_one_b_orders if RR_FAMILIES[family] == "1f1b" else zero_bubble_orders)(S, M, warmup)
     orders, placement, first = [], [], 0
     for s, (c, order) in enumerate(zip(copies, stage_orders)):
@@ -84,4 +78,4 @@ def rank_of(copies: tuple[int, ...], stage: int, micro_batch: int) -> int:
     return sum(copies[:stage]) + micro_batch % copies[stage]
 
 
-__all__ = ["RR_FAMILIES", "Kind", "copy_warmup", "rank_of", "round_robin", "round_robin_constraint"]
+__all__ = ["RR_FAMILIES", "copy_warmup", "rank_of", "round_robin", "round_robin_constraint"]

@@ -25,13 +25,20 @@ def zb_h1(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | Non
     S, M = num_stages, num_micro_batches
     if warmup is not None:
         warmup = tuple(warmup)
-        least = [min(S - s - 1, M) for s in range(S)]
-        if len(warmup) != S or any(not least[s] <= w <= M for s, w in enumerate(warmup)) \
-                or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
-            raise ValueError(f"ZB-H1 warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
-                             f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage; "
-                             f"e.g. {least}")
+        check_warmup("ZB-H1", warmup, S, M, [min(S - s - 1, M) for s in range(S)])
     return with_communication("zb_h1", compute_orders(S, M, warmup), M)
+
+
+def check_warmup(name: str, warmup: tuple[int, ...], num_stages: int, num_micro_batches: int, example: list) -> None:
+    """A stage-level warm-up (ZB-H1's, or the orders copies filter) or a ValueError naming the rule:
+    between min(S - s - 1, M) and M forwards on stage s, never fewer than on the next stage."""
+    S, M = num_stages, num_micro_batches
+    least = [min(S - s - 1, M) for s in range(S)]
+    if len(warmup) != S or any(not least[s] <= w <= M for s, w in enumerate(warmup)) \
+            or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
+        raise ValueError(f"{name} warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
+                         f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage; "
+                         f"e.g. {list(example)}")
 
 
 def compute_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> list[list[Action]]:
