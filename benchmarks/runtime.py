@@ -22,6 +22,9 @@
    planner, given a profile of the known layer costs and a topology with gloo's bandwidth as
    probed in this run and the runtime's cost per action as calibrated on the idle 1F1B row
    (Topology.action_overhead_s), picks its plan and estimates it.
+6. stages of round-robin copies (benchmarks/runtime_round_robin.py; torch has none): 1f1b_rr and
+   zb_h1_rr on a 3:1 layout whose replica count divides no micro-batch, against the simulator
+   (time, and saved bytes exactly) and against 1F1B on the same processes and layout.
 
     python benchmarks/runtime.py [--quick] [--iterations N] [--out runtime.json]
 
@@ -55,6 +58,7 @@ from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
 from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
 from dapple_launch.schedule import StageCosts, build_schedule, simulate  # noqa: E402
 from benchmarks import runtime_chunked as chunked  # noqa: E402
+from benchmarks import runtime_round_robin as round_robin  # noqa: E402
 from tests.multiproc import run_ranks  # noqa: E402
 
 WORLD, WIDTH = 4, 2048
@@ -273,7 +277,8 @@ def main() -> None:
             uneven.append({"plan": label, "micro_batches": m, "measured_s": measured, "estimate_s": estimate,
                            "estimate_error": estimate / measured - 1})
             print(f"  uneven {label} M={m}: {measured:.3f} s (estimate {estimate:.3f} s)", flush=True)
-    report(rows, uneven, probe, chosen, args.out, chimera)
+        copies = round_robin.measure(args.quick, iters, tmp)
+    report(rows, uneven, probe, chosen, args.out, chimera, copies)
 
 
 def _measure(kind: str, steps: tuple, row_args: tuple, iters: int, repeats: int, tmp: str) -> tuple[list, list]:
@@ -301,7 +306,7 @@ def _row(kind, name, m, ours, theirs) -> dict:
     return row
 
 
-def report(rows, uneven, probe, chosen, out, chimera=()) -> None:
+def report(rows, uneven, probe, chosen, out, chimera=(), copies=()) -> None:
     print(f"\n{WORLD} gloo processes, 1 thread each; median of the timed iterations; ours / theirs = this runtime / "
           f"torch.distributed.pipelining\n")
     print("| layers | schedule | M | ours s | theirs s | time ours/theirs | ours vs simulator | CPU s/rank ours "
@@ -339,6 +344,7 @@ def report(rows, uneven, probe, chosen, out, chimera=()) -> None:
           f"the planner picked {chosen.layout()} with {chosen.num_micro_batches} micro-batches "
           f"(estimate {chosen.estimate.iteration_s:.3f} s; the runtime's cost per action "
           f"{probe['action_overhead_s'] * 1e3:.2f} ms, calibrated on the idle 1F1B row)")
+    rr = round_robin.report(copies) if copies else None
     sleep = [r for r in rows if r["kind"] == "sleep"]
     summary = {"sleep_time_ratio": max(r["time_ratio"] for r in sleep),
                "cpu_time_ratio": max(r["cpu_ratio"] for r in rows if r["kind"] == "compute"),
@@ -354,7 +360,10 @@ def report(rows, uneven, probe, chosen, out, chimera=()) -> None:
                                                           if r["schedule"] == name and r["kind"] == "compute")}
                              for name in dict.fromkeys(r["schedule"] for r in rows)}
                | ({"chimera": {"simulator_error": max(abs(r["simulator_error"]) for r in chimera),
-                               "over_1f1b": max(r["over_1f1b"] for r in chimera)}} if chimera else {}),
+                               "over_1f1b": max(r["over_1f1b"] for r in chimera)}} if chimera else {})
+               | ({name: v | {"over_best_1f1b": rr["over_best_1f1b"][name]} for name, v in rr["schedules"].items()}
+                  if rr else {}),
+               "round_robin": rr,
                "probe": probe, "rows": rows, "uneven": uneven, "chimera": list(chimera)}
     print("\n" + " · ".join(f"{k} {summary[k]:.3f}" for k in ("sleep_time_ratio", "cpu_time_ratio",
                                                              "activation_bytes_ratio", "simulator_error")))
