@@ -332,7 +332,15 @@ class GradientSync:
             self.span = (time.time(), 0.0)
         self.pending[k], self.sent = -1, k + 1
         bucket = self.buckets[k]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        for p in bucket:
+            if p.grad is None:  # (no gradient this iteration: its replicas' still sum with zeros)
+                p.grad = torch.zeros_like(p)
+        if len(bucket) == 1 and bucket[0].grad.is_contiguous():
+            # a bucket of one parameter (a large layer's weight) reduces its gradient in place: a copy
+            # into a flat buffer and back would cost two passes over it, as much as gloo's own reduction
+            flat = bucket[0].grad.view(-1)
+        else:
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
         self.works.append((k, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
 
     def start(self) -> None:
@@ -354,10 +362,13 @@ class GradientSync:
         BEAT.action("AR (gradient all-reduce)")
         for k, flat, work in self.works:
             work.wait()
+            bucket = self.buckets[k]
+            if len(bucket) == 1 and flat.data_ptr() == bucket[0].grad.data_ptr():
+                continue  # reduced in place
             offset = 0
-            for p in self.buckets[k]:
+            for p in bucket:  # the sums as views of the reduced buffer: no second copy
                 n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p).clone()
+                p.grad = flat[offset:offset + n].view_as(p)
                 offset += n
         self.span = (self.span[0], time.time())
         self.works = []
