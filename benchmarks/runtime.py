@@ -102,8 +102,8 @@ def _theirs_step(rank, world, kind, schedule_name, micro_batches):
     stage = PipelineStage(layers, rank, world, torch.device("cpu"))
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name]
     sched = cls(stage, micro_batches, loss_fn=lambda y, t: _per_sample_loss(y, t).mean())
-    n = (SLEEP_BATCH if kind == "sleep" else COMPUTE_BATCH) * micro_batches
-    width = WIDTH if kind == "sleep" else COMPUTE_WIDTH
+    n = (COMPUTE_BATCH if kind == "compute" else SLEEP_BATCH) * micro_batches
+    width = COMPUTE_WIDTH if kind == "compute" else WIDTH
     x = torch.randn(n, width, generator=torch.Generator().manual_seed(1))
     target = torch.zeros(n)
 
