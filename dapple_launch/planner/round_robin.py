@@ -148,17 +148,39 @@ def granularity_bound(profile: ModelProfile, topology: Topology, global_batch: i
     return M / D * memo[key]
 
 
+class _Loads(dict):
+    """(start, stop) -> the load of a stage of layers [start, stop) on one device set (see
+    _stage_load), computed on first use: the cut balancer asks O(S L^2) of them, most again."""
+
+    def __init__(self, profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...]):
+        super().__init__()
+        self.profile, self.topology, self.M, self.b, self.devices = profile, topology, M, b, devices
+
+    def __missing__(self, key: tuple[int, int]) -> float:
+        start, stop = key
+        r = len(self.devices)
+        load = _copy_compute(self.profile, self.topology, self.M, self.b, start, stop, r) \
+            + (self.topology.allreduce_s(self.devices, self.profile.span(start, stop)[3]) if r > 1 else 0.0)
+        self[key] = load
+        return load
+
+
+def _loads(profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...], memo: dict) -> _Loads:
+    """The loads of stages on `devices` (alike for every device set of its size that does, or does
+    not, span nodes: the all-reduce's cost depends on nothing else)."""
+    key = ("load", M, b, len(devices), topology.spans_nodes(devices))
+    table = memo.get(key)
+    if table is None:
+        table = memo[key] = _Loads(profile, topology, M, b, devices)
+    return table
+
+
 def _stage_load(profile: ModelProfile, topology: Topology, M: int, b: int, start: int, stop: int,
                 devices: tuple[int, ...], memo: dict) -> float:
     """A stage's busiest copy's compute with canonical copies (ceil(M / c) micro-batches of b / g
     samples) and its gradient all-reduce over all its devices: what the stage adds to the
     iteration at the least. The proxy the layout moves are ranked by (each pick is then simulated)."""
-    key = ("load", M, b, start, stop, len(devices), topology.spans_nodes(devices))
-    if key not in memo:
-        r = len(devices)
-        memo[key] = _copy_compute(profile, topology, M, b, start, stop, r) \
-            + (topology.allreduce_s(devices, profile.span(start, stop)[3]) if r > 1 else 0.0)
-    return memo[key]
+    return _loads(profile, topology, M, b, devices, memo)[start, stop]
 
 
 def _copy_compute(profile: ModelProfile, topology: Topology, M: int, b: int, start: int, stop: int, r: int) -> float:
@@ -224,9 +246,10 @@ def balance_cuts(profile: ModelProfile, topology: Topology, global_batch: int, r
     back = [[0] * (L + 1) for _ in range(S + 1)]
     best[0][0] = 0.0
     for s in range(1, S + 1):
+        loads = _loads(profile, topology, M, b, devices[s - 1], memo)
         for stop in range(s, L - (S - s) + 1):
             for start in range(stop - 1, s - 2, -1):  # the stage grows: once it alone is no better, stop
-                load = _stage_load(profile, topology, M, b, start, stop, devices[s - 1], memo)
+                load = loads[start, stop]
                 if load >= best[s][stop]:
                     break
                 v = max(best[s - 1][start], load)
