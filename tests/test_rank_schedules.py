@@ -355,6 +355,41 @@ def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candid
     assert dropped > 5 and kept > 30, (dropped, kept)
 
 
+def test_a_simulation_stopped_at_its_cutoff_only_drops_slower_ones():
+    """simulate_ranks(cutoff=x) returns None only where the full simulation is slower than x, and
+    otherwise the full simulation's figures; on random costs it stops walks that the busiest rank's
+    compute alone could not (a waiting rank passes the cutoff first)."""
+    from dapple_launch.schedule import busiest_rank_s
+    from dapple_launch.schedule.round_robin import round_robin
+    rng = random.Random(5)
+    stopped = kept = 0
+    for family, v in [("interleaved_1f1b", 2), ("interleaved_zb", 2), ("zbv", 2), ("chimera", 2), ("1f1b", 1),
+                      ("1f1b_rr", 1), ("zb_h1_rr", 1)]:
+        for R in (2, 4):
+            if family.endswith("_rr"):
+                x = round_robin(family, (R - 1, 1), 3 * R, None)
+            elif family == "1f1b":
+                x = from_stages(build_schedule(family, R, 2 * R))
+            else:
+                x = build_rank_schedule(family, R, 2 * R, v)
+            for _ in range(15):
+                costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.2, 4), rng.uniform(0, 1), rng.uniform(0, 1),
+                                    rng.uniform(0, 3), action_s=rng.uniform(0, 0.1)) for _ in range(x.num_stages)]
+                full = simulate_ranks(x, costs, record=False)
+                floor = busiest_rank_s(x, costs)
+                for cutoff in (floor * 1.001, (floor + full.iteration_s) / 2, full.iteration_s * 0.999,
+                               full.iteration_s, full.iteration_s * 1.5):
+                    got = simulate_ranks(x, costs, record=False, cutoff=cutoff)
+                    if got is None:
+                        assert full.iteration_s > cutoff
+                        stopped += floor < cutoff
+                    else:
+                        assert got.iteration_s == full.iteration_s and got.peak_activation_bytes == \
+                            full.peak_activation_bytes and got.stage_end_s == full.stage_end_s
+                        kept += 1
+    assert stopped > 50 and kept > 200, (stopped, kept)
+
+
 def test_the_chunked_pass_keeps_to_its_share_of_the_budget():
     """search_chunked scores at most its share of strategy.search_nodes, counting every candidate's
     stage costs and simulation (and a shape's first, its rank orders): past it by at most one

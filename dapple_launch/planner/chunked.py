@@ -72,10 +72,13 @@ def _over_both_copies(profile: ModelProfile, topology: Topology, c, down: StageS
 
 def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
                      num_micro_batches: int, limits: Limits, schedule: str, chunks: int,
-                     cutoff: float = math.inf) -> Costed | None:
+                     cutoff: float = math.inf, walked: list | None = None) -> Costed | None:
     """A chunked candidate costed in full (layout: S stages, a group's stages on its devices).
     `cutoff`: a caller that keeps the candidate only if it is faster; None, unsimulated, where its
-    busiest group's compute alone (busiest_rank_s, a lower bound) already reaches it."""
+    busiest group's compute alone (busiest_rank_s, a lower bound) already reaches it, or where the
+    simulation passes it (simulate_ranks stops there). `walked`: appended to when the simulator ran
+    (a search's budget counts the simulation whole, however early it stopped: the same candidates
+    are searched as without the cutoff)."""
     S = len(layout)
     P = groups_for(schedule, S, chunks)
     if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies
@@ -95,7 +98,11 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
     orders = rank_orders(schedule, P, num_micro_batches, chunks)
     if cutoff < math.inf and busiest_rank_s(orders, costs) >= cutoff:
         return None
-    sim = simulate_ranks(orders, costs, record=False)
+    if walked is not None:
+        walked.append(True)
+    sim = simulate_ranks(orders, costs, record=False, cutoff=cutoff)
+    if sim is None:
+        return None
     params = [0.0] * P
     for s, st in enumerate(layout):
         for g in groups_of(schedule, s, P):  # (Chimera: a weight copy on each of its two groups)

@@ -238,8 +238,8 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
     built: set[tuple] = set()  # the rank orders (family, groups, micro-batches, v) built so far
 
     def costed(family, v, groups, b, stops, cutoff: float = math.inf, micro_batches: int = 0) -> Costed | None:
-        """The candidate simulated (None: its busiest group's compute alone reaches `cutoff`), its
-        cost counted. `micro_batches`: fewer than the global batch's, for the screen's estimate."""
+        """The candidate simulated (None: it cannot beat `cutoff`, by its busiest group's compute
+        or its simulation), its cost counted. `micro_batches`: fewer than the global batch's, for the screen's estimate."""
         nonlocal scored
         S, M = num_stages(family, v, groups), micro_batches or global_batch // b
         key = (family, len(groups), M, v)
@@ -247,8 +247,9 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
             built.add(key)
             scored += _cost(S, M)
         layout = chunked_layout(family, list(groups), list(stops), None)
-        c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff)
-        scored += _unsimulated_cost(S) + (_cost(S, M) if c is not None else 0)  # its stage costs, its simulation
+        walked: list = []
+        c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff, walked)
+        scored += _unsimulated_cost(S) + (_cost(S, M) if walked else 0)  # its stage costs, its simulation
         return c
 
     def balanced(family, v, groups) -> list[int]:

@@ -95,8 +95,9 @@ def rr_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
 def evaluate_rr(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], copies: tuple[int, ...],
                 b: int, num_micro_batches: int, limits: Limits, family: str, depth: int = 1,
                 cutoff: float = math.inf, memo: dict | None = None) -> Costed | None:
-    """A candidate of copies costed in full by the simulator of its rank orders; None, unsimulated,
-    where its busiest copy's compute alone reaches `cutoff`."""
+    """A candidate of copies costed in full by the simulator of its rank orders; None where it
+    cannot beat `cutoff`: unsimulated where its busiest copy's compute alone reaches it, else as
+    soon as the simulation passes it."""
     costs = rr_costs(profile, topology, layout, copies, b, memo)
     sets = recompute_sets(layout, limits) if family == "1f1b_rr" else ()
     if sets:  # (Limits refuses recomputation with a split backward)
@@ -105,7 +106,9 @@ def evaluate_rr(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
     orders = round_robin(family, copies, num_micro_batches, warmup)
     if cutoff < math.inf and busiest_rank_s(orders, costs) >= cutoff:
         return None
-    sim = simulate_ranks(orders, costs, record=False)
+    sim = simulate_ranks(orders, costs, record=False, cutoff=cutoff)
+    if sim is None:
+        return None
     first = 0
     memory = []
     for s, (st, c) in enumerate(zip(layout, copies)):

@@ -12,6 +12,8 @@ order the stages become ready, overlapping whatever compute is left.
 """
 from __future__ import annotations
 
+import math
+
 from .actions import CODE_OF, COMPUTE_CODES, Kind
 from .ranks import RankSchedule
 from .simulate import Event, Simulation, StageCosts
@@ -20,15 +22,27 @@ from .validate import ScheduleError
 _LABEL = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.INPUT_GRAD: "input", Kind.WEIGHT_GRAD: "weight"}
 
 
-def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool = True) -> Simulation:
+def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool = True,
+                   cutoff: float = math.inf) -> Simulation | None:
     """Per-rank figures: stage_end_s, peak_in_flight and peak_activation_bytes are indexed by rank.
     Timeline events carry the rank as their row (Event.stage) and label steps "F3" on the rank's
     only stage or "F3·s5" where a rank holds several. Raises ScheduleError where the orders
-    deadlock (rank_validate.validate_ranks says which rule a schedule breaks)."""
+    deadlock (rank_validate.validate_ranks says which rule a schedule breaks).
+
+    `cutoff`: a caller that keeps the simulation only if the iteration is at most this long (a
+    planner's candidate against the best so far). The walk stops and returns None as soon as one
+    rank's compute plus the time it has waited passes it: that rank cannot end sooner."""
     S, M, R = schedule.num_stages, schedule.num_micro_batches, schedule.num_ranks
     if len(costs) != S:
         raise ValueError(f"simulate_ranks: {S} stages but {len(costs)} stage costs")
     forward, backward, input_, weight = step_costs(costs)
+    slack = None  # per rank: cutoff - its compute
+    if cutoff < math.inf:
+        per_code = (forward, backward, input_, weight)
+        slack = [cutoff - sum(per_code[code][s] * n for code, s, n in work) for work in schedule.work]
+        if min(slack) < 0:
+            return None
+    waited = [0.0] * R
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     kept = [c.activation_bytes for c in costs]
     early = [c.input_only_bytes for c in costs]  # freed at I (StageCosts.input_only_bytes), the rest at W
@@ -56,6 +70,7 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
         links = link[r]
         # this rank's memory figures, kept local while it runs
         held, held_peak, count, count_peak = live[r], peak_bytes[r], in_flight[r], peak[r]
+        idle = waited[r]
         woken = set()  # the ranks this run sent to: resumed once it stops (the walk's result does not depend on the order)
         while k < n:
             code, s, m = order[k]
@@ -64,7 +79,9 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                 arrival = activation[s][m]
                 if arrival < 0:
                     break
-                start = t if t > arrival else arrival
+                if arrival > t:
+                    start = arrival
+                    idle += arrival - t
                 t = start + forward[s]
                 if s < last:
                     to = where[s + 1][m]
@@ -87,7 +104,9 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                     arrival = gradient[s][m]
                     if arrival < 0:
                         break
-                    start = t if t > arrival else arrival
+                    if arrival > t:
+                        start = arrival
+                        idle += arrival - t
                 t = start + (backward[s] if code == 1 else input_[s])
                 if code == 2:
                     held -= early[s]
@@ -110,7 +129,9 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
                 kind = COMPUTE_CODES[code]
                 timeline.append(Event(r, f"{kind.value}{m}" + (f"·s{s}" if several[r] else ""), _LABEL[kind], start, t))
             k += 1
-        pos[r], clock[r] = k, t
+        if slack is not None and idle > slack[r]:
+            return None
+        pos[r], clock[r], waited[r] = k, t, idle
         live[r], peak_bytes[r], in_flight[r], peak[r] = held, held_peak, count, count_peak
         pending.extend(woken)
     blocked = {r: p for r, p in enumerate(pos) if p < len(schedule.orders[r])}
