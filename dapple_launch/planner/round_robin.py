@@ -30,7 +30,7 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule import SPLIT_BACKWARD, busiest_rank_s, simulate_ranks
+from ..schedule import SPLIT_BACKWARD, simulate_ranks
 from ..schedule.round_robin import RR_FAMILIES, copy_warmup, round_robin, round_robin_constraint
 from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, speed_ratio, stage_allreduce, stage_costs
 
@@ -95,17 +95,15 @@ def rr_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
 def evaluate_rr(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], copies: tuple[int, ...],
                 b: int, num_micro_batches: int, limits: Limits, family: str, depth: int = 1,
                 cutoff: float = math.inf, memo: dict | None = None) -> Costed | None:
-    """A candidate of copies costed in full by the simulator of its rank orders; None where it
-    cannot beat `cutoff`: unsimulated where its busiest copy's compute alone reaches it, else as
-    soon as the simulation passes it."""
+    """A candidate of copies costed in full by the simulator of its rank orders; None where it is
+    slower than `cutoff`: unsimulated where its busiest copy's compute alone passes it, else as
+    soon as the simulation does (simulate_ranks)."""
     costs = rr_costs(profile, topology, layout, copies, b, memo)
     sets = recompute_sets(layout, limits) if family == "1f1b_rr" else ()
     if sets:  # (Limits refuses recomputation with a split backward)
         costs = recomputed_costs(profile, topology, copy_specs(layout, copies), costs, b, sets)
     warmup = copy_warmup(copies, num_micro_batches, depth)
     orders = round_robin(family, copies, num_micro_batches, warmup)
-    if cutoff < math.inf and busiest_rank_s(orders, costs) >= cutoff:
-        return None
     sim = simulate_ranks(orders, costs, record=False, cutoff=cutoff)
     if sim is None:
         return None

@@ -38,9 +38,8 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
     forward, backward, input_, weight = step_costs(costs)
     slack = None  # per rank: cutoff - its compute
     if cutoff < math.inf:
-        per_code = (forward, backward, input_, weight)
-        slack = [cutoff - sum(per_code[code][s] * n for code, s, n in work) for work in schedule.work]
-        if min(slack) < 0:
+        slack = [cutoff - busy for busy in rank_compute_s(schedule, costs)]
+        if min(slack) < 0:  # (a rank's compute alone passes it: not walked at all)
             return None
     waited = [0.0] * R
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
@@ -162,9 +161,14 @@ def step_costs(costs: list[StageCosts]) -> tuple[list[float], ...]:
             [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs])
 
 
-def busiest_rank_s(schedule: RankSchedule, costs: list[StageCosts]) -> float:
-    """A lower bound on simulate_ranks' iteration time: the busiest rank's compute, each step at the
-    cost the simulator charges it (a rank runs one step at a time, so no order finishes sooner).
-    O(steps' distinct (kind, stage) per rank): what lets a search drop a candidate unsimulated."""
+def rank_compute_s(schedule: RankSchedule, costs: list[StageCosts]) -> list[float]:
+    """Each rank's compute, each step at the cost the simulator charges it. O(steps' distinct
+    (kind, stage) per rank)."""
     per_code = step_costs(costs)
-    return max((sum(per_code[code][s] * n for code, s, n in work) for work in schedule.work), default=0.0)
+    return [sum(per_code[code][s] * n for code, s, n in work) for work in schedule.work]
+
+
+def busiest_rank_s(schedule: RankSchedule, costs: list[StageCosts]) -> float:
+    """A lower bound on simulate_ranks' iteration time: the busiest rank's compute (a rank runs one
+    step at a time, so no order finishes sooner): what lets a search drop a candidate unsimulated."""
+    return max(rank_compute_s(schedule, costs), default=0.0)
