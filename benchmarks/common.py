@@ -57,6 +57,29 @@ class SleepLayer(nn.Module):
         return _Sleep.apply(x, self.w, self.big, self)
 
 
+def pipeline_step(ex, schedule, batch, syncs, params):
+    """One benchmark iteration of an executor: its schedule over the batch, the gradient all-reduces
+    finished, the gradients dropped (each iteration starts as the first did)."""
+    def step():
+        ex.run(schedule, batch)
+        for sync in syncs:
+            sync.finish()
+        for p in params:
+            p.grad = None
+    return step
+
+
+def print_sleep_table(rows: list[dict], per: str) -> None:
+    """The sleep rows against the simulator: time and each `per`'s most saved bytes at once
+    (measured, and whether the simulator's count equals it)."""
+    print(f"\n| schedule | M | measured s | simulator s | error | peak saved bytes per {per} (= simulator's) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        same = "yes" if r["saved_bytes"] == r["simulated_saved_bytes"] else f"no: simulator {r['simulated_saved_bytes']}"
+        print(f"| {r['schedule']} | {r['micro_batches']} | {r['measured_s']:.3f} | {r['simulated_s']:.3f} | "
+              f"{r['simulator_error']:+.1%} | {[int(b) for b in r['saved_bytes']]} ({same}) |")
+
+
 def median_runs(runs: list[list[dict]]) -> list[dict]:
     """Per rank, the median of each figure over repeated runs."""
     return [{k: statistics.median(run[rank][k] for run in runs) for k in runs[0][rank]} for rank in range(len(runs[0]))]

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from benchmarks.common import SavedBytes
+from benchmarks.common import SavedBytes, pipeline_step
 from benchmarks.zero_bubble import T_F, T_I, T_W, WIDTH, SplitSleepLayer
 from dapple_launch.cluster import Topology
 from dapple_launch.planner import Limits, fixed_plan
@@ -87,14 +87,7 @@ def ours_step(rank, world, kind, schedule, chunks, micro_batches):
     x = plan.build_schedule()
     batch = _batch(kind, micro_batches)
     params = [p for m in layers.values() for p in m.parameters()]
-
-    def step():
-        ex.run(x, batch)
-        for sync in syncs:
-            sync.finish()
-        for p in params:
-            p.grad = None
-    return step, SavedBytes(params)
+    return pipeline_step(ex, x, batch, syncs, params), SavedBytes(params)
 
 
 def theirs_step(rank, world, kind, schedule, chunks, micro_batches):

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, timed  # noqa: E402
+from benchmarks.common import SavedBytes, pipeline_step, print_sleep_table, timed  # noqa: E402
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.planner import Limits, fixed_plan  # noqa: E402
 from dapple_launch.profile import LayerProfile, chain  # noqa: E402
@@ -147,13 +147,7 @@ def ours_step(rank, world, schedule, micro_batches, idle):
         ex = StageExecutor(layers, _loss, PointToPoint(grid, stage, replica), 2, on_last_backward=syncs[0].start)
         x, order, rows = build_schedule(schedule, 2, micro_batches), stage, split_sizes(b, grid.replicas[stage])[replica]
     one = _one_forward_bytes(layers, stage, rows)
-
-    def step():
-        ex.run(x, batch)
-        for sync in syncs:
-            sync.finish()
-        for p in params:
-            p.grad = None
+    step = pipeline_step(ex, x, batch, syncs, params)
     step.info = {"stage": stage, "order": order, "micro_batch_bytes": one}
     return step, SavedBytes(params)
 
@@ -230,13 +224,8 @@ def summary(rows: list[dict]) -> dict:
 def report(rows: list[dict]) -> dict:
     s = summary(rows)
     print(f"\nstages of round-robin copies: 2 layers ({HEAVY * UNIT * 1e3:g} and {UNIT * 1e3:g} ms per sample in F, I and W; "
-          f"the first stage's input needs no gradient), stages 3:1 on {WORLD} gloo processes, global batch {G}\n")
-    print("| schedule | M | measured s | simulator s | error | peak saved bytes per rank (= simulator's) |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        same = "yes" if r["saved_bytes"] == r["simulated_saved_bytes"] else f"no: {r['simulated_saved_bytes']}"
-        print(f"| {r['schedule']} | {r['micro_batches']} | {r['measured_s']:.3f} | {r['simulated_s']:.3f} | "
-              f"{r['simulator_error']:+.1%} | {r['saved_bytes']} ({same}) |")
+          f"the first stage's input needs no gradient), stages 3:1 on {WORLD} gloo processes, global batch {G}")
+    print_sleep_table(rows, "rank")
     print("\nover the best 1F1B row on the same layout: "
           + ", ".join(f"{name} {x:.3f}" for name, x in s["over_best_1f1b"].items()))
     return s

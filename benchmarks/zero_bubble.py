@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, median_runs  # noqa: E402
+from benchmarks.common import SavedBytes, median_runs, print_sleep_table  # noqa: E402
 from dapple_launch.runtime.executor import StageExecutor  # noqa: E402
 from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
 from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
@@ -168,12 +168,7 @@ def report(rows, out) -> None:
                "saved_bytes_match": all(r["saved_bytes"] == r["simulated_saved_bytes"] for r in sleep),
                "cpu_ratio": cpu_ratio, "rows": rows}
     Path(out).write_text(json.dumps(summary, indent=1))
-    print("\n| schedule | M | measured s | simulator s | error | peak saved bytes per stage (measured = simulated) |")
-    print("|---|---|---|---|---|---|")
-    for r in sleep:
-        same = "yes" if r["saved_bytes"] == r["simulated_saved_bytes"] else f"no: sim {r['simulated_saved_bytes']}"
-        print(f"| {r['schedule']} | {r['micro_batches']} | {r['measured_s']:.3f} | {r['simulated_s']:.3f} | "
-              f"{r['simulator_error']:+.1%} | {[int(b) for b in r['saved_bytes']]} ({same}) |")
+    print_sleep_table(sleep, "stage")
     print(f"\nZB-H1 over 1F1B (sleep): {', '.join(f'M={m}: {s:.3f}×' for m, s in speedup.items())}")
     print(f"compute rows, CPU seconds per iteration summed over ranks: 1F1B {sum(compute['1f1b']['cpu_s']):.3f}, "
           f"ZB-H1 {sum(compute['zb_h1']['cpu_s']):.3f} (ratio {cpu_ratio:.3f})")
