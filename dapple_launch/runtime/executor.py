@@ -117,6 +117,7 @@ class StageExecutor:
         # the stage's gradients are complete after its last B or W: the all-reduce may start
         last_backward = max((i for i, a in enumerate(actions) if a.kind.frees_activations), default=-1)
         ahead = _receives_ahead(actions)
+        record = self.timeline is not None
         for i, a in enumerate(actions):
             try:
                 for r in ahead.get(i, ()):  # the next compute's inputs arrive while this one runs
@@ -125,14 +126,14 @@ class StageExecutor:
                         self.p2p.post_activation(n_r, r.micro_batch, eval_=not it.train, variant=v_r)
                     else:
                         self.p2p.post_gradient(n_r, r.micro_batch, variant=v_r)
-                start = time.time()
-                BEAT.action(str(a))
+                start = time.time() if record else 0.0
+                BEAT.action(a)  # (made a string only when the heartbeat writes it: not on every action)
                 if i == last_backward and self.before_last_backward is not None:
                     self.before_last_backward()
                 self.act(a, it, loss_scale)
                 if i == last_backward and self.on_last_backward is not None:
                     self.on_last_backward()
-                if self.timeline is not None:
+                if record:
                     self.timeline.append((schedule.label(a), start, time.time()))
             except RuntimeError as exc:
                 raise stopped(self.stage, self.replica, a, i, len(actions), schedule.name, exc) from exc

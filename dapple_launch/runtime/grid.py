@@ -47,6 +47,9 @@ class ProcessGrid:
                              f"devices per stage; stages sharing devices share all of them")
         order = {d: r for r, d in enumerate(sorted(flat))}
         object.__setattr__(self, "_ranks", tuple(tuple(order[d] for d in ds) for ds in self.devices))
+        # every transfer's tag names its chunk (runtime/p2p.py): counted once here, not per transfer
+        sets = [frozenset(ds) for ds in self.devices]
+        object.__setattr__(self, "_chunks", tuple(sets[:s].count(sets[s]) for s in range(len(sets))))
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "ProcessGrid":
@@ -58,7 +61,7 @@ class ProcessGrid:
 
     def chunk_of(self, stage: int) -> int:
         """Which of its device group's stages `stage` is (0 where a group holds one stage)."""
-        return sum(1 for s in range(stage) if set(self.devices[s]) == set(self.devices[stage]))
+        return self._chunks[stage]
 
     def stages_at(self, rank: int) -> tuple[int, ...]:
         """The stages a rank holds (several where a device group holds chunks), in stage order."""

@@ -39,8 +39,9 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, name="dapple-heartbeat", daemon=True)
         self._thread.start()
 
-    def action(self, label: str) -> None:
-        """The main thread entered an action (cheap: called per action of the schedule)."""
+    def action(self, label) -> None:
+        """The main thread entered an action (cheap: called per action of the schedule). `label`: a
+        string, or an object (a schedule's Action) the writer thread turns into one when it writes."""
         self.state["action"], self.state["since"] = label, time.time()
 
     def step(self, step: int) -> None:
@@ -48,7 +49,9 @@ class Heartbeat:
 
     def _write(self) -> None:
         tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**self.where, **self.state, "time": time.time()}))
+        state = dict(self.state)
+        state["action"] = str(state["action"])
+        tmp.write_text(json.dumps({**self.where, **state, "time": time.time()}))
         os.replace(tmp, self._path)
 
     def _loop(self) -> None:

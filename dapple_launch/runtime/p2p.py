@@ -135,7 +135,9 @@ class PointToPoint:
         my_lo = split_bounds(n, self.replicas_of(self.stage))[self.replica][0]
         peer_ranks = self.ranks_of(peer_stage, micro_batch)
         for _, k, lo, hi in overlaps(n, self.replicas_of(self.stage), self.replicas_of(peer_stage), src=self.replica):
-            pieces = tuple(t[lo - my_lo:hi - my_lo].contiguous() for t in carry)
+            a, b = lo - my_lo, hi - my_lo
+            # (a whole carry goes as it is: no view made per member and transfer)
+            pieces = tuple((t if a == 0 and b == t.shape[0] else t[a:b]).contiguous() for t in carry)
             key = (space, peer_ranks[k], hi - lo, variant, self.stage)
             layout = tuple((tuple(p.shape[1:]), p.dtype, dt) for p, dt in zip(pieces, logical))
             tag = _tag(space, micro_batch, 0, self.grid.chunk_of(self.stage))

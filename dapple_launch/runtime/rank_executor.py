@@ -12,6 +12,7 @@ does, so they overlap the step that runs.
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -106,6 +107,26 @@ def expand(order: tuple, num_stages: int) -> list[tuple[int, Action]]:
     return out
 
 
+@lru_cache(maxsize=64)
+def _walk(order: tuple, num_stages: int, several: bool) -> tuple:
+    """What run() follows, derived from an order once rather than on every iteration: the steps
+    (expand), step index -> the stage whose gradients it completes (its last B or W), step index ->
+    the receives the next compute step needs (posted before this one runs), and each step's label
+    (with its stage where the rank holds several)."""
+    steps = expand(order, num_stages)
+    last = {}
+    for i, (s, a) in enumerate(steps):
+        if a.kind.frees_activations:
+            last[s] = i
+    finishing = {i: s for s, i in last.items()}
+    compute = [i for i, (_, a) in enumerate(steps) if a.kind.is_compute]
+    ahead = {here: [steps[j] for j in range(here + 1, nxt)
+                    if steps[j][1].kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
+             for here, nxt in zip(compute, compute[1:])}
+    labels = [f"{a}·s{s}" if several else str(a) for s, a in steps]
+    return steps, finishing, ahead, labels
+
+
 class RankExecutor:
     def __init__(self, chunks: dict[int, StageExecutor], group: int,
                  on_last_backward: dict[int, Callable[[], None]] | None = None,
@@ -126,17 +147,9 @@ class RankExecutor:
         if self.routes is not None:
             self.routes["table"] = schedule.route_table
         its = {s: ex.begin(batch, schedule.num_micro_batches, train) for s, ex in self.chunks.items()}
-        steps = expand(schedule.orders[self.group], schedule.num_stages)
-        last = {}
-        for i, (s, a) in enumerate(steps):
-            if a.kind.frees_activations:
-                last[s] = i
-        finishing = {i: s for s, i in last.items()}
-        compute = [i for i, (_, a) in enumerate(steps) if a.kind.is_compute]
-        ahead = {here: [steps[j] for j in range(here + 1, nxt)
-                        if steps[j][1].kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
-                 for here, nxt in zip(compute, compute[1:])}
-        several = len(self.chunks) > 1
+        steps, finishing, ahead, labels = _walk(schedule.orders[self.group], schedule.num_stages,
+                                                len(self.chunks) > 1)
+        record = self.timeline is not None
         for i, (s, a) in enumerate(steps):
             ex, it = self.chunks[s], its[s]
             try:
@@ -146,15 +159,15 @@ class RankExecutor:
                         self.chunks[rs].p2p.post_activation(n_r, r.micro_batch, eval_=not train)
                     else:
                         self.chunks[rs].p2p.post_gradient(n_r, r.micro_batch)
-                start = time.time()
-                BEAT.action(f"{a}·s{s}")
+                start = time.time() if record else 0.0
+                BEAT.action(labels[i])
                 if i in finishing and finishing[i] in self.before_last_backward:
                     self.before_last_backward[finishing[i]]()
                 ex.act(a, it, loss_scale)
                 if i in finishing and finishing[i] in self.on_last_backward:
                     self.on_last_backward[finishing[i]]()
-                if self.timeline is not None and a.kind.is_compute:
-                    self.timeline.append((f"{a}·s{s}" if several else str(a), start, time.time()))
+                if record and a.kind.is_compute:
+                    self.timeline.append((labels[i], start, time.time()))
                 self.saved_peak = max(self.saved_peak, sum(x.saved for x in its.values()))
             except RuntimeError as exc:
                 raise stopped(s, ex.replica, a, i, len(steps), schedule.name, exc) from exc
