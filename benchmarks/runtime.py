@@ -4,7 +4,8 @@
    backward per micro-batch), GPipe and 1F1B through our executor and through
    torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on PipelineStage: iteration time
    ours / theirs and ours / the simulator's prediction (each action its sleep plus the runtime's
-   own cost per action, calibrated on a run of the same layers sleeping nothing).
+   own cost per action, calibrated on a run of the same layers sleeping nothing). Both runtimes
+   run in the same 4 processes, iterations alternating (as the compute rows).
 2. compute rows: the same cut with real layers (Linear + GELU): CPU seconds per rank per
    iteration, ours / theirs (process CPU time, so gloo's own threads count on both sides; the
    row's ratio is of the mean over ranks). Both runtimes run in the same 4 processes, iterations
@@ -282,13 +283,15 @@ def main() -> None:
 
 
 def _measure(kind: str, steps: tuple, row_args: tuple, iters: int, repeats: int, tmp: str) -> tuple[list, list]:
-    """Per rank, ours and theirs (`steps`: their step builders). sleep rows: one run of each (their wall
-    time is the sleeps'); compute rows: `repeats` runs of both runtimes side by side in the same
-    processes, iterations alternating (common.time_side_by_side), each rank's median over the runs:
-    CPU seconds on 2 shared cores drift between separate runs by more than the runtimes differ."""
+    """Per rank, ours and theirs (`steps`: their step builders), both runtimes side by side in the same
+    processes, iterations alternating (common.time_side_by_side): sleep rows one such run (their
+    wall time is the sleeps', but wake-ups and transfers on 2 shared cores drift between separate
+    runs by more than the runtimes differ); compute rows `repeats` runs, each rank's median over them
+    (CPU seconds drift the same way)."""
     sides = (("ours", steps[0]), ("theirs", steps[1]))
     if kind == "sleep":
-        return tuple(run_ranks(WORLD, timed, ((side,), row_args, iters), tmp) for side in sides)
+        both = run_ranks(WORLD, timed, (sides, row_args, iters), tmp)
+        return [r["ours"] for r in both], [r["theirs"] for r in both]
     runs = [run_ranks(WORLD, timed, (sides, row_args, max(iters, COMPUTE_ITERATIONS)), tmp) for _ in range(repeats)]
     return (median_runs([[r["ours"] for r in run] for run in runs]),
             median_runs([[r["theirs"] for r in run] for run in runs]))

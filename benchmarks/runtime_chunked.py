@@ -9,8 +9,8 @@ sleep rows: every stage one layer whose forward sleeps T_F and whose backward sl
 input's branch and T_W on the weight's (benchmarks/zero_bubble.py's SplitSleepLayer): iteration time
 ours / theirs and ours / the rank-order simulator's prediction for the same costs (plus the
 runtime's per-action cost, calibrated from a row of no-sleep layers). compute rows: each stage two
-Linear + GELU: CPU seconds per rank, ours / theirs, both runtimes in the same processes with their
-iterations alternating (side_by_side). Every row: the most activation bytes a rank
+Linear + GELU: CPU seconds per rank, ours / theirs. Both kinds of row run both runtimes in the same
+processes with their iterations alternating (common.time_side_by_side). Every row: the most activation bytes a rank
 keeps for backward at once (saved-tensor hooks, exact), ours / theirs.
 """
 from __future__ import annotations
