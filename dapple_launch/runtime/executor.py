@@ -210,8 +210,12 @@ class StageExecutor:
             wire = it.received[m] if it.train else it.received.pop(m)
             # back to the dtypes the previous stage computed in (the wire carried the compute dtype)
             x = tuple(w.to(dt) if w.dtype != dt else w for w, dt in zip(wire, it.logical.pop(m)))
-        with torch.set_grad_enabled(it.train), self.precision.autocast(), running(piece):
-            y = run_layers(self.blocks, x)
+        with torch.set_grad_enabled(it.train), self.precision.autocast():
+            if piece is None:  # (no token slice to publish: spare the context manager on every forward)
+                y = run_layers(self.blocks, x)
+            else:
+                with running(piece):
+                    y = run_layers(self.blocks, x)
             if self.is_last:
                 target = self._slice(it.batch[1], it.micro[seq])
                 loss = (self.loss_fn(y, target) if piece is None else
