@@ -273,17 +273,23 @@ def stopped(stage: int, replica: int, action, step: int, steps: int, schedule: s
         f"(logs/rank-N.log)")
 
 
-@lru_cache(maxsize=64)
-def _receives_ahead(actions: tuple) -> dict[int, list]:
-    """For each compute action's index, the receives the *next* compute action will need: posted
-    before this compute runs, so they overlap it (one micro-batch of look-ahead keeps memory bounded)."""
-    compute = [i for i, a in enumerate(actions) if a.kind.is_compute]
+def receives_ahead(kinds: list[Kind]) -> dict[int, list[int]]:
+    """For each compute action's index, the indices of the receives the *next* compute action will
+    need: posted before this compute runs, so they overlap it (one micro-batch of look-ahead keeps
+    memory bounded). One rule for a stage's actions and a rank's steps (rank_executor.py) alike."""
+    compute = [i for i, k in enumerate(kinds) if k.is_compute]
     out = {}
     for here, nxt in zip(compute, compute[1:]):
-        recvs = [a for a in actions[here + 1:nxt] if a.kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
+        recvs = [j for j in range(here + 1, nxt) if kinds[j] in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
         if recvs:
             out[here] = recvs
     return out
+
+
+@lru_cache(maxsize=64)
+def _receives_ahead(actions: tuple) -> dict[int, list]:
+    """receives_ahead of a stage's actions, as the actions (once per action list, not per iteration)."""
+    return {i: [actions[j] for j in js] for i, js in receives_ahead([a.kind for a in actions]).items()}
 
 
 class GradientSync:

@@ -19,7 +19,7 @@ import torch
 
 from ..schedule import Action, Kind
 from ..schedule.ranks import RankSchedule
-from .executor import StageExecutor, StepResult, stopped
+from .executor import StageExecutor, StepResult, receives_ahead, stopped
 from .heartbeat import BEAT
 from .p2p import PointToPoint, Received
 
@@ -119,10 +119,7 @@ def _walk(order: tuple, num_stages: int, several: bool) -> tuple:
         if a.kind.frees_activations:
             last[s] = i
     finishing = {i: s for s, i in last.items()}
-    compute = [i for i, (_, a) in enumerate(steps) if a.kind.is_compute]
-    ahead = {here: [steps[j] for j in range(here + 1, nxt)
-                    if steps[j][1].kind in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
-             for here, nxt in zip(compute, compute[1:])}
+    ahead = {i: [steps[j] for j in js] for i, js in receives_ahead([a.kind for _, a in steps]).items()}
     labels = [f"{a}·s{s}" if several else str(a) for s, a in steps]
     return steps, finishing, ahead, labels
 
