@@ -63,7 +63,7 @@ def _rank(rank, world, precision, steps):
     for step in range(steps):
         items = [data[i] for i in range(step * n, (step + 1) * n)]
         batch = (torch.stack([x for x, _ in items]), torch.stack([y for _, y in items]))
-        before, c0 = p2p.bytes_sent, time.process_time()
+        before, c0 = p2p.comms.bytes_sent, time.process_time()
         with counter.hooks():
             result = ex.run(schedule, batch)
         sync.finish()
@@ -71,7 +71,7 @@ def _rank(rank, world, precision, steps):
         opt.step()
         opt.zero_grad(set_to_none=True)
         cpu.append(time.process_time() - c0)
-        sent.append(p2p.bytes_sent - before)
+        sent.append(p2p.comms.bytes_sent - before)
         loss = result.loss_sum.clone()
         dist.all_reduce(loss)
         losses.append(loss.item())

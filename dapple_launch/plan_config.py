@@ -392,5 +392,8 @@ def cached_plan(cfg: DictConfig) -> Plan:
 def _plan_for(key: str) -> Plan:
     cfg = OmegaConf.create(key)
     if frontier_from_config(cfg) is not None:  # planned once: the frontier's choice
-        return _choice_for(key).plan
-    return plan_from_config(cfg)
+        plan = _choice_for(key).plan
+    else:
+        plan = plan_from_config(cfg)
+    plan.check_transfers()  # every plan, whoever made it: its transfers proven against NCCL's rules
+    return plan

@@ -188,6 +188,43 @@ class Plan:
                                        self.num_micro_batches, self.chunks)
         return build_schedule(self.schedule, self.num_stages, self.num_micro_batches, self.warmup, self.token_slices)
 
+    def group_ranks(self, schedule) -> tuple[tuple[int, ...], ...]:
+        """The ranks of each device group running one of `schedule`'s orders (a stage-per-rank schedule:
+        each stage's), ranks numbered by device as the runtime numbers them (runtime/grid.py)."""
+        devices = [s.devices if s.devices else () for s in self.stages]
+        if not all(devices):  # unstated: stage-major
+            first = 0
+            for k, s in enumerate(self.stages):
+                devices[k], first = tuple(range(first, first + s.replicas)), first + s.replicas
+        rank = {d: r for r, d in enumerate(sorted({d for ds in devices for d in ds}))}
+        if hasattr(schedule, "orders"):
+            by_group = {}
+            for k in range(len(self.stages)):
+                groups, ds = schedule.placement[k], devices[k]
+                part = len(ds) // len(groups)
+                for j, g in enumerate(groups):
+                    by_group.setdefault(g, tuple(rank[d] for d in ds[j * part:(j + 1) * part]))
+            return tuple(by_group[g] for g in range(schedule.num_ranks))
+        return tuple(tuple(rank[d] for d in ds) for ds in devices)
+
+    def transfer_programs(self) -> dict:
+        """Every rank's transfers of one training iteration, as the runtime issues them
+        (schedule/transfers.py), for micro-batches of `micro_batch_size` samples."""
+        from ..schedule.ranks import from_stages
+        from ..schedule.transfers import lower
+        schedule = self.build_schedule()
+        x = schedule if hasattr(schedule, "orders") else from_stages(schedule)
+        return lower(x, self.group_ranks(schedule), (self.micro_batch_size,) * x.num_micro_batches)
+
+    def check_transfers(self) -> None:
+        """Raise ValueError unless every rank's transfers pass the NCCL model (schedule/nccl.py)."""
+        from ..schedule.nccl import NcclOrderError, check_lowered
+        from ..schedule.transfers import LoweringError
+        try:
+            check_lowered(self.transfer_programs())
+        except (NcclOrderError, LoweringError) as exc:
+            raise ValueError(f"the plan's transfers break NCCL's point-to-point rules: {exc}") from None
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 

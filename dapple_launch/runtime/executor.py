@@ -18,8 +18,10 @@ from torch import nn
 from ..models.contract import as_tuple, carry_map, run_layers
 from ..planner.allreduce import BUCKET_BYTES, bucket_layers
 from ..schedule import Kind, Schedule
+from ..schedule.ranks import from_stages
 from .grid import split_bounds
 from .heartbeat import BEAT
+from .layouts import ensure_layouts, program
 from .p2p import PointToPoint
 from .precision import MixedPrecision
 from ..models.split_backward import backward_input, watch_accumulation
@@ -52,9 +54,6 @@ class _Iteration:
     train: bool
     received: dict  # m -> wire tensors that arrived (gradients are taken against them)
     outputs: dict  # m -> the stage's output as it leaves (or, on the last stage, the loss to backpropagate)
-    logical: dict  # m -> the dtypes of the output before the wire cast
-    grads: dict  # m -> gradient received for the output's floating members
-    back: dict  # m -> gradient to send for the input's floating members
     loss_sum: torch.Tensor
     weights: dict = None  # m -> what its W needs (split backward: between I and W)
     # token slicing (schedule/terapipe.py): actions name units u = m·K + i; per sequence micro-batch,
@@ -97,6 +96,7 @@ class StageExecutor:
         self.slice_loss_fn = slice_loss_fn  # the model's slice_loss, for token-sliced schedules
         self.blocks = with_recomputation(self.layers, self.recompute)  # what the forward runs
         self.stage, self.replica, self.num_stages = p2p.stage, p2p.replica, num_stages
+        self.device = p2p.device
         self.is_first, self.is_last = self.stage == 0, self.stage == num_stages - 1
         self.replicas = p2p.replicas_of(self.stage)  # (Chimera: the replicas of this copy)
         self.on_last_backward = on_last_backward
@@ -114,18 +114,24 @@ class StageExecutor:
         the last stage backpropagates its loss times `loss_scale` (16-mixed)."""
         it = self.begin(batch, schedule.sequences, not schedule.forward_only, schedule.slice_lengths)
         actions = schedule.stage_actions[self.stage]
+        comms = self.p2p.comms
+        grid = self.p2p.grid
+        rows = tuple(it.rows(u) for u in range(schedule.num_micro_batches))
+        groups = tuple(tuple(grid.stage_ranks(s)) for s in range(grid.num_stages))
+        try:
+            ensure_layouts(comms, {self.stage: self}, batch, schedule.slice_lengths)
+            comms.begin(program(comms, _as_ranks(schedule), groups, rows, source=schedule), it.variant)
+        except RuntimeError as exc:
+            raise stopped_at(self.stage, self.replica, PREPARING, exc) from exc
         # the stage's gradients are complete after its last B or W: the all-reduce may start
         last_backward = max((i for i, a in enumerate(actions) if a.kind.frees_activations), default=-1)
-        ahead = _receives_ahead(actions)
         record = self.timeline is not None
+        step = 0  # compute steps so far: the lowered program's slots count them
         for i, a in enumerate(actions):
+            if not a.kind.is_compute:
+                continue  # transfers are the lowered program's: issued in its slots, waited for by the compute
             try:
-                for r in ahead.get(i, ()):  # the next compute's inputs arrive while this one runs
-                    n_r, v_r = it.rows(r.micro_batch), it.variant(r.micro_batch)
-                    if r.kind is Kind.RECV_ACTIVATION:
-                        self.p2p.post_activation(n_r, r.micro_batch, eval_=not it.train, variant=v_r)
-                    else:
-                        self.p2p.post_gradient(n_r, r.micro_batch, variant=v_r)
+                comms.issue_through(step)
                 start = time.time() if record else 0.0
                 BEAT.action(a)  # (made a string only when the heartbeat writes it: not on every action)
                 if i == last_backward and self.before_last_backward is not None:
@@ -137,7 +143,11 @@ class StageExecutor:
                     self.timeline.append((schedule.label(a), start, time.time()))
             except RuntimeError as exc:
                 raise stopped(self.stage, self.replica, a, i, len(actions), schedule.name, exc) from exc
-        self.p2p.wait_sends()
+            step += 1
+        try:
+            comms.finish()
+        except RuntimeError as exc:
+            raise stopped_at(self.stage, self.replica, SENDS_DRAINING, exc) from exc
         return StepResult(it.loss_sum, it.n_total)
 
     def begin(self, batch: tuple, sequences: int, train: bool, slice_lengths: tuple[int, ...] = ()) -> _Iteration:
@@ -163,38 +173,20 @@ class StageExecutor:
                 f"a batch of {n_total} samples split into {sequences * K} micro-batches leaves fewer "
                 f"samples per micro-batch than a stage has replicas ({widest})")
         device = as_tuple(batch[0])[0].device
-        return _Iteration(batch, n_total, micro, train, {}, {}, {}, {}, {}, torch.zeros((), device=device), {}, K,
-                          tokens, {})
+        return _Iteration(batch, n_total, micro, train, {}, {}, torch.zeros((), device=device), {}, K, tokens, {})
 
     def act(self, a, it: _Iteration, loss_scale: float) -> None:
-        """Carry out one action on the iteration's state."""
-        m = a.micro_batch  # (a unit when the schedule slices tokens)
-        n, variant = it.rows(m), it.variant(m)
+        """Carry out one compute action on the iteration's state: its input taken from the
+        transfers, what it makes handed to them (they move as the lowered program says)."""
         kind = a.kind
-        if kind is Kind.RECV_ACTIVATION:
-            got = self.p2p.recv_activation(n, m, eval_=not it.train, variant=variant)
-            it.received[m] = tuple(t.requires_grad_(it.train and t.is_floating_point()) for t in got.wire)
-            it.logical[m] = got.logical
-        elif kind is Kind.FORWARD:
-            self._forward(m, it, loss_scale)
-        elif kind is Kind.SEND_ACTIVATION:
-            self.p2p.reap()
-            out = it.outputs[m]
-            self.p2p.send_activation(tuple(t.detach() for t in out), it.logical.pop(m), n, m, eval_=not it.train,
-                                     variant=variant)
-            if not it.train:
-                del it.outputs[m]
-        elif kind is Kind.RECV_GRADIENT:
-            it.grads[m] = self.p2p.recv_gradient(n, m, variant=variant)
+        if kind is Kind.FORWARD:
+            self._forward(a.micro_batch, it, loss_scale)
         elif kind is Kind.BACKWARD:
-            self._backward(m, it)
+            self._backward(a.micro_batch, it)
         elif kind is Kind.INPUT_GRAD:
-            self._backward(m, it, split=True)
+            self._backward(a.micro_batch, it, split=True)
         elif kind is Kind.WEIGHT_GRAD:
-            it.weights.pop(m).run()
-        elif kind is Kind.SEND_GRADIENT:
-            self.p2p.reap()
-            self.p2p.send_gradient(it.back.pop(m), n, m, variant=variant)
+            it.weights.pop(a.micro_batch).run()
 
     def _forward(self, m: int, it: _Iteration, loss_scale: float) -> None:
         seq, i = it.unit(m)
@@ -207,9 +199,12 @@ class StageExecutor:
             if piece is not None:
                 x = carry_map(lambda t: t[:, piece.start:piece.stop], x)
         else:
-            wire = it.received[m] if it.train else it.received.pop(m)
+            got = self.p2p.recv_activation(m)
+            wire = tuple(t.requires_grad_(it.train and t.is_floating_point()) for t in got.wire)
+            if it.train:
+                it.received[m] = wire
             # back to the dtypes the previous stage computed in (the wire carried the compute dtype)
-            x = tuple(w.to(dt) if w.dtype != dt else w for w, dt in zip(wire, it.logical.pop(m)))
+            x = tuple(w.to(dt) if w.dtype != dt else w for w, dt in zip(wire, got.logical))
         with torch.set_grad_enabled(it.train), self.precision.autocast():
             if piece is None:  # (no token slice to publish: spare the context manager on every forward)
                 y = run_layers(self.blocks, x)
@@ -226,8 +221,10 @@ class StageExecutor:
                     self.saved_peak = max(self.saved_peak, it.saved)
                 return
             members = as_tuple(y)
-            it.logical[m] = tuple(t.dtype for t in members)
-            it.outputs[m] = tuple(self.precision.to_wire(t) for t in members)
+            wire = tuple(self.precision.to_wire(t) for t in members)
+            if it.train:
+                it.outputs[m] = wire
+        self.p2p.send_activation(tuple(t.detach() for t in wire), tuple(t.dtype for t in members), m)
         self.saved_peak = max(self.saved_peak, it.saved)
 
     def _backward(self, m: int, it: _Iteration, split: bool = False) -> None:
@@ -236,7 +233,7 @@ class StageExecutor:
         if self.is_last:
             outputs, grads = [y], None
         else:
-            got = it.grads.pop(m)
+            got = self.p2p.recv_gradient(m)
             floating = [t for t in y if t.is_floating_point()]
             pairs = [(t, g) for t, g in zip(floating, got) if t.requires_grad]
             outputs, grads = [t for t, _ in pairs], [g for _, g in pairs]
@@ -261,35 +258,30 @@ class StageExecutor:
                 torch.autograd.backward(outputs, grads)
             back = [w.grad for w in wire]
         if not self.is_first:
-            it.back[m] = tuple(g if g is not None else torch.zeros_like(w) for w, g in zip(wire, back))
+            self.p2p.send_gradient(tuple(g if g is not None else torch.zeros_like(w) for w, g in zip(wire, back)), m)
+
+
+@lru_cache(maxsize=64)
+def _as_ranks(schedule: Schedule):
+    """A stage-per-rank schedule as rank orders (what the lowering reads), once per schedule."""
+    return from_stages(schedule)
 
 
 def stopped(stage: int, replica: int, action, step: int, steps: int, schedule: str, exc: Exception) -> RuntimeError:
     """What a rank says when an action fails (a peer's death surfaces as a failed send or receive)."""
+    return stopped_at(stage, replica, f"at action {action} (step {step + 1} of {steps} in schedule {schedule})", exc)
+
+
+PREPARING = ("before its first action, preparing its transfers (what crosses stages and the pair groups: "
+             "every rank takes part)")
+SENDS_DRAINING = "after its last action, waiting for its sends to be received"
+
+
+def stopped_at(stage: int, replica: int, where: str, exc: Exception) -> RuntimeError:
     rank = dist.get_rank() if dist.is_initialized() else 0
     return RuntimeError(
-        f"stage {stage} replica {replica} (rank {rank}) stopped at action {action} (step {step + 1} of {steps} in "
-        f"schedule {schedule}): {str(exc).splitlines()[0]}. A peer stage may have died or stalled; see its log "
-        f"(logs/rank-N.log)")
-
-
-def receives_ahead(kinds: list[Kind]) -> dict[int, list[int]]:
-    """For each compute action's index, the indices of the receives the *next* compute action will
-    need: posted before this compute runs, so they overlap it (one micro-batch of look-ahead keeps
-    memory bounded). One rule for a stage's actions and a rank's steps (rank_executor.py) alike."""
-    compute = [i for i, k in enumerate(kinds) if k.is_compute]
-    out = {}
-    for here, nxt in zip(compute, compute[1:]):
-        recvs = [j for j in range(here + 1, nxt) if kinds[j] in (Kind.RECV_ACTIVATION, Kind.RECV_GRADIENT)]
-        if recvs:
-            out[here] = recvs
-    return out
-
-
-@lru_cache(maxsize=64)
-def _receives_ahead(actions: tuple) -> dict[int, list]:
-    """receives_ahead of a stage's actions, as the actions (once per action list, not per iteration)."""
-    return {i: [actions[j] for j in js] for i, js in receives_ahead([a.kind for a in actions]).items()}
+        f"stage {stage} replica {replica} (rank {rank}) stopped {where}: {str(exc).splitlines()[0]}. A peer stage "
+        f"may have died or stalled; see its log (logs/rank-N.log)")
 
 
 class GradientSync:

@@ -2,24 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from ..planner.plan import Plan
-
-
-def split_sizes(n: int, parts: int) -> list[int]:
-    """Contiguous split of n samples into `parts` (torch.tensor_split's sizes: the first get one more)."""
-    q, r = divmod(n, parts)
-    return [q + (1 if i < r else 0) for i in range(parts)]
-
-
-@lru_cache(maxsize=4096)
-def split_bounds(n: int, parts: int) -> tuple[tuple[int, int], ...]:
-    out, lo = [], 0
-    for size in split_sizes(n, parts):
-        out.append((lo, lo + size))
-        lo += size
-    return tuple(out)
+from ..schedule.transfers import split_bounds, split_sizes  # noqa: F401 (the runtime's names for them)
 
 
 @dataclass(frozen=True)
@@ -47,9 +32,6 @@ class ProcessGrid:
                              f"devices per stage; stages sharing devices share all of them")
         order = {d: r for r, d in enumerate(sorted(flat))}
         object.__setattr__(self, "_ranks", tuple(tuple(order[d] for d in ds) for ds in self.devices))
-        # every transfer's tag names its chunk (runtime/p2p.py): counted once here, not per transfer
-        sets = [frozenset(ds) for ds in self.devices]
-        object.__setattr__(self, "_chunks", tuple(sets[:s].count(sets[s]) for s in range(len(sets))))
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "ProcessGrid":
@@ -58,10 +40,6 @@ class ProcessGrid:
     @property
     def world_size(self) -> int:
         return len({d for ds in self.devices for d in ds})
-
-    def chunk_of(self, stage: int) -> int:
-        """Which of its device group's stages `stage` is (0 where a group holds one stage)."""
-        return self._chunks[stage]
 
     def stages_at(self, rank: int) -> tuple[int, ...]:
         """The stages a rank holds (several where a device group holds chunks), in stage order."""

@@ -6,8 +6,8 @@ implies: a forward receives the previous stage's activation and sends its own on
 I) receives the next stage's gradient and sends its own back. Between two stages of the same rank
 the hand-off is local — the tensors themselves, no copy, no process group — and the receiving
 stage takes gradients against them exactly as against a received activation, so the numerics are
-those of a transfer. Receives from other ranks are posted one compute step ahead, as StageExecutor
-does, so they overlap the step that runs.
+those of a transfer. Transfers to and from other ranks follow the rank's lowered program
+(schedule/transfers.py), one for all the stages it holds, as StageExecutor's do.
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import torch
 
 from ..schedule import Action, Kind
 from ..schedule.ranks import RankSchedule
-from .executor import StageExecutor, StepResult, receives_ahead, stopped
+from .executor import PREPARING, SENDS_DRAINING, StageExecutor, StepResult, stopped, stopped_at
 from .heartbeat import BEAT
-from .p2p import PointToPoint, Received
+from .layouts import ensure_layouts, program
+from .p2p import PointToPoint, RankComms, Received
 
 
 class Mailbox:
@@ -39,12 +40,13 @@ class Mailbox:
 
 class ChunkLinks:
     """The transfer interface a stage's executor calls (PointToPoint's), each direction either the
-    network or a local hand-off to the neighbouring stage on this rank."""
+    rank's comms or a local hand-off to the neighbouring stage on this rank."""
 
     def __init__(self, remote: PointToPoint, mailbox: Mailbox, local_prev: bool, local_next: bool):
         self.remote, self.mailbox = remote, mailbox
         self.local_prev, self.local_next = local_prev, local_next
-        self.grid, self.stage, self.replica = remote.grid, remote.stage, remote.replica
+        self.grid, self.stage, self.replica, self.device = remote.grid, remote.stage, remote.replica, remote.device
+        self.comms = remote.comms
 
     @property
     def sent_layouts(self) -> dict:
@@ -53,75 +55,42 @@ class ChunkLinks:
     def replicas_of(self, stage: int) -> int:
         return self.remote.replicas_of(stage)
 
-    def post_activation(self, n: int, micro_batch: int, eval_: bool = False, variant: int | None = None) -> None:
-        if not self.local_prev:
-            self.remote.post_activation(n, micro_batch, eval_, variant)
-
-    def recv_activation(self, n: int, micro_batch: int, eval_: bool = False, variant: int | None = None) -> Received:
+    def recv_activation(self, micro_batch: int) -> Received:
         if self.local_prev:
             return self.mailbox.take(("activation", self.stage, micro_batch))
-        return self.remote.recv_activation(n, micro_batch, eval_, variant)
+        return self.remote.recv_activation(micro_batch)
 
-    def send_activation(self, carry: tuple, logical: tuple, n: int, micro_batch: int, eval_: bool = False,
-                        variant: int | None = None) -> None:
+    def send_activation(self, carry: tuple, logical: tuple, micro_batch: int) -> None:
         if self.local_next:
             self.mailbox.put(("activation", self.stage + 1, micro_batch), Received(carry, logical))
         else:
-            self.remote.send_activation(carry, logical, n, micro_batch, eval_, variant)
+            self.remote.send_activation(carry, logical, micro_batch)
 
-    def post_gradient(self, n: int, micro_batch: int, variant: int | None = None) -> None:
-        if not self.local_next:
-            self.remote.post_gradient(n, micro_batch, variant)
-
-    def recv_gradient(self, n: int, micro_batch: int, variant: int | None = None) -> tuple:
+    def recv_gradient(self, micro_batch: int) -> tuple:
         if self.local_next:
             return self.mailbox.take(("gradient", self.stage, micro_batch))
-        return self.remote.recv_gradient(n, micro_batch, variant)
+        return self.remote.recv_gradient(micro_batch)
 
-    def send_gradient(self, grads: tuple, n: int, micro_batch: int, variant: int | None = None) -> None:
+    def send_gradient(self, grads: tuple, micro_batch: int) -> None:
         if self.local_prev:
             self.mailbox.put(("gradient", self.stage - 1, micro_batch), grads)
         else:
-            self.remote.send_gradient(grads, n, micro_batch, variant)
-
-    def reap(self) -> None:
-        self.remote.reap()
-
-    def wait_sends(self) -> None:
-        self.remote.wait_sends()
-
-
-def expand(order: tuple, num_stages: int) -> list[tuple[int, Action]]:
-    """A rank's steps with the transfers they imply, as (stage, action) in the order of use."""
-    out: list[tuple[int, Action]] = []
-    for a in order:
-        s, m = a.stage, a.micro_batch
-        if a.kind is Kind.FORWARD:
-            out += ([(s, Action(Kind.RECV_ACTIVATION, m))] if s > 0 else []) + [(s, Action(Kind.FORWARD, m))] + \
-                   ([(s, Action(Kind.SEND_ACTIVATION, m))] if s < num_stages - 1 else [])
-        elif a.kind is Kind.WEIGHT_GRAD:
-            out.append((s, Action(Kind.WEIGHT_GRAD, m)))
-        else:
-            out += ([(s, Action(Kind.RECV_GRADIENT, m))] if s < num_stages - 1 else []) + [(s, Action(a.kind, m))] + \
-                   ([(s, Action(Kind.SEND_GRADIENT, m))] if s > 0 else [])
-    return out
+            self.remote.send_gradient(grads, micro_batch)
 
 
 @lru_cache(maxsize=64)
-def _walk(order: tuple, num_stages: int, several: bool) -> tuple:
-    """What run() follows, derived from an order once rather than on every iteration: the steps
-    (expand), step index -> the stage whose gradients it completes (its last B or W), step index ->
-    the receives the next compute step needs (posted before this one runs), and each step's label
-    (with its stage where the rank holds several)."""
-    steps = expand(order, num_stages)
+def _walk(order: tuple, several: bool) -> tuple:
+    """What run() follows, derived from an order once rather than on every iteration: step index ->
+    the stage whose gradients it completes (its last B or W), and each step's label (with its stage
+    where the rank holds several)."""
     last = {}
-    for i, (s, a) in enumerate(steps):
+    for i, a in enumerate(order):
         if a.kind.frees_activations:
-            last[s] = i
+            last[a.stage] = i
     finishing = {i: s for s, i in last.items()}
-    ahead = {i: [steps[j] for j in js] for i, js in receives_ahead([a.kind for _, a in steps]).items()}
-    labels = [f"{a}·s{s}" if several else str(a) for s, a in steps]
-    return steps, finishing, ahead, labels
+    labels = [f"{Action(a.kind, a.micro_batch)}·s{a.stage}" if several else str(Action(a.kind, a.micro_batch))
+              for a in order]
+    return finishing, labels
 
 
 class RankExecutor:
@@ -144,18 +113,26 @@ class RankExecutor:
         if self.routes is not None:
             self.routes["table"] = schedule.route_table
         its = {s: ex.begin(batch, schedule.num_micro_batches, train) for s, ex in self.chunks.items()}
-        steps, finishing, ahead, labels = _walk(schedule.orders[self.group], schedule.num_stages,
-                                                len(self.chunks) > 1)
+        order = schedule.orders[self.group]
+        finishing, labels = _walk(order, len(self.chunks) > 1)
+        comms = next(iter(self.chunks.values())).p2p.comms
+        first_stage = next(iter(self.chunks))
+        replica = self.chunks[first_stage].replica
+        first = its[next(iter(its))]
+        rows = tuple(first.rows(u) for u in range(schedule.num_micro_batches))
+        groups = tuple(tuple(group_ranks(comms.grid, schedule, g)) for g in range(schedule.num_ranks))
+        try:
+            ensure_layouts(comms, self.chunks, batch, ())
+            comms.begin(program(comms, schedule, groups, rows), first.variant)
+        except RuntimeError as exc:
+            raise stopped_at(first_stage, replica, PREPARING, exc) from exc
         record = self.timeline is not None
-        for i, (s, a) in enumerate(steps):
+        for i, step in enumerate(order):
+            s = step.stage
             ex, it = self.chunks[s], its[s]
+            a = Action(step.kind, step.micro_batch)
             try:
-                for rs, r in ahead.get(i, ()):  # the next compute's inputs arrive while this one runs
-                    n_r = its[rs].rows(r.micro_batch)
-                    if r.kind is Kind.RECV_ACTIVATION:
-                        self.chunks[rs].p2p.post_activation(n_r, r.micro_batch, eval_=not train)
-                    else:
-                        self.chunks[rs].p2p.post_gradient(n_r, r.micro_batch)
+                comms.issue_through(i)
                 start = time.time() if record else 0.0
                 BEAT.action(labels[i])
                 if i in finishing and finishing[i] in self.before_last_backward:
@@ -163,15 +140,17 @@ class RankExecutor:
                 ex.act(a, it, loss_scale)
                 if i in finishing and finishing[i] in self.on_last_backward:
                     self.on_last_backward[finishing[i]]()
-                if record and a.kind.is_compute:
+                if record:
                     self.timeline.append((labels[i], start, time.time()))
                 self.saved_peak = max(self.saved_peak, sum(x.saved for x in its.values()))
             except RuntimeError as exc:
-                raise stopped(s, ex.replica, a, i, len(steps), schedule.name, exc) from exc
-        for ex in self.chunks.values():
-            ex.p2p.wait_sends()
+                raise stopped(s, ex.replica, a, i, len(order), schedule.name, exc) from exc
+        try:
+            comms.finish()
+        except RuntimeError as exc:
+            raise stopped_at(first_stage, replica, SENDS_DRAINING, exc) from exc
         losses = [it.loss_sum for it in its.values()]  # zero but on the stage holding the loss
-        return StepResult(torch.stack(losses).sum(), its[next(iter(its))].n_total)
+        return StepResult(torch.stack(losses).sum(), first.n_total)
 
 
 def group_ranks(grid, schedule: RankSchedule, group: int) -> list[int]:
@@ -201,6 +180,7 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
     groups = [group_ranks(grid, schedule, g) for g in range(schedule.num_ranks)]
     group = next(g for g, ranks in enumerate(groups) if rank in ranks)  # the device group whose order it runs
     mailbox = Mailbox()
+    comms = RankComms(grid, rank, device or torch.device("cpu"))  # one per rank: its stages' transfers in one order
     local = schedule.stages_of(group)
     chunks = {}
     replica = groups[group].index(rank)
@@ -212,13 +192,13 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
             return tuple(groups[routes["table"][stage][micro_batch]])
     for s in local:
         a, b = plan.stages[s].layers
-        remote = PointToPoint(grid, s, replica, device or torch.device("cpu"), route=route)
+        remote = PointToPoint(grid, s, replica, device or torch.device("cpu"), route=route, comms=comms)
         links = ChunkLinks(remote, mailbox, local_prev=s - 1 in local and route is None,
                            local_next=s + 1 in local and route is None)
         chunks[s] = StageExecutor([layers[i] for i in range(a, b)], loss_fn, links, grid.num_stages,
                                   precision=precision, recompute=[i - a for i in plan.stages[s].recompute_layers])
-    steps = expand(schedule.orders[group], schedule.num_stages)
-    last = {s: max(i for i, (t, x) in enumerate(steps) if t == s and x.kind.frees_activations) for s in local}
+    order = schedule.orders[group]
+    last = {s: max(i for i, x in enumerate(order) if x.stage == s and x.kind.frees_activations) for s in local}
     syncs, on_last, arm, seen = {}, {}, {}, set()
     for s in sorted(local, key=lambda s: -last[s]):  # latest-finishing first: it takes the shared parameters
         per_layer = [[p for p in layers[i].parameters() if p.requires_grad and id(p) not in seen]

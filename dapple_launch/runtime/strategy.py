@@ -26,6 +26,7 @@ from . import checkpoint as ckpt
 from .executor import GradientSync, StageExecutor
 from .rank_executor import RankExecutor, build_rank_executor
 from .grid import ProcessGrid
+from .groups import communicators
 from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .placement import PlannedEnvironment, check_world_size
@@ -118,12 +119,14 @@ class DappleStrategy(DDPStrategy):
     def setup_distributed(self) -> None:
         check_world_size(self.plan, self.world_size)
         super().setup_distributed()
-        # Every rank creates every group, in the same order (torch.distributed's rule).
-        self._stage_groups = [dist.new_group(self.grid.stage_ranks(s)) for s in range(self.grid.num_stages)]
+        # Every rank creates every group, in the same order (torch.distributed's rule); one communicator
+        # per distinct set of ranks (stages sharing their devices share it), apart from the transfers'
+        comms = communicators()
+        self._stage_groups = [comms.get(self.grid.stage_ranks(s)) for s in range(self.grid.num_stages)]
         model = self.lightning_module.model
         self._tied_groups = tied_groups(model, [s.layers for s in self.plan.stages])
         for g in self._tied_groups:
-            g.group = dist.new_group(sorted({r for s in g.stages for r in self.grid.stage_ranks(s)}))
+            g.group = comms.get({r for s in g.stages for r in self.grid.stage_ranks(s)})
 
     def configure_ddp(self) -> None:
         """No DDP wrapper: gradients are reduced per stage by GradientSync."""

@@ -91,7 +91,7 @@ def from_stages(schedule: Schedule) -> RankSchedule:
     orders = tuple(tuple(Step(a.kind, s, a.micro_batch) for a in actions if a.kind.is_compute)
                    for s, actions in enumerate(schedule.stage_actions))
     return RankSchedule(schedule.name, schedule.num_stages, schedule.num_micro_batches, orders,
-                        tuple((s,) for s in range(schedule.num_stages)))
+                        tuple((s,) for s in range(schedule.num_stages)), schedule.forward_only)
 
 
 def forward_only_orders(placement: tuple[tuple[int, ...], ...], num_ranks: int, num_micro_batches: int) -> RankSchedule:
