@@ -397,9 +397,10 @@ class TrainerConfig:
     progress_bar: bool = True
     profile_pipeline: bool = False  # record every rank's actions; write timeline.svg/json next to plan.json
     profile_steps: int = 3  # how many iterations to record (from step 2, after the first has warmed up)
+    max_bad_steps: int = 10  # non-finite loss or gradients this many steps in a row stop the run
 
     def __post_init__(self) -> None:
-        _positive("trainer", max_steps=self.max_steps, val_check_interval=self.val_check_interval,
+        _positive("trainer", max_steps=self.max_steps, max_bad_steps=self.max_bad_steps, val_check_interval=self.val_check_interval,
                   limit_val_batches=self.limit_val_batches, log_every_n_steps=self.log_every_n_steps,
                   checkpoint_every_n_steps=self.checkpoint_every_n_steps, keep_checkpoints=self.keep_checkpoints,
                   profile_steps=self.profile_steps, lr_decay_steps=self.lr_decay_steps)

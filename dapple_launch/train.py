@@ -89,7 +89,7 @@ def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, 
     t = cfg.trainer
     module = PipelineModule(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
                             total_steps=t.lr_decay_steps or t.max_steps, gradient_clip_val=t.gradient_clip_val,
-                            seed=t.seed, precision=run_precision(cfg))
+                            seed=t.seed, precision=run_precision(cfg), max_bad_steps=t.get("max_bad_steps", 10))
     train, val = build_datasets(cfg.data, model, str(cfg.model.name), t.seed)
     data = PipelineData(train, val, cfg.global_batch_size, seed=t.seed, num_workers=cfg.data.num_workers,
                         min_val_batch=max(s.replicas for s in plan.stages))

@@ -146,6 +146,8 @@ def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
         losses = [f"train loss {s['train_loss']:.4f}" if s.get("train_loss") is not None else "",
                   f"validation loss {s['val_loss']:.4f}" if s.get("val_loss") is not None else ""]
         lines.append(f"done: steps {s['steps'][0]}..{s['steps'][1]}; " + ", ".join(x for x in losses if x))
+        if s.get("skipped_steps"):
+            lines.append(f"  {s['skipped_steps']} step(s) skipped for a non-finite loss or gradient norm")
         m, e, whole = s.get("measured_s_per_iteration"), s.get("estimated_s_per_iteration"), s.get("measured_s_per_step")
         if m:
             lines.append(f"  {human_seconds(m)} per iteration measured, {human_seconds(e)} estimated "

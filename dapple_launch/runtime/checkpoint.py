@@ -37,6 +37,20 @@ class CheckpointError(ValueError):
     """A checkpoint that must not be loaded: the file and the reason."""
 
 
+class NonFiniteState(RuntimeError):
+    """A save refused because a weight or optimizer value is inf or NaN on some rank: such a
+    checkpoint would poison every resume, and its rotation would delete the finite ones."""
+
+
+def all_finite(tensors) -> bool:
+    """No inf or NaN in any floating tensor of `tensors` (one fused pass over them)."""
+    import torch
+    floats = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
+    if not floats:
+        return True
+    return bool(torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(floats)])).all())
+
+
 def layer_of(name: str) -> int:
     m = _LAYER.match(name)
     if not m:

@@ -25,13 +25,20 @@ class Checkpointing(Callback):
     def path_for(self, step: int) -> Path:
         return self.dirpath / f"step{step:06d}.ckpt"
 
-    def save(self, trainer) -> Path:
-        """Save this step (all ranks together), unless it is saved already; rotate; relink last."""
+    def save(self, trainer) -> Path | None:
+        """Save this step (all ranks together), unless it is saved already; rotate; relink last. None:
+        not saved, a weight or optimizer value being non-finite on some rank."""
         step = trainer.global_step
         path = self.path_for(step)
         if self.saved_step == step:
             return path
-        trainer.save_checkpoint(str(path))
+        try:
+            trainer.save_checkpoint(str(path))
+        except ckpt.NonFiniteState as exc:  # nothing written, nothing rotated: the finite ones stay
+            if trainer.is_global_zero:
+                from ..log import get_logger
+                get_logger().warning(f"step {step} not saved: {exc}")
+            return None
         self.saved_step = step
         if trainer.is_global_zero:
             self._rotate_and_link()

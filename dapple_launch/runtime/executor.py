@@ -6,7 +6,6 @@ action reads and writes that state; see models/contract.py for what a carry is.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Iterable
@@ -20,6 +19,7 @@ from ..planner.allreduce import BUCKET_BYTES, bucket_layers
 from ..schedule import Kind, Schedule
 from ..schedule.ranks import from_stages
 from .grid import split_bounds
+from .clock import now
 from .heartbeat import BEAT
 from .layouts import ensure_layouts, program
 from .p2p import PointToPoint
@@ -132,7 +132,7 @@ class StageExecutor:
                 continue  # transfers are the lowered program's: issued in its slots, waited for by the compute
             try:
                 comms.issue_through(step)
-                start = time.time() if record else 0.0
+                start = now(self.device) if record else 0.0
                 BEAT.action(a)  # (made a string only when the heartbeat writes it: not on every action)
                 if i == last_backward and self.before_last_backward is not None:
                     self.before_last_backward()
@@ -140,7 +140,7 @@ class StageExecutor:
                 if i == last_backward and self.on_last_backward is not None:
                     self.on_last_backward()
                 if record:
-                    self.timeline.append((schedule.label(a), start, time.time()))
+                    self.timeline.append((schedule.label(a), start, now(self.device)))
             except RuntimeError as exc:
                 raise stopped(self.stage, self.replica, a, i, len(actions), schedule.name, exc) from exc
             step += 1
@@ -298,6 +298,7 @@ class GradientSync:
     def __init__(self, params: list[nn.Parameter], group, replicas: int,
                  layers: list[list[nn.Parameter]] | None = None, bucket_bytes: int | None = None):
         self.params, self.group, self.replicas = params, group, replicas
+        self.device = params[0].device if params else None  # (its span read after the device's work)
         mine = {id(p) for p in params}
         per_layer = [[p for p in layer if id(p) in mine] for layer in (layers if layers is not None else [params])]
         listed = {id(p) for layer in per_layer for p in layer}
@@ -332,7 +333,7 @@ class GradientSync:
 
     def _launch(self, k: int) -> None:
         if self.span is None:
-            self.span = (time.time(), 0.0)
+            self.span = (now(self.device), 0.0)
         self.pending[k], self.sent = -1, k + 1
         bucket = self.buckets[k]
         for p in bucket:
@@ -373,7 +374,7 @@ class GradientSync:
                 n = p.numel()
                 p.grad = flat[offset:offset + n].view_as(p)
                 offset += n
-        self.span = (self.span[0], time.time())
+        self.span = (self.span[0], now(self.device))
         self.works = []
 
 

@@ -19,7 +19,7 @@ from .tied import tie_local
 class PipelineModule(L.LightningModule):
     def __init__(self, model: PipelineModel, lr: float = 3e-3, weight_decay: float = 0.0,
                  warmup_steps: int = 0, total_steps: int = 0, gradient_clip_val: float | None = None,
-                 seed: int = 0, precision: str = "32"):
+                 seed: int = 0, precision: str = "32", max_bad_steps: int = 10):
         super().__init__()
         self.model, self.seed = model, seed
         self.lr, self.weight_decay, self.warmup_steps, self.total_steps = lr, weight_decay, warmup_steps, total_steps
@@ -28,6 +28,10 @@ class PipelineModule(L.LightningModule):
         self.scaler = LossScaler(enabled=precision == "16-mixed")
         self.automatic_optimization = False
         self.layers = nn.ModuleDict()  # keys are global layer positions: "layers.17.weight" on every layout
+        self.max_bad_steps = max_bad_steps
+        self.bad_steps = 0  # steps skipped for a non-finite loss or gradient (16-mixed overflows aside)
+        self.bad_in_row = 0
+        self.first_bad_step = 0
 
     def mixed_precision(self) -> MixedPrecision:
         return MixedPrecision(self.precision_name, self.device.type)
@@ -67,35 +71,62 @@ class PipelineModule(L.LightningModule):
         opt, sched = self.optimizers(), self.lr_schedulers()
         strategy = self.trainer.strategy
         scale = self.scaler.scale
+        clip = self.gradient_clip_val
+        step = self.trainer.global_step + 1  # the step being taken, as the progress line counts it
         if self._pipelined():
             loss = strategy.pipeline_train_step(batch, loss_scale=scale)
-            finite = strategy.finish_gradients(scale, check_finite=self.scaler.enabled)
+            finite, _ = strategy.finish_gradients(scale, clip, loss)
         else:
             loss = self.reference_loss(batch)
             self.manual_backward(loss * scale)
             loss = loss.detach()
-            if scale != 1.0:
-                for p in self.parameters():
-                    if p.grad is not None:
-                        p.grad.div_(scale)
-            finite = not self.scaler.enabled or grads_finite(self.parameters())
-        if finite and self.gradient_clip_val:
-            if self._pipelined():
-                strategy.clip_grad_norm_(self.gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_norm_(self.parameters(), self.gradient_clip_val)
-        # A step with an inf/NaN gradient (16-mixed) is skipped on every rank alike: the strategy
-        # leaves the weights as they are, the step still counts, the scale halves.
+            finite = bool(torch.isfinite(loss)) and grads_finite(self.parameters())
+            if finite:
+                if scale != 1.0:
+                    for p in self.parameters():
+                        if p.grad is not None:
+                            p.grad.div_(scale)
+                if clip:
+                    torch.nn.utils.clip_grad_norm_(self.parameters(), clip)
+        # A step with a non-finite loss or gradient on any rank is skipped on every rank alike: the
+        # strategy leaves the weights and the optimizer as they are, the step still counts. Under
+        # 16-mixed an overflow of the scaled gradients is the scaler's business (the scale halves);
+        # anything else non-finite is a bad step, counted, and too many in a row stop the run.
         if self._pipelined():
             strategy.skip_next_step = not finite
         if finite or self._pipelined():
             opt.step()
+        overflow = not finite and self.scaler.enabled and bool(torch.isfinite(loss))
         self.scaler.update(found_inf=not finite)
+        if not finite and not overflow:
+            self._bad_step(step)
+        elif finite:
+            self.bad_in_row = 0
         opt.zero_grad(set_to_none=True)
         sched.step()
         # The loss is already the same on every rank, so no sync is needed for monitors to agree.
         self.log("train_loss", loss, prog_bar=True, batch_size=batch_size(batch[0]))
         return loss
+
+    def _bad_step(self, step: int) -> None:
+        self.bad_steps += 1
+        self.bad_in_row += 1
+        if self.bad_in_row == 1:
+            self.first_bad_step = step
+        limit = self.max_bad_steps
+        from ..log import get_logger
+        if self.trainer.is_global_zero:
+            get_logger().warning(f"step {step}: non-finite loss or gradient norm; skipped on every rank "
+                                 f"({self.bad_in_row} in a row, {self.bad_steps} in all; at {limit} in a row the run stops)")
+        if self.bad_in_row >= limit:
+            from .checkpoint import find_checkpoints
+            found = find_checkpoints(f"{self.trainer.default_root_dir}/checkpoints")
+            newest = f"the newest finite checkpoint is {found[-1]}" if found else "no checkpoint was saved"
+            raise FloatingPointError(
+                f"{self.bad_in_row} steps in a row had a non-finite loss or gradient norm, the first at step "
+                f"{self.first_bad_step}; the run was stopped with the weights of step {self.first_bad_step - 1} "
+                f"(skipped steps change nothing); {newest}. Lower trainer.lr, clip harder "
+                f"(trainer.gradient_clip_val) or use trainer.precision=32, then resume (ckpt_path=last)")
 
     def validation_step(self, batch, batch_idx):
         if self._pipelined():

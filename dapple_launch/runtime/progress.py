@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from .clock import perf
 from .heartbeat import BEAT
 
 
@@ -45,10 +45,10 @@ class Progress(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         BEAT.step(trainer.global_step + 1)
-        self._t0 = time.perf_counter()
+        self._t0 = perf(pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.step_s.append(time.perf_counter() - self._t0)
+        self.step_s.append(perf(pl_module.device) - self._t0)
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.train_loss = float(loss) if loss is not None else self.train_loss
         if not trainer.is_global_zero or not self.show:
@@ -82,7 +82,10 @@ class Progress(Callback):
         summary = {"steps": [self.first_step, trainer.global_step], "train_loss": self.train_loss,
                    "val_loss": self.val_loss, "measured_s_per_iteration": pipeline,
                    "estimated_s_per_iteration": self.estimate_s, "measured_s_per_step": step,
-                   "samples_per_s": self.global_batch / step if step else None}
+                   "samples_per_s": self.global_batch / step if step else None,
+                   # steps skipped for a non-finite loss or gradient norm (16-mixed overflows aside)
+                   "skipped_steps": getattr(pl_module, "bad_steps", 0),
+                   "loss_scale_overflows": getattr(getattr(pl_module, "scaler", None), "skipped", 0)}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
 
 

@@ -11,7 +11,6 @@ those of a transfer. Transfers to and from other ranks follow the rank's lowered
 """
 from __future__ import annotations
 
-import time
 from functools import lru_cache
 from typing import Callable
 
@@ -20,6 +19,7 @@ import torch
 from ..schedule import Action, Kind
 from ..schedule.ranks import RankSchedule
 from .executor import PREPARING, SENDS_DRAINING, StageExecutor, StepResult, stopped, stopped_at
+from .clock import now
 from .heartbeat import BEAT
 from .layouts import ensure_layouts, program
 from .p2p import PointToPoint, RankComms, Received
@@ -133,7 +133,7 @@ class RankExecutor:
             a = Action(step.kind, step.micro_batch)
             try:
                 comms.issue_through(i)
-                start = time.time() if record else 0.0
+                start = now(ex.device) if record else 0.0
                 BEAT.action(labels[i])
                 if i in finishing and finishing[i] in self.before_last_backward:
                     self.before_last_backward[finishing[i]]()
@@ -141,7 +141,7 @@ class RankExecutor:
                 if i in finishing and finishing[i] in self.on_last_backward:
                     self.on_last_backward[finishing[i]]()
                 if record:
-                    self.timeline.append((labels[i], start, time.time()))
+                    self.timeline.append((labels[i], start, now(ex.device)))
                 self.saved_peak = max(self.saved_peak, sum(x.saved for x in its.values()))
             except RuntimeError as exc:
                 raise stopped(s, ex.replica, a, i, len(order), schedule.name, exc) from exc

@@ -79,7 +79,8 @@ class StopOnSignal(Callback):
         from ..log import get_logger
         if trainer.is_global_zero:
             what = "the job requeues and resumes from it" if agreed == REQUEUE else "stopping"
-            get_logger().info(f"stop requested: saved step {trainer.global_step} in {path}; {what}")
+            saved = f"saved step {trainer.global_step} in {path}" if path else "this step was not saved (non-finite)"
+            get_logger().info(f"stop requested: {saved}; {what}")
         self.flag.agreed = agreed
         trainer.should_stop = True
 

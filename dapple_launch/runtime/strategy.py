@@ -7,8 +7,8 @@ replica group. Registered as "dapple"; with no plan given it reads the one named
 """
 from __future__ import annotations
 
+import math
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,10 @@ from .executor import GradientSync, StageExecutor
 from .rank_executor import RankExecutor, build_rank_executor
 from .grid import ProcessGrid
 from .groups import communicators
+from .clock import perf
 from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .placement import PlannedEnvironment, check_world_size
-from .precision import grads_finite_everywhere
 from .tied import TiedSync, local_tied_parameters, tied_groups
 
 PLAN_ENV = "DAPPLE_PLAN"
@@ -168,25 +168,48 @@ class DappleStrategy(DDPStrategy):
         step = self.lightning_module.trainer.global_step
         recording = step in self.profile_steps
         self._executor.timeline = [] if recording else None
-        t0 = time.perf_counter()
+        t0 = perf(self.root_device)  # (on a GPU: after the previous step's queued work)
         result = self._executor.run(self.train_schedule, batch, loss_scale=loss_scale)
         for sync in self._syncs:
             sync.finish()
         self._tied.sync()
         loss = self._broadcast_loss(result.loss_sum)
-        self.pipeline_s.append(time.perf_counter() - t0)
+        self.pipeline_s.append(perf(self.root_device) - t0)  # the work done, not its enqueueing
         if recording:
             self._record(step)
         return loss
 
-    def finish_gradients(self, loss_scale: float, check_finite: bool) -> bool:
-        """Undo the loss scale; with `check_finite` (16-mixed), whether no rank has an inf or NaN
-        gradient: one all-reduce, so every rank decides the same."""
-        params = [p for p in self.lightning_module.parameters() if p.grad is not None]
-        if loss_scale != 1.0:
-            for p in params:
-                p.grad.div_(loss_scale)
-        return grads_finite_everywhere(params, self.root_device) if check_finite else True
+    def finish_gradients(self, loss_scale: float, clip: float | None, loss: torch.Tensor) -> tuple[bool, float]:
+        """After the pipeline: (whether every rank's loss and gradients are finite, the whole model's
+        gradient norm). One fused pass and one host sync per step: per-parameter norms in one
+        foreach kernel, one all-reduce of [squared norm, any non-finite], one read; then, if finite,
+        the loss scale undone and the clip applied in one foreach multiply. A tied weight counts
+        once (on its first stage), a stage's replicas once (replica 0), so every rank holds the
+        same norm and takes the same decision."""
+        grads = [p.grad for p in self.lightning_module.parameters() if p.grad is not None]
+        counted = [g for p, g in zip((p for p in self.lightning_module.parameters() if p.grad is not None), grads)
+                   if id(p) not in self._norm_excluded]
+        device = self.root_device
+        zero = torch.zeros((), device=device)
+        norms = torch._foreach_norm(grads) if grads else []
+        everything = torch.stack([n.float() for n in norms]).square().sum() if grads else zero
+        mine = torch._foreach_norm(counted) if counted else []
+        sq = torch.stack([n.float() for n in mine]).square().sum() if counted else zero
+        bad = (~torch.isfinite(everything)).float() + (~torch.isfinite(loss.detach().float())).float()
+        sq = torch.where(torch.isfinite(sq), sq, zero) * (1.0 if self.replica == 0 else 0.0)
+        both = torch.stack([sq, bad]).to(device)
+        BEAT.action("collective (gradient norm and finite check)")
+        dist.all_reduce(both)
+        total_sq, bad_ranks = both.tolist()  # the step's one host sync
+        if bad_ranks:
+            return False, math.inf
+        norm = math.sqrt(total_sq) / loss_scale
+        coef = 1.0 / loss_scale
+        if clip and norm > clip:
+            coef *= clip / (norm + 1e-6)
+        if coef != 1.0 and grads:
+            torch._foreach_mul_(grads, coef)
+        return True, norm
 
     def optimizer_step(self, optimizer, closure, model=None, **kwargs):
         if self.skip_next_step:  # counted as a step, weights untouched (as torch.amp skips)
@@ -222,21 +245,6 @@ class DappleStrategy(DDPStrategy):
             result = self._executor.run(forward_only(self.grid.num_stages, micro), batch)
         return self._broadcast_loss(result.loss_sum)
 
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip by the norm of the whole model's gradient: squares summed over all stages."""
-        params = [p for p in self.lightning_module.parameters() if p.grad is not None]
-        counted = [p for p in params if id(p) not in self._norm_excluded]
-        sq = sum((p.grad.detach().float() ** 2).sum() for p in counted) if counted else torch.zeros(())
-        sq = torch.as_tensor(sq, device=self.root_device) * (1.0 if self.replica == 0 else 0.0)
-        BEAT.action("collective (gradient norm)")
-        dist.all_reduce(sq)
-        norm = sq.sqrt()
-        coef = max_norm / (float(norm) + 1e-6)
-        if coef < 1:
-            for p in params:
-                p.grad.mul_(coef)
-        return norm
-
     # ---- checkpoints: every layout writes and reads the same named tensors ----------------------
     @property
     def _owners(self) -> dict[str, str]:
@@ -255,8 +263,18 @@ class DappleStrategy(DDPStrategy):
         with that rank's reason, and the previous checkpoint stays as it was."""
         import secrets
         BEAT.action("checkpoint save")
-        state = checkpoint.pop("state_dict")
-        optim = checkpoint.pop("optimizer_states", [])
+        state = checkpoint["state_dict"]
+        optim = checkpoint.get("optimizer_states", [])
+        # every rank's weights and optimizer values finite, or no rank writes anything (one all-reduce)
+        values = list(state.values()) + [v for o in optim for st in o.get("state", {}).values() for v in st.values()]
+        bad = torch.tensor([0.0 if ckpt.all_finite(values) else 1.0], device=self.root_device)
+        BEAT.action("collective (checkpoint save: finite check)")
+        dist.all_reduce(bad)
+        if bad.item():
+            raise ckpt.NonFiniteState(f"{int(bad.item())} rank(s) hold an inf or NaN weight or optimizer value; "
+                                      f"the checkpoints saved before are kept")
+        checkpoint.pop("state_dict")
+        checkpoint.pop("optimizer_states", None)
         # the save's collectives wait on every rank: labelled as such, so a rank stopped meanwhile is
         # named with the others only waiting on it (launch/local.py)
         BEAT.action("collective (checkpoint save: its directory)")

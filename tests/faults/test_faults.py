@@ -251,3 +251,43 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path):
     assert "intact ['step0000" in out.stdout, text
     assert ".tmp-" not in out.stdout.split("intact")[1], text  # the unfinished save was removed
     record("full disk during a save", None, "the steps since the last checkpoint", first_error(out.stderr))
+
+
+def test_a_non_finite_run_skips_its_steps_stops_and_keeps_only_finite_checkpoints(tmp_path):
+    """trainer.lr=1e37 throws the weights beyond fp32 at the first step (its gradients were finite):
+    every later loss is NaN. Each such step is skipped on every rank and counted; at
+    trainer.max_bad_steps in a row the run stops with one line naming the first bad step; every save
+    of the non-finite weights is refused on every rank, so no such checkpoint exists."""
+    run = tmp_path / "run"
+    started = time.time()
+    bad = run_to_end([*FAST, "trainer.checkpoint_every_n_steps=1", "trainer.max_steps=40", "trainer.lr=1e37",
+                      "trainer.warmup_steps=0", "trainer.max_bad_steps=4"], run)
+    took = time.time() - started
+    assert bad.returncode != 0
+    line = first_error(bad.stderr)
+    assert "4 steps in a row had a non-finite loss or gradient norm, the first at step 2" in line, bad.stderr
+    assert "weights of step 1" in line and "no checkpoint was saved" in line, line
+    out = bad.stderr + bad.stdout
+    assert "step 2: non-finite loss or gradient norm; skipped on every rank (1 in a row" in out, out
+    assert "step 1 not saved: 4 rank(s) hold an inf or NaN weight" in out, out
+    assert find_checkpoints(run / "checkpoints") == []
+    record("non-finite loss (trainer.lr=1e37)", took, "steps 2-5 skipped; no checkpoint of non-finite weights", line)
+
+
+def test_a_save_refused_for_non_finite_values_rotates_nothing(tmp_path):
+    """No checkpoint of inf or NaN values is written, and the refusal deletes none of the finite ones."""
+    from dapple_launch.runtime.checkpoint import NonFiniteState, all_finite
+    from dapple_launch.runtime.checkpointing import Checkpointing
+    assert all_finite([torch.ones(3)]) and not all_finite([torch.ones(3), torch.tensor([float("nan")])])
+    assert not all_finite([torch.tensor([float("inf")])])
+    saving = Checkpointing(tmp_path, 1, 1)
+    for step in (1, 2):
+        (tmp_path / f"step{step:06d}.ckpt").mkdir()
+
+    class Refusing:
+        global_step, is_global_zero = 3, True
+
+        def save_checkpoint(self, path):
+            raise NonFiniteState("1 rank(s) hold an inf or NaN weight")
+    assert saving.save(Refusing()) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step000001.ckpt", "step000002.ckpt"]
