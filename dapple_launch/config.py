@@ -541,9 +541,16 @@ def _plan_resolver(*, _root_: DictConfig):
     return OmegaConf.create(cached_plan(_root_).to_dict())
 
 
+def _gpus_per_node(device_kind, devices_per_node):
+    """What a Slurm allocation must request per node: the node's GPUs on a GPU cluster, none on CPUs."""
+    return int(devices_per_node) if str(device_kind) == "gpu" else None
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("dapple_plan"):
         OmegaConf.register_new_resolver("dapple_plan", _plan_resolver)
+    if not OmegaConf.has_resolver("dapple_gpus_per_node"):
+        OmegaConf.register_new_resolver("dapple_gpus_per_node", _gpus_per_node)
 
 
 register_configs()

@@ -62,7 +62,10 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
         logger.log_hyperparams(hyperparameters(cfg, plan))
-    gpu = cfg.cluster.device_kind == "gpu" and torch.cuda.is_available()
+    gpu = cfg.cluster.device_kind == "gpu"
+    if gpu:  # never a silent CPU run of a GPU plan (a rank started where torch sees no CUDA)
+        from .launch.devices import check_gpu_here
+        check_gpu_here(run_precision(cfg))
     # Ranks and devices come from the plan (runtime/placement.py), locally and under Slurm alike.
     trainer = L.Trainer(
         plugins=[PlannedEnvironment(plan, cfg.cluster.devices_per_node)],

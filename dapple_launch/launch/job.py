@@ -90,6 +90,9 @@ def run(cfg: DictConfig) -> int:
         if launcher == "slurm":
             from .slurm import check_can_submit
             check_can_submit(cfg, plan, run_dir)
+        else:
+            from .devices import check_local_gpu_launch
+            check_local_gpu_launch(cfg, plan)  # a GPU run here must be one: CUDA, one GPU per rank, bf16
         ckpt_path = resolve_checkpoint(cfg, run_dir, identity(model))
         prepare(cfg, run_dir)
         snapshot = write_run_files(cfg, plan, run_dir)

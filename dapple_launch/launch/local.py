@@ -226,7 +226,9 @@ class LocalRun:
         now = time.time()
         beats = read_heartbeats(self.run_dir)
         # the root cause: a rank a signal killed, else the first to end (the others fail for it)
-        first = min(failed, key=lambda r: (self.procs[r].returncode > 0, self.procs[r].exited_at, r))
+        # (NCCL's watchdog aborts a rank that only waited: it is the cause last of all)
+        first = min(failed, key=lambda r: (self._aborted_waiting(r, beats), self.procs[r].returncode > 0,
+                                           self.procs[r].exited_at, r))
         others = [r for r in range(len(self.procs)) if r not in failed]
         self._signal(others, signal.SIGTERM)
         deadline = time.time() + GRACE_S
@@ -235,10 +237,16 @@ class LocalRun:
         self._kill(others)
         code = self.procs[first].returncode
         why = self._error_line(first) or (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        if code == -signal.SIGABRT and list((self.run_dir / "logs").glob("nccl-trace-rank-*")):
+            why += f" (NCCL's watchdog; its flight recorder dumped each rank's last operations: " \
+                   f"{self.run_dir / 'logs' / 'nccl-trace-rank-N'})"
         where = describe(beats[first], now, alive=False) if first in beats else f"rank {first}"
         get_logger().error(f"{where} failed: {why}; the other ranks were stopped"
                            f"{self._waiting(beats, {first}, now)}" + self._tail_hint(first) + self._last_saved())
         return code if code and code > 0 else 1
+
+    def _aborted_waiting(self, rank: int, beats: dict) -> bool:
+        return self.procs[rank].returncode == -signal.SIGABRT and is_waiting(str(beats.get(rank, {}).get("action")))
 
     def _stopped(self, code: int) -> int:
         log = get_logger()

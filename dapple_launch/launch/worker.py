@@ -35,6 +35,9 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
         torch.set_num_threads(int(os.environ.get("DAPPLE_THREADS", "1")))
         source = Path(snapshot) if snapshot else run
         cfg = OmegaConf.load(source / "config.yaml")
+        if str(cfg.cluster.device_kind) == "gpu":  # before the first NCCL communicator exists
+            from .devices import nccl_env
+            os.environ.update(nccl_env(run))
         plan = Plan.load(source / "plan.json")
         stage, replica = ProcessGrid.from_plan(plan).position(rank)
         log = setup(f"[rank {rank} · stage {stage} · replica {replica}] " if rank else "")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 INTERVAL_S = 1.0
-WAITING = ("RA", "RG", "AR", "collective")  # actions that wait on another rank
+WAITING = ("RA", "RG", "AR", "collective", "waiting")  # actions that wait on another rank
 
 
 def heartbeat_dir(run_dir: str | Path) -> Path:

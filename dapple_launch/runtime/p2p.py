@@ -27,6 +27,7 @@ import torch.distributed as dist
 from ..schedule.transfers import RankProgram, Transfer
 from .grid import ProcessGrid
 from .groups import communicators
+from .heartbeat import BEAT
 
 # a layout: per member, (trailing shape, dtype on the wire, dtype the receiver restores)
 Layout = tuple[tuple[tuple[int, ...], torch.dtype, torch.dtype], ...]
@@ -139,12 +140,16 @@ class RankComms:
     def take(self, space: str, stage: int, unit: int) -> Received:
         """The carry stage `stage` needs for unit `unit`, waited for (its receives were issued earlier)."""
         pieces, layout = [], ()
-        for t in self._it.incoming[(space, stage, unit)]:
+        incoming = self._it.incoming[(space, stage, unit)]
+        doing = BEAT.state.get("action")
+        BEAT.action(f"R{space}{unit}")  # only waiting on a peer (the launcher names the peer, not this rank)
+        for t in incoming:
             bufs, works = self._it.buffers.pop(t)
             for w in works:
                 w.wait()
             pieces.append(bufs)
             layout = self.layout(t)
+        BEAT.action(doing)
         members = tuple(ps[0] if len(pieces) == 1 else torch.cat(ps) for ps in zip(*pieces)) if pieces else ()
         return Received(members, tuple(logical for _, _, logical in layout))
 
@@ -157,6 +162,7 @@ class RankComms:
         if self._it is None:
             return
         self.issue_through(len(self._it.program.slots))
+        BEAT.action("waiting for its sends to be received")
         for works, _ in self.pending:
             for w in works:
                 w.wait()

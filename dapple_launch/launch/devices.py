@@ -1,0 +1,77 @@
+"""The devices a run asks for, checked before any process starts: a GPU run is a GPU run.
+
+`cluster.device_kind=gpu` on a machine whose torch cannot reach CUDA (a CPU wheel, a driver
+mismatch, a login node) would otherwise start the ranks and train on the CPU; two ranks of a
+multi-node plan started on one machine would share a GPU (NCCL refuses that); bf16 on a card
+without it fails deep inside the first step. Each is one line here, with what was found and the
+fix. The ranks check again where they run (train.py), for launches that start them elsewhere.
+NCCL's flight recorder is switched on for every GPU run, so a hang that ends in NCCL's watchdog
+leaves each rank's last collectives and transfers on disk (`nccl_env`).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cuda_missing() -> str | None:
+    """Why this process cannot use a CUDA GPU, or None when it can."""
+    import torch
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no usable GPU{shown}: no GPU here, or a driver older than the build"
+    return None
+
+
+def bf16_missing() -> str | None:
+    """Why this process's GPU cannot run bf16, or None when it can."""
+    import torch
+    if torch.cuda.is_bf16_supported():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}) has no bf16"
+
+
+def check_gpu_here(precision: str, devices_per_node: int | None = None) -> None:
+    """Refuse a GPU run this process cannot run as asked (ValueError, one line)."""
+    missing = cuda_missing()
+    if missing:
+        raise ValueError(f"cluster.device_kind=gpu but {missing}: nothing would run on a GPU; run where the GPUs are "
+                         f"(launcher=slurm submits to them), install a CUDA build of torch, or set "
+                         f"cluster.device_kind=cpu to train on CPU processes here")
+    import torch
+    visible = torch.cuda.device_count()
+    if devices_per_node is not None and devices_per_node > visible:
+        raise ValueError(f"the plan uses {devices_per_node} GPUs on this node but it shows {visible}; set "
+                         f"cluster.devices_per_node={visible} and re-plan")
+    if precision == "bf16-mixed":
+        why = bf16_missing()
+        if why:
+            raise ValueError(f"trainer.precision=bf16-mixed but {why}: use trainer.precision=16-mixed (fp16 with a "
+                             f"loss scale) or 32")
+
+
+def check_local_gpu_launch(cfg, plan) -> None:
+    """A GPU run started by the local launcher: every rank on this machine, each on its own GPU."""
+    if str(cfg.cluster.device_kind) != "gpu":
+        return
+    from ..plan_config import run_precision
+    from ..runtime.placement import job_shape
+    nodes, per_node = job_shape(plan, int(cfg.cluster.devices_per_node))
+    if nodes > 1:
+        raise ValueError(f"the plan places ranks on {nodes} nodes, but launcher=local starts every rank on this machine, "
+                         f"which would put ranks of different nodes on the same GPU (NCCL refuses two ranks on one "
+                         f"GPU); use launcher=slurm, or plan for one node (cluster.nodes=1)")
+    check_gpu_here(run_precision(cfg), per_node)
+
+
+def nccl_env(run_dir: Path) -> dict[str, str]:
+    """NCCL's flight recorder on, dumping on a watchdog timeout into RUN_DIR/logs (the user's own
+    settings win)."""
+    wanted = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(Path(run_dir) / "logs" / "nccl-trace-rank-"),
+              "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    return {k: os.environ.get(k, v) for k, v in wanted.items()}
