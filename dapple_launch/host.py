@@ -1,6 +1,7 @@
 """This machine as local processes see it: the cores they may use, the torch threads each local rank
 gets, a free port. Shared by the local launcher, the link and action-cost probes and the measuring
-profiler, so they all see the ranks' view; standard library only, so the pure packages may use it."""
+profiler, so they all see the ranks' view; and whether torch here reaches a GPU. Standard library
+at import (torch only inside the GPU questions, when asked), so the pure packages may use it."""
 from __future__ import annotations
 
 import os
@@ -23,3 +24,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cuda_missing() -> str | None:
+    """Why this process cannot use a CUDA GPU, or None when it can."""
+    import torch
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no usable GPU{shown}: no GPU here, or a driver older than the build"
+    return None
+
+
+def bf16_missing() -> str | None:
+    """Why this process's GPU cannot run bf16, or None when it can."""
+    import torch
+    if torch.cuda.is_bf16_supported():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}) has no bf16"

@@ -93,11 +93,14 @@ def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
     if source == "measured":
         # Times hold for this machine's device: plan with a cluster config that describes it.
         if topology.device_kind != "cpu":
-            import torch
-
-            from .profile.measure import measure_profile
-            return with_ties(measure_profile(model, PROFILE_BATCH, device="cuda" if torch.cuda.is_available() else "cpu",
-                                             precision=precision), model)
+            from .host import cuda_missing
+            missing = cuda_missing()
+            if missing:  # never a CPU's times taken for a GPU cluster's plan
+                raise ValueError(f"strategy.profile_source=measured times the layers on this machine's GPU for "
+                                 f"cluster {topology.name}, but {missing}: plan on a node of that cluster, or use "
+                                 f"strategy.profile_source=analytic")
+            from .profile.measure_job import measure_elsewhere  # (CUDA is never initialised in this process)
+            return with_ties(measure_elsewhere(m, PROFILE_BATCH, "cuda", precision), model)
         return with_ties(measured_cpu_share(model, topology, precision), model)
     return with_ties(analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name,
                                       precision=precision), model)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dapple_launch.launch.devices import cuda_missing, nccl_env
+from dapple_launch.host import cuda_missing
+from dapple_launch.launch.devices import nccl_env
 
 from .conftest import TINY_GPT, cli
 
@@ -62,3 +63,31 @@ def test_the_slurm_sweep_requests_the_nodes_gpus(cluster, gpus):
     assert launcher["gpus_per_node"].startswith("${dapple_gpus_per_node:")
     from dapple_launch.config import _gpus_per_node
     assert _gpus_per_node(cfg.cluster.device_kind, cfg.cluster.devices_per_node) == gpus
+
+
+@pytest.mark.slow
+def test_a_measured_profile_taken_in_its_own_process_equals_one_taken_here(tmp_path, monkeypatch):
+    """The job the planner asks for a GPU profile (profile/measure_job.py), run here on the CPU: the
+    same layers and bytes as measuring in this process, read back through the cache it wrote."""
+    monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path / "cache"))
+    from dapple_launch.plan_config import model_from_config
+    from dapple_launch.profile.measure import measure_profile
+    from dapple_launch.profile.measure_job import measure_elsewhere
+    from hydra import compose, initialize_config_dir
+
+    from dapple_launch.config import CONF_DIR
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=TINY_GPT)
+    there = measure_elsewhere(cfg.model, 2, "cpu", "32")
+    here = measure_profile(model_from_config(cfg.model), 2, device="cpu", precision="32")
+    assert [layer.name for layer in there.layers] == [layer.name for layer in here.layers]
+    assert [layer.activation_bytes for layer in there.layers] == [layer.activation_bytes for layer in here.layers]
+    assert [layer.parameter_bytes for layer in there.layers] == [layer.parameter_bytes for layer in here.layers]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a usable GPU: nothing to refuse")
+def test_a_measured_profile_for_a_gpu_cluster_without_cuda_is_refused(compose_cfg):
+    from dapple_launch.plan_config import profile_from_config, shipped_topology
+    cfg = compose_cfg(["cluster=h100x8", "strategy=auto", "strategy.profile_source=measured", *TINY_GPT])
+    with pytest.raises(ValueError, match="profile_source=measured times the layers on this machine's GPU"):
+        profile_from_config(cfg, shipped_topology("h100x8"))

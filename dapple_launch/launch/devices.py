@@ -13,26 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-def cuda_missing() -> str | None:
-    """Why this process cannot use a CUDA GPU, or None when it can."""
-    import torch
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} is a CPU-only build"
-    if not torch.cuda.is_available():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no usable GPU{shown}: no GPU here, or a driver older than the build"
-    return None
-
-
-def bf16_missing() -> str | None:
-    """Why this process's GPU cannot run bf16, or None when it can."""
-    import torch
-    if torch.cuda.is_bf16_supported():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}) has no bf16"
+from ..host import bf16_missing, cuda_missing
 
 
 def check_gpu_here(precision: str, devices_per_node: int | None = None) -> None:
