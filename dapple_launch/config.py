@@ -186,6 +186,9 @@ class ClusterConfig:
     mem_gb: Optional[int] = None
     setup: List[str] = field(default_factory=list)  # shell lines before the job (modules, containers)
     max_num_timeout: int = 3  # times a job that hit its time limit is requeued
+    # the interface ranks reach each other through (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); None:
+    # the one the route to the rendezvous address takes, on each node
+    network_interface: Optional[str] = None
 
     def __post_init__(self) -> None:
         _positive("cluster", nodes=self.nodes, devices_per_node=self.devices_per_node, time_min=self.time_min,

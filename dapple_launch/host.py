@@ -45,3 +45,28 @@ def bf16_missing() -> str | None:
         return None
     major, minor = torch.cuda.get_device_capability()
     return f"{torch.cuda.get_device_name()} (compute capability {major}.{minor}) has no bf16"
+
+
+def route_interface(address: str) -> str | None:
+    """The network interface this host reaches `address` through (`ip route get`), or None when it
+    cannot tell (no iproute2, an unresolvable name)."""
+    import subprocess
+    try:
+        ip = socket.gethostbyname(address)
+        out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = out.split()
+    return words[words.index("dev") + 1] if "dev" in words[:-1] else None
+
+
+def rendezvous_interfaces(master_addr: str | None, given: str | None = None) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME for a rank whose rendezvous is `master_addr`: the
+    interface `given` (cluster.network_interface), else the one the route to the rendezvous takes.
+    gloo otherwise binds to what the host's own name resolves to, which on many hosts is a loopback
+    address: a peer on another node then never connects. Nothing for a rendezvous on this host
+    alone (loopback), nothing that the user already set."""
+    name = given or (route_interface(master_addr) if master_addr else None)
+    if not name or (name == "lo" and not given):
+        return {}
+    return {k: os.environ.get(k, name) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}

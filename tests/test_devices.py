@@ -91,3 +91,19 @@ def test_a_measured_profile_for_a_gpu_cluster_without_cuda_is_refused(compose_cf
     cfg = compose_cfg(["cluster=h100x8", "strategy=auto", "strategy.profile_source=measured", *TINY_GPT])
     with pytest.raises(ValueError, match="profile_source=measured times the layers on this machine's GPU"):
         profile_from_config(cfg, shipped_topology("h100x8"))
+
+
+def test_the_rendezvous_interface_is_the_routes_and_never_loopback_for_a_peer(monkeypatch):
+    from dapple_launch.host import rendezvous_interfaces, route_interface
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    assert route_interface("127.0.0.1") == "lo"
+    assert rendezvous_interfaces("127.0.0.1") == {}  # everything on this host: gloo's own choice works
+    assert rendezvous_interfaces(None) == {}
+    assert rendezvous_interfaces("127.0.0.1", "eth7") == {"GLOO_SOCKET_IFNAME": "eth7", "NCCL_SOCKET_IFNAME": "eth7"}
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")  # the user's own setting wins
+    assert rendezvous_interfaces("127.0.0.1", "eth7")["GLOO_SOCKET_IFNAME"] == "mine"
+    import subprocess
+    route = subprocess.run(["ip", "-o", "route", "get", "10.213.99.1"], capture_output=True, text=True).stdout.split()
+    if "dev" in route:  # a routed address: its interface, whatever this machine calls it
+        assert route_interface("10.213.99.1") == route[route.index("dev") + 1]

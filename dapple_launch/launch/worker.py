@@ -35,12 +35,20 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
         torch.set_num_threads(int(os.environ.get("DAPPLE_THREADS", "1")))
         source = Path(snapshot) if snapshot else run
         cfg = OmegaConf.load(source / "config.yaml")
+        from ..host import rendezvous_interfaces
+        # the interface peers on other nodes reach this rank through, never loopback (before any group)
+        os.environ.update(rendezvous_interfaces(os.environ.get("MASTER_ADDR"),
+                                                cfg.cluster.get("network_interface") or None))
         if str(cfg.cluster.device_kind) == "gpu":  # before the first NCCL communicator exists
             from .devices import nccl_env
             os.environ.update(nccl_env(run))
         plan = Plan.load(source / "plan.json")
         stage, replica = ProcessGrid.from_plan(plan).position(rank)
-        log = setup(f"[rank {rank} · stage {stage} · replica {replica}] " if rank else "")
+        import socket
+        node = socket.gethostname()
+        log = setup(f"[rank {rank} · stage {stage} · replica {replica} · {node}] " if rank else "")
+        log.info(f"rank {rank} (stage {stage}, replica {replica}) on node {node}"
+                 + (f", interface {os.environ['GLOO_SOCKET_IFNAME']}" if os.environ.get("GLOO_SOCKET_IFNAME") else ""))
         BEAT.start(run, rank, stage=stage, replica=replica, device=ProcessGrid.from_plan(plan).device_of(rank))
         from ..train import fit
         agreed = fit(cfg, plan, run, os.environ.get("DAPPLE_CKPT") or None)
