@@ -114,6 +114,12 @@ def test_each_rank_binds_the_gpu_the_plan_placed_it_on(monkeypatch):
     strategy = DappleStrategy(plan, cluster_environment=env, parallel_devices=[torch.device("cuda", i) for i in range(4)])
     assert (env.global_rank(), env.node_rank(), env.local_rank()) == (3, 1, 2)
     assert strategy.root_device == torch.device("cuda", 2)
+    # a task that sees only its own GPU (CUDA_VISIBLE_DEVICES per task, --gpus-per-task): that one
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert strategy.root_device == torch.device("cuda", 0)
+    monkeypatch.undo()
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
     strategy.set_world_ranks()
     assert strategy.global_rank == 3 and strategy.world_size == 4
     assert (strategy.stage, strategy.replica) == (0, 2)

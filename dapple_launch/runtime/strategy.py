@@ -104,14 +104,14 @@ class DappleStrategy(DDPStrategy):
         if isinstance(env, PlannedEnvironment) and self.parallel_devices and self.parallel_devices[0].type == "cuda":
             # the device the planner placed this replica on; where the scheduler gives each task only
             # its own GPU (CUDA_VISIBLE_DEVICES per task, Slurm's --gpus-per-task), that is the one it sees
-            return torch.device("cuda", env.place.local if torch.cuda.device_count() > 1 else 0)
+            return torch.device("cuda", 0 if torch.cuda.device_count() == 1 else env.place.local)
         return super().root_device
 
     def setup_environment(self) -> None:
         env = self.cluster_environment
         if isinstance(env, PlannedEnvironment) and self.parallel_devices and self.parallel_devices[0].type == "cuda":
             visible = torch.cuda.device_count()
-            if visible > 1 and env.place.local >= visible:
+            if visible != 1 and env.place.local >= visible:
                 raise ValueError(
                     f"rank {env.place.rank} is planned on device {env.place.device} = node {env.place.node}, local "
                     f"GPU {env.place.local}, but this node shows {visible} GPU(s); cluster.devices_per_node says "
