@@ -29,7 +29,7 @@ def cli(args, cwd, timeout=600, env=None, module=("dapple_launch",)):
                           timeout=timeout, env=e)
 
 
-NOT_FAST = ("slow", "multiprocess", "faults", "slurm", "wheel")
+NOT_FAST = ("slow", "multiprocess", "faults", "slurm", "nodes", "wheel")
 
 
 def pytest_collection_modifyitems(config, items):
