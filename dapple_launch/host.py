@@ -57,7 +57,16 @@ def route_interface(address: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     words = out.split()
-    return words[words.index("dev") + 1] if "dev" in words[:-1] else None
+    dev = words[words.index("dev") + 1] if "dev" in words[:-1] else None
+    if dev == "lo" and not ip.startswith("127."):
+        # the rendezvous is this host's own address (the route goes through lo): the interface holding it
+        try:
+            held = subprocess.run(["ip", "-o", "addr", "show", "to", ip], capture_output=True, text=True,
+                                  timeout=5).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            return dev
+        return held[1] if len(held) > 1 else dev
+    return dev
 
 
 def rendezvous_interfaces(master_addr: str | None, given: str | None = None) -> dict[str, str]:
