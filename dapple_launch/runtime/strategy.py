@@ -188,15 +188,15 @@ class DappleStrategy(DDPStrategy):
         the loss scale undone and the clip applied in one foreach multiply. A tied weight counts
         once (on its first stage), a stage's replicas once (replica 0), so every rank holds the
         same norm and takes the same decision."""
-        grads = [p.grad for p in self.lightning_module.parameters() if p.grad is not None]
-        counted = [g for p, g in zip((p for p in self.lightning_module.parameters() if p.grad is not None), grads)
-                   if id(p) not in self._norm_excluded]
+        params = [p for p in self.lightning_module.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
         device = self.root_device
         zero = torch.zeros((), device=device)
-        norms = torch._foreach_norm(grads) if grads else []
-        everything = torch.stack([n.float() for n in norms]).square().sum() if grads else zero
-        mine = torch._foreach_norm(counted) if counted else []
-        sq = torch.stack([n.float() for n in mine]).square().sum() if counted else zero
+        # each gradient's norm once; the whole set says whether any is non-finite, the counted ones the norm
+        squares = torch.stack([n.float() for n in torch._foreach_norm(grads)]).square() if grads else zero[None]
+        everything = squares.sum()
+        counted = torch.tensor([id(p) not in self._norm_excluded for p in params] or [False], device=squares.device)
+        sq = torch.where(counted, squares, torch.zeros_like(squares)).sum()
         bad = (~torch.isfinite(everything)).float() + (~torch.isfinite(loss.detach().float())).float()
         sq = torch.where(torch.isfinite(sq), sq, zero) * (1.0 if self.replica == 0 else 0.0)
         both = torch.stack([sq, bad]).to(device)
@@ -207,7 +207,7 @@ class DappleStrategy(DDPStrategy):
             return False, math.inf
         norm = math.sqrt(total_sq) / loss_scale
         coef = 1.0 / loss_scale
-        if clip and norm > clip:
+        if clip and clip / (norm + 1e-6) < 1:  # (the rule clip_grad_norm_ had here)
             coef *= clip / (norm + 1e-6)
         if coef != 1.0 and grads:
             torch._foreach_mul_(grads, coef)
