@@ -80,6 +80,8 @@ def explain_error(exc: BaseException) -> str:
     given = (m.group(1) if (m := re.search(r"override (\S+=.*)$", text, flags=re.M)) else f"{full_key}=...")
     if isinstance(exc, ValueError) and "full_key" not in text:
         return text  # our own checks already say it in one line
+    if m := re.search(r"ValueError raised while resolving interpolation: (.*?)(?: \(\S+\))?$", text.splitlines()[0]):
+        return m.group(1)  # a resolver's own refusal (cluster=from_slurm outside an allocation)
     if m := re.search(r"Key '([^']+)' (?:is )?not in (?:struct|'(\w+)')", text):
         key = full_key or m.group(1)
         if key.startswith("model.args."):

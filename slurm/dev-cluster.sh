@@ -7,6 +7,9 @@
 #                                 bridge, slurmctld and munged here (FIELD-NOTES: a multi-node Slurm)
 #   slurm/dev-cluster.sh stop    stop the daemons this script started; remove the namespaces and links
 #   slurm/dev-cluster.sh status
+#   slurm/dev-cluster.sh kill-node K   node K dies: its slurmd, slurmstepds and tasks, SIGKILL
+#   slurm/dev-cluster.sh cut-link K    node K's link goes down (its processes live on, unreachable)
+#   slurm/dev-cluster.sh heal-node K   node K back: link up, slurmd started, the node resumed
 # Idempotent. No systemd: munged, slurmctld and slurmd run as plain daemons, stopped by their pids.
 set -euo pipefail
 STATE=${DAPPLE_SLURM_STATE:-/var/tmp/dapple-slurm}
@@ -189,9 +192,29 @@ stop() {
   echo "slurm stopped"
 }
 
+kill_node() { local pid; for pid in $(ip netns pids "dapple-n$1" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done; }
+
+cut_link() { ip -n "dapple-n$1" link set eth0 down; }
+
+heal_node() {
+  local ns=dapple-n$1
+  ip -n "$ns" link set eth0 up
+  running "$ns/slurmd" || ip netns exec "$ns" unshare --uts sh -c "hostname $ns && exec slurmd -N $ns"
+  for _ in $(seq 60); do
+    scontrol update nodename="$ns" state=resume >/dev/null 2>&1 || true
+    sinfo -h -N -n "$ns" -o '%T' | grep -qE '^(idle|mixed|allocated)$' && { echo "$ns is back"; return; }
+    sleep 1
+  done
+  echo "$ns did not come back: $(sinfo -h -N -n "$ns" -o '%T')"; exit 1
+}
+
 case "${1:-}" in
   start) shift; start "$@" ;;
+  kill-node) kill_node "$2" ;;
+  cut-link) cut_link "$2" ;;
+  heal-node) heal_node "$2" ;;
   stop) stop ;;
   status) sinfo && squeue ;;
-  *) echo "usage: $0 start [--nodes N] [--cpus-per-node C] | stop | status"; exit 2 ;;
+  *) echo "usage: $0 start [--nodes N] [--cpus-per-node C] | stop | status | kill-node K | cut-link K | heal-node K"
+     exit 2 ;;
 esac

@@ -21,7 +21,7 @@ from .conftest import TINY_GPT, cli
 from .test_cli import losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(shutil.which("sbatch") is None, reason="no Slurm here")]
-TWO_TASKS = [*TINY_GPT, "cluster=slurm-dev", "cluster.devices_per_node=2", "strategy.replicas=[1]",
+TWO_TASKS = [*TINY_GPT, "cluster=slurm-dev", "cluster.nodes=1", "cluster.devices_per_node=2", "strategy.replicas=[1]",
              "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.val_check_interval=10",
              "trainer.limit_val_batches=1", "data.num_train=512", "data.num_val=32", "trainer.lr_decay_steps=300"]
 

@@ -71,6 +71,9 @@ def run(cfg: DictConfig) -> int:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     lock = RunLock(run_dir).acquire()  # one launch per run directory, before anything of ours is written
     try:
+        if str(cfg.cluster.name) == "from_slurm":
+            from ..allocation import allocation
+            log.info(allocation().describe())
         log.info(plan.explain())
         write_frontier(cfg, run_dir, log)
         model = model_from_config(cfg.model) if cfg.model.name != "from_profile" else None
@@ -84,12 +87,16 @@ def run(cfg: DictConfig) -> int:
             raise ValueError("model=from_profile describes a profile only, for planning (dry_run=true); it has no "
                              "layers to train: pick model=gpt, bert, vgg19 or custom to train")
         launcher = str(cfg.launcher.name)
+        if str(cfg.cluster.name) == "from_slurm" and launcher != "local":
+            launcher = "allocation"  # already inside the job: a step of it, never a new submission
         if launcher == "auto":
             # Inside a Slurm job (a hydra-submitit sweep point) the ranks start here, on the allocation.
             launcher = "local" if "SLURM_JOB_ID" in os.environ else str(cfg.cluster.launcher)
         if launcher == "slurm":
             from .slurm import check_can_submit
             check_can_submit(cfg, plan, run_dir)
+        elif launcher == "allocation":
+            pass  # the allocation is the plan's (planned for it) and launch_in_allocation checks the shape
         else:
             from .devices import check_local_gpu_launch
             check_local_gpu_launch(cfg, plan)  # a GPU run here must be one: CUDA, one GPU per rank, bf16
@@ -101,6 +108,12 @@ def run(cfg: DictConfig) -> int:
         if launcher == "slurm":
             from .slurm import launch_slurm
             return launch_slurm(cfg, plan, run_dir, snapshot, ckpt_path)
+        if launcher == "allocation":
+            from .slurm import launch_in_allocation
+            code = launch_in_allocation(cfg, plan, run_dir, snapshot, ckpt_path)
+            if code == 0:
+                log.info(closing_summary(run_dir, guessed=guessed_estimate(cfg)))
+            return code
         code = launch_local(plan, run_dir, snapshot, ckpt_path, cfg.trainer.timeout_s, resume_hint(run_dir))
         if code == 0:
             log.info(closing_summary(run_dir, guessed=guessed_estimate(cfg)))

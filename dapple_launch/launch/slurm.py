@@ -30,8 +30,13 @@ class TrainTask:
     """What submitit pickles and runs on every task of the job. `snapshot`: the directory holding
     the config and plan written at submission (the ranks read those, whatever happens later)."""
 
-    def __init__(self, run_dir: str, snapshot: str, ckpt_path: str | None):
+    def __init__(self, run_dir: str, snapshot: str, ckpt_path: str | None, in_allocation: bool = False,
+                 replan: bool = False):
         self.run_dir, self.snapshot, self.ckpt_path = run_dir, snapshot, ckpt_path
+        # a step of the user's own allocation (cluster=from_slurm): no submitit to requeue it
+        self.in_allocation = in_allocation
+        # the successor of a job that lost a node (launch/node_loss.py): plan for the nodes it is given
+        self.replan = replan
 
     def __call__(self) -> str:
         import submitit
@@ -41,6 +46,12 @@ class TrainTask:
         from ..runtime.signals import REQUEUE, SIGNAL
         setup()
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        job = submitit.JobEnvironment()
+        if not self.replan and not self.in_allocation and self._sized_for_other_nodes(job):
+            self.replan = True  # requeued onto fewer (or more) nodes than planned for, and free to re-plan
+        if self.replan:
+            from .node_loss import replanned_snapshot
+            self.snapshot, self.replan = replanned_snapshot(self, job), False
         if not self._take_planned_rank(env):
             return "idle"
         # A requeued job (preempted, timed out, or `scontrol requeue`) runs this again: the run
@@ -51,13 +62,49 @@ class TrainTask:
             get_logger().info(f"resuming from {os.environ['DAPPLE_CKPT']}")
         os.environ.setdefault("DAPPLE_THREADS", "1")
         from .worker import main
-        code = main(self.run_dir, self.snapshot, requeue_signal=True)
+        code = main(self.run_dir, self.snapshot, requeue_signal=not self.in_allocation)
         if SIGNAL.agreed == REQUEUE:  # saved together on the signal: now submitit requeues (task 0) and exits
             SIGNAL.hand_over()
             return "preempted"
         if code not in (0, 3):
+            if not self.in_allocation:
+                from .node_loss import after_failure
+                line = after_failure(self, job)
+                if line is not None:
+                    raise RuntimeError(line)
+            self._fate(job, "failed", self._error_line())
             raise RuntimeError(f"rank {os.environ.get('RANK')} failed; see {self.run_dir}/logs")
+        if os.environ.get("RANK") == "0":
+            self._fate(job, "done" if code == 0 else "stopped", "finished" if code == 0 else "stopped on a signal")
         return self.run_dir
+
+    def _error_line(self) -> str:
+        rank = os.environ.get("RANK")
+        try:
+            first = (Path(self.run_dir) / "logs" / f"error-rank-{rank}.txt").read_text().splitlines()[0]
+        except (OSError, IndexError):
+            first = "see the logs"
+        return f"rank {rank}: {first} ({self.run_dir}/logs)"
+
+    def _fate(self, job, state: str, line: str) -> None:
+        """What became of this job, for the launcher that follows it (not submitit's result files:
+        a job Slurm requeued may still have a stale one)."""
+        from .node_loss import fate_path, write_fate
+        if state == "failed" and fate_path(self.run_dir, job.job_id).is_file():
+            return  # the first failure's line stands
+        try:
+            write_fate(self.run_dir, str(job.job_id), state, line)
+        except OSError:
+            pass
+
+    def _sized_for_other_nodes(self, job) -> bool:
+        from omegaconf import OmegaConf
+        snap = Path(self.snapshot)
+        cfg = OmegaConf.load(snap / "config.yaml")
+        if str(cfg.strategy.name) != "auto":
+            return False
+        nodes, _ = job_shape(Plan.load(snap / "plan.json"), int(cfg.cluster.devices_per_node))
+        return nodes != job.num_nodes
 
     def _take_planned_rank(self, env) -> bool:
         """This task sits on device node × devices_per_node + local index; run the replica the plan
@@ -120,17 +167,21 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
 
 
 def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
+    # one task per device of the nodes the plan touches; tasks on devices it leaves idle exit at once
+    nodes, tasks_per_node = job_shape(plan, cfg.cluster.devices_per_node)
+    return executor_for(cfg, nodes, tasks_per_node, run_dir)
+
+
+def executor_for(cfg: DictConfig, nodes: int, tasks_per_node: int, run_dir: Path, exclude: str | None = None):
     import submitit
     c = cfg.cluster
-    # one task per device of the nodes the plan touches; tasks on devices it leaves idle exit at once
-    nodes, tasks_per_node = job_shape(plan, c.devices_per_node)
     ex = submitit.AutoExecutor(folder=str(run_dir / "slurm"), cluster="slurm", slurm_max_num_timeout=c.max_num_timeout)
     params = dict(nodes=nodes, tasks_per_node=tasks_per_node, cpus_per_task=c.cpus_per_task,
-                  timeout_min=c.time_min, name=f"dapple-{plan.model}", slurm_setup=list(c.setup))
+                  timeout_min=c.time_min, name=f"dapple-{cfg.model.name}", slurm_setup=list(c.setup))
     if c.device_kind == "gpu":  # the GPUs the plan's tasks sit on, no more (strategy.devices=auto may use few)
         params["gpus_per_node"] = tasks_per_node
     for key, value in (("slurm_partition", c.partition), ("slurm_account", c.account), ("slurm_qos", c.qos),
-                       ("slurm_constraint", c.constraint), ("mem_gb", c.mem_gb)):
+                       ("slurm_constraint", c.constraint), ("mem_gb", c.mem_gb), ("slurm_exclude", exclude)):
         if value:
             params[key] = value
     ex.update_parameters(**params)
@@ -162,6 +213,30 @@ def slurm_refusal(text: str) -> str:
     return f"Slurm refused the job: {text.strip()}" + (f" (likely: {hint})" if hint else "")
 
 
+def launch_in_allocation(cfg: DictConfig, plan: Plan, run_dir: Path, snapshot: Path, ckpt_path: str | None) -> int:
+    """cluster=from_slurm: the ranks start as one srun step of the allocation this command runs in."""
+    import sys
+
+    from ..allocation import allocation
+    log = get_logger()
+    a = allocation()
+    nodes, tasks_per_node = job_shape(plan, cfg.cluster.devices_per_node)
+    if nodes > a.nodes or tasks_per_node > a.devices_per_node:
+        raise ValueError(f"the plan needs {nodes} node(s) × {tasks_per_node} tasks but job {a.job_id} holds {a.nodes} × "
+                         f"{a.devices_per_node}: plan for the allocation (cluster=from_slurm) or allocate more")
+    cmd = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--ntasks={nodes * tasks_per_node}",
+           "--kill-on-bad-exit=1", "--cpu-bind=none", sys.executable, "-m", "dapple_launch.launch.slurm", str(run_dir),
+           str(snapshot), ckpt_path or ""]
+    if str(cfg.cluster.device_kind) == "gpu":
+        cmd.insert(4, f"--gpus-per-node={tasks_per_node}")
+    log.info(f"step of job {a.job_id}: {' '.join(cmd[:5])} ... ({nodes} × {tasks_per_node} ranks)")
+    code = subprocess.run(cmd).returncode
+    if code:
+        log.error(f"the step of job {a.job_id} failed (exit {code}); the ranks' lines are in {run_dir / 'logs'}")
+        return 1
+    return 0
+
+
 def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, snapshot: Path, ckpt_path: str | None) -> int:
     log = get_logger()
     if cfg.launcher.script_only:
@@ -183,10 +258,16 @@ def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, snapshot: Path, ckp
     log.info(f"  Slurm logs:    {run_dir / 'slurm'}/{job.job_id}_0_log.out")
     log.info(f"  follow it:     squeue -j {job.job_id}; tail -f {run_dir / 'slurm'}/{job.job_id}_0_log.out")
     if cfg.launcher.wait:
-        try:
-            job.results()
-        except Exception as exc:  # noqa: BLE001 - report the job's own failure
-            log.error(f"job {job.job_id} failed: {str(exc).strip().splitlines()[-1]}")
-            return 1
-        log.info(f"job {job.job_id} finished: outputs are in {run_dir}")
+        from .follow import follow
+        return follow(run_dir, str(job.job_id))
     return 0
+
+
+if __name__ == "__main__":  # one task of a step in the user's allocation (launch_in_allocation)
+    import sys
+    # the step's own nodes, in its order: the plan's node index counts within the step
+    if os.environ.get("SLURM_STEP_NODELIST"):
+        os.environ["SLURM_JOB_NODELIST"] = os.environ["SLURM_STEP_NODELIST"]
+    os.environ["SUBMITIT_EXECUTOR"] = "slurm"  # submitit reads the task's place from Slurm's variables
+    result = TrainTask(sys.argv[1], sys.argv[2], sys.argv[3] or None, in_allocation=True)()
+    sys.exit(0 if result in ("idle", sys.argv[1]) else 1)

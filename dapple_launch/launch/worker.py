@@ -49,7 +49,8 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
         log = setup(f"[rank {rank} · stage {stage} · replica {replica} · {node}] " if rank else "")
         log.info(f"rank {rank} (stage {stage}, replica {replica}) on node {node}"
                  + (f", interface {os.environ['GLOO_SOCKET_IFNAME']}" if os.environ.get("GLOO_SOCKET_IFNAME") else ""))
-        BEAT.start(run, rank, stage=stage, replica=replica, device=ProcessGrid.from_plan(plan).device_of(rank))
+        BEAT.start(run, rank, stage=stage, replica=replica, device=ProcessGrid.from_plan(plan).device_of(rank),
+                   node=node, job=os.environ.get("SLURM_JOB_ID"))
         from ..train import fit
         agreed = fit(cfg, plan, run, os.environ.get("DAPPLE_CKPT") or None)
         _leave_together()
@@ -65,6 +66,8 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
         except OSError:
             pass
         report(rank, f"{type(exc).__name__}: {line}")
+        from ..runtime.heartbeat import BEAT
+        BEAT.end("failed")
         if rank:  # rank 0 shares the user's terminal: the launcher reports for it
             print(trace, file=sys.stderr)
             log.error(line)

@@ -47,6 +47,18 @@ class Heartbeat:
     def step(self, step: int) -> None:
         self.state["step"] = step
 
+    def end(self, how: str) -> None:
+        """The rank leaves (`failed`, `done`): said in its last heartbeat, so a peer that reads it can
+        tell a rank that ended from one that vanished with its node (launch/node_loss.py)."""
+        if self._path is None:
+            return
+        self.state["ended"] = how
+        self._thread = None  # the loop sees it is no longer the writer and stops
+        try:
+            self._write()
+        except OSError:
+            pass
+
     def _write(self) -> None:
         tmp = self._path.with_suffix(".tmp")
         state = dict(self.state)
@@ -55,8 +67,11 @@ class Heartbeat:
         os.replace(tmp, self._path)
 
     def _loop(self) -> None:
-        while True:
+        me = threading.current_thread()
+        while self._thread is me:
             time.sleep(INTERVAL_S)
+            if self._thread is not me:
+                return
             try:
                 self._write()
             except OSError:  # a full or vanished disk must not kill the rank: the launcher sees it stale
