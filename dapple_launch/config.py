@@ -40,7 +40,8 @@ def choice(name: str, *values: str) -> type[Choice]:
     return Choice(name, {v: v for v in values})
 
 
-ModelName = choice("ModelName", "gpt", "bert", "vgg19", "from_profile", "custom")
+ModelName = choice("ModelName", "gpt", "bert", "vgg19", "from_profile", "custom", "hf")
+HFInit = choice("HFInit", "pretrained", "random")
 GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
 BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
 VGGPreset = choice("VGGPreset", "imagenet", "tiny")
@@ -149,8 +150,23 @@ class CustomModelConfig(ModelConfig):
     args: Any = None  # a mapping of keyword arguments (model.args={hidden:128} or +model.args.hidden=128)
 
 
+@dataclass
+class HFModelConfig(ModelConfig):
+    """Any Hugging Face causal LM from a local directory (models/hf.py): model.path=DIR holds config.json
+    and safetensors weights (save_pretrained's layout, sharded or not); or model.config=DIR (a config.json
+    only) with init=random, the family's own initialisation."""
+    name: ModelName = ModelName["hf"]
+    path: Optional[str] = None
+    config: Optional[str] = None
+    init: HFInit = HFInit["pretrained"]
+    seq_len: int = 128  # tokens per sample (the data's windows)
+
+    def __post_init__(self) -> None:
+        _positive("model", seq_len=self.seq_len)
+
+
 MODEL_SCHEMAS = {"gpt": GPTModelConfig, "bert": BERTModelConfig, "vgg19": VGGModelConfig,
-                 "from_profile": FromProfileModelConfig, "custom": CustomModelConfig}
+                 "from_profile": FromProfileModelConfig, "custom": CustomModelConfig, "hf": HFModelConfig}
 
 
 # ---- cluster -----------------------------------------------------------------------------------

@@ -34,7 +34,16 @@ def model_from_config(m: DictConfig) -> PipelineModel:
             raise ValueError(f"model.args={args!r} must be a mapping of keyword arguments, e.g. "
                              f"model.args={{hidden:128,layers:6}}")
         return build_custom(m.target, args)
+    if m.name == "hf":
+        return _hf_model(m.path, m.config, str(m.init), int(m.seq_len))
     return build_model(str(m.name), str(m.preset), **{k: m[k] for k in _SHAPE_KEYS[str(m.name)]})
+
+
+@lru_cache(maxsize=4)
+def _hf_model(path, config, init: str, seq_len: int) -> PipelineModel:
+    """Read once per process: the family's anatomy from its config, the weights' headers checked."""
+    from .models.hf import HFCausalLM
+    return HFCausalLM(path=path, config_dir=config, init=init, seq_len=seq_len)
 
 
 def run_precision(cfg: DictConfig) -> str:

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".[test]"
+.venv/bin/pip install -q -e ".[test,hf,tensorboard]"

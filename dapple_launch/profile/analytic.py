@@ -53,7 +53,9 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
     has no autocast), which costs a second or two of set-up."""
     import contextlib
     real, _ = model.batch(batch_size, torch.Generator().manual_seed(0))  # real: a batch may read its own values
-    if precision in MIXED:
+    # a model whose code runs only on a real device type (Hugging Face's rotary embeddings open an
+    # autocast region of the input's device, which the meta device has none of) traces on fake tensors
+    if precision in MIXED or getattr(model, "trace_on_fake_tensors", False):
         from torch._subclasses.fake_tensor import FakeTensorMode
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         scope, build, to = mode, contextlib.nullcontext, mode.from_tensor
