@@ -99,8 +99,14 @@ class Anatomy:
         self.config = config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.num_layers = int(getattr(text, "num_hidden_layers", 0) or 0)
-        with torch.device("meta"):
-            full = t.AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        try:
+            with torch.device("meta"):
+                full = t.AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        except ValueError:
+            raise ValueError(f"{type(config).__name__} (model_type {config.model_type}, architectures "
+                             f"{getattr(config, 'architectures', None)}) is not a causal LM: transformers has no "
+                             f"AutoModelForCausalLM class for it, and this tool pipelines decoder-only models of the "
+                             f"embed → layers → norm + head shape") from None
         arch = type(full).__name__
         self.arch = arch
         # the attention kernel from_config picked for this family (sdpa, or eager where it must be)
