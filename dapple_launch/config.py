@@ -382,8 +382,10 @@ class FileDataConfig(DataConfig):
 
 @dataclass
 class TextFileDataConfig(FileDataConfig):
-    """A UTF-8 text file, or a directory of them, read as bytes: token ids 0-255."""
+    """A UTF-8 text file, or a directory of them, read as bytes (token ids 0-255), or through a model's
+    tokenizer (data.tokenizer=DIR holding tokenizer.json)."""
     kind: DataKind = DataKind["text_file"]
+    tokenizer: Optional[str] = None
 
 
 @dataclass

@@ -12,10 +12,10 @@ from .conftest import cli
 from .hf_models import save
 
 pytestmark = pytest.mark.multiprocess
-RUN = ["model=hf", "model.seq_len=8", "cluster=local", "cluster.devices_per_node=3", "strategy=fixed",
-       "strategy.stages=2", "strategy.replicas=[2,1]", "strategy.num_micro_batches=2", "global_batch_size=6",
-       "trainer.max_steps=4", "trainer.progress_bar=false", "data.num_train=64", "data.num_val=8",
-       "trainer.checkpoint_every_n_steps=4"]
+BASE = ["model=hf", "model.seq_len=8", "cluster=local", "cluster.devices_per_node=3", "strategy=fixed",
+        "strategy.stages=2", "strategy.replicas=[2,1]", "strategy.num_micro_batches=2", "global_batch_size=6",
+        "trainer.max_steps=4", "trainer.progress_bar=false", "trainer.checkpoint_every_n_steps=4"]
+RUN = [*BASE, "data.num_train=64", "data.num_val=8"]
 
 
 def pipeline_logits(run_dir, ids):
@@ -105,3 +105,47 @@ def test_bad_hf_input_is_one_line_before_any_process(tmp_path):
                         tmp_path))
     assert "T5" in line, line
     assert json.loads((src / "config.json").read_text())["model_type"] == "llama"
+
+
+def make_tokenizer(where, text: str, vocab: int):
+    """A byte-level BPE trained on `text` (the tokenizers package), saved as tokenizer.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    where.mkdir(parents=True, exist_ok=True)
+    tok.save(str(where / "tokenizer.json"))
+    return tok
+
+
+TEXT = "the quick brown fox jumps over the lazy dog. " * 40 + "a stitch in time saves nine. " * 40
+
+
+def test_text_through_the_models_tokenizer_trains_and_prepares(tmp_path):
+    import numpy as np
+    src = save("llama", tmp_path / "src")  # vocabulary of 61... too small for a byte-level BPE
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    big = tmp_path / "tok-big"
+    tok = make_tokenizer(big, TEXT, 300)
+    line = _refusal(cli([*BASE, "dry_run=true", f"model.path={src}", "data=text_file", f"data.path={corpus}",
+                         f"data.tokenizer={big}", f"hydra.run.dir={tmp_path / 'r0'}"], tmp_path))
+    assert f"has {tok.get_vocab_size()} tokens but model hf has vocab_size 61" in line, line
+    # a model whose embedding holds the tokenizer's ids trains on the encoded text
+    import transformers
+    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64)
+    fit = tmp_path / "fit"
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(fit)
+    run = tmp_path / "run"
+    out = cli([*BASE, f"model.path={fit}", "data=text_file", f"data.path={corpus}", f"data.tokenizer={big}",
+               "data.val_fraction=0.2", f"hydra.run.dir={run}"], tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # prepare writes the same ids as a token file
+    tokens = tmp_path / "corpus.bin"
+    out = cli([str(corpus), str(tokens), "--tokenizer", str(big)], tmp_path, module=("dapple_launch.data.prepare",))
+    assert out.returncode == 0, out.stderr
+    ids = np.fromfile(tokens, dtype=np.uint16)
+    assert ids.tolist() == tok.encode(TEXT, add_special_tokens=False).ids

@@ -34,9 +34,12 @@ def text_files(path: Path) -> list[Path]:
     return [path]
 
 
-def open_stream(kind: str, path: str | Path, dtype: str = "uint16") -> np.ndarray:
-    """The token ids of a text file (its bytes) or of a token file (memory-mapped)."""
+def open_stream(kind: str, path: str | Path, dtype: str = "uint16", tokenizer: str | None = None) -> np.ndarray:
+    """The token ids of a text file (its bytes, or its tokenizer's ids) or of a token file (memory-mapped)."""
     path = Path(path).expanduser()
+    if kind == "text_file" and tokenizer:
+        from .tokenizer import encoded_stream
+        return encoded_stream(text_files(path), tokenizer)
     if kind == "text_file":
         return np.frombuffer(b"".join(p.read_bytes() for p in text_files(path)), dtype=np.uint8)
     size = np.dtype(DTYPES[dtype]).itemsize
@@ -96,7 +99,8 @@ def seq_len_of(data_cfg, model: PipelineModel) -> int:
 
 def datasets(data_cfg, model: PipelineModel, seed: int) -> tuple[TokenWindows, TokenWindows]:
     seq_len = seq_len_of(data_cfg, model)
-    stream = open_stream(str(data_cfg.kind), data_cfg.path, str(data_cfg.get("dtype", "uint16")))
+    stream = open_stream(str(data_cfg.kind), data_cfg.path, str(data_cfg.get("dtype", "uint16")),
+                         data_cfg.get("tokenizer"))
     s = split(len(stream), seq_len, data_cfg.val_fraction)
     return (TokenWindows(stream, seq_len, 0, s.train_windows, model, seed),
             TokenWindows(stream, seq_len, s.train_windows, s.val_windows, model, seed + 7919))
@@ -114,8 +118,17 @@ def check(data_cfg, model: PipelineModel, global_batch: int, min_val_batch: int)
     if kind == "tokens" and path.is_dir():
         raise ValueError(f"data.path={path} is a directory; data=tokens reads one flat binary file of token ids "
                          f"(python -m dapple_launch.data.prepare INPUT OUTPUT writes one)")
+    tokenizer = data_cfg.get("tokenizer")
+    vocab = getattr(model, "vocab_size", None)
+    if tokenizer:
+        from .tokenizer import vocab_size
+        tok_vocab = vocab_size(tokenizer)
+        if vocab is not None and tok_vocab > vocab:
+            raise ValueError(f"data.tokenizer={tokenizer} has {tok_vocab} tokens but model {model.name} has vocab_size "
+                             f"{vocab}: its ids would not fit the embedding; use the model's own tokenizer, or a "
+                             f"model with vocab_size>={tok_vocab}")
     try:
-        stream = open_stream(kind, path, str(data_cfg.get("dtype", "uint16")))
+        stream = open_stream(kind, path, str(data_cfg.get("dtype", "uint16")), tokenizer)
     except OSError as exc:
         raise ValueError(f"data.path={path} cannot be read: {exc.strerror or exc}") from None
     if len(stream) == 0:
@@ -139,7 +152,8 @@ def check(data_cfg, model: PipelineModel, global_batch: int, min_val_batch: int)
     if vocab is not None:
         top = max_token(stream, path)
         if top >= vocab:
-            fix = "model.vocab_size=256 (the byte tokenizer's ids are 0-255)" if kind == "text_file" else \
+            fix = "model.vocab_size=256 (the byte tokenizer's ids are 0-255)" if kind == "text_file" and not tokenizer \
+                else \
                 f"model.vocab_size>={top + 1}, or the tokenizer the model was built for"
             raise ValueError(f"data.path={path} holds token id {top} but model {model.name} has vocab_size {vocab} "
                              f"(ids 0..{vocab - 1}); set {fix}")

@@ -16,10 +16,18 @@ import numpy as np
 from .files import DTYPES, text_files
 
 
-def prepare(source: Path, target: Path, dtype: str = "uint16") -> int:
+def prepare(source: Path, target: Path, dtype: str = "uint16", tokenizer: str | None = None) -> int:
     if not source.exists():
         raise ValueError(f"{source} does not exist")
-    ids = np.frombuffer(b"".join(p.read_bytes() for p in text_files(source)), dtype=np.uint8)
+    if tokenizer:
+        from .tokenizer import dtype_for, encode, vocab_size
+        need = dtype_for(vocab_size(tokenizer))
+        if DTYPES[dtype]().itemsize < DTYPES[need]().itemsize:
+            raise ValueError(f"--dtype {dtype} cannot hold the ids of {tokenizer}'s {vocab_size(tokenizer)} tokens; "
+                             f"use --dtype {need}")
+        ids = encode(text_files(source), tokenizer)
+    else:
+        ids = np.frombuffer(b"".join(p.read_bytes() for p in text_files(source)), dtype=np.uint8)
     if len(ids) == 0:
         raise ValueError(f"{source} holds no bytes")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -36,15 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dapple_launch.data.prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("input", type=Path, help="a UTF-8 text file or a directory of them")
     parser.add_argument("output", type=Path, help="the token file to write")
-    parser.add_argument("--dtype", choices=["uint16", "uint32"], default="uint16", help="the token id type (default uint16)")
+    parser.add_argument("--dtype", choices=["uint16", "uint32"], default=None,
+                        help="the token id type (default uint16, or uint32 for a tokenizer of more than 65536 tokens)")
+    parser.add_argument("--tokenizer", default=None, help="a directory holding tokenizer.json (default: bytes, 0-255)")
     args = parser.parse_args(argv)
     try:
-        n = prepare(args.input, args.output, args.dtype)
+        if args.dtype is None:
+            from .tokenizer import dtype_for, vocab_size
+            args.dtype = dtype_for(vocab_size(args.tokenizer)) if args.tokenizer else "uint16"
+        n = prepare(args.input, args.output, args.dtype, args.tokenizer)
     except (ValueError, OSError) as exc:
         print(f"error: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
         return 2
-    print(f"wrote {n} token ids ({args.dtype}, byte tokenizer: ids 0-255) to {args.output}; train on it with "
-          f"data=tokens data.path={args.output} data.dtype={args.dtype} model.vocab_size=256")
+    how = f"tokenizer {args.tokenizer}" if args.tokenizer else "byte tokenizer: ids 0-255"
+    print(f"wrote {n} token ids ({args.dtype}, {how}) to {args.output}; train on it with "
+          f"data=tokens data.path={args.output} data.dtype={args.dtype}"
+          + ("" if args.tokenizer else " model.vocab_size=256"))
     return 0
 
 
