@@ -57,7 +57,7 @@ ClusterLauncher = choice("ClusterLauncher", "local", "slurm")
 LauncherName = choice("LauncherName", "auto", "local", "slurm")
 DataKind = choice("DataKind", "synthetic", "text_file", "tokens")
 TokenDtype = choice("TokenDtype", "uint16", "uint32")
-LoggerName = choice("LoggerName", "csv", "wandb", "none")
+LoggerName = choice("LoggerName", "csv", "wandb", "tensorboard", "none")
 WandbMode = choice("WandbMode", "offline", "online", "disabled")
 Precision = choice("Precision", "auto", "32", "bf16-mixed", "16-mixed")
 
@@ -550,7 +550,9 @@ def check_values(cfg: DictConfig) -> None:
             if expected is not None and str(node[field_name]) != expected:
                 raise ValueError(f"{key}.{field_name}={node[field_name]}: the {key} kind is chosen with "
                                  f"{key}={node[field_name]}, not with {key}.{field_name}")
-        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema_of(key, node)), node))
+        # resolved where it stands first: a section may point into another (data.tokenizer: ${model.path})
+        attached = OmegaConf.create(OmegaConf.to_container(node, resolve=True, throw_on_missing=False))
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema_of(key, node)), attached))
     _need(cfg.global_batch_size >= 1, "global_batch_size", cfg.global_batch_size, "must be >= 1")
 
 

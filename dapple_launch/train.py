@@ -24,6 +24,14 @@ def build_logger(cfg: DictConfig, run_dir: Path):
     if name == "csv":
         from lightning.pytorch.loggers import CSVLogger
         return CSVLogger(save_dir=str(run_dir), name="logs")
+    if name == "tensorboard":
+        try:
+            import tensorboard  # noqa: F401 - Lightning's logger needs it (or tensorboardX)
+        except ImportError:
+            raise ValueError("logger=tensorboard needs the tensorboard package: pip install "
+                             "'dapple-launch[tensorboard]'") from None
+        from lightning.pytorch.loggers import TensorBoardLogger
+        return TensorBoardLogger(save_dir=str(run_dir), name="logs", version="tensorboard", default_hp_metric=False)
     if name == "wandb":
         os.environ.setdefault("WANDB_MODE", str(cfg.logger.mode))
         os.environ.setdefault("WANDB_SILENT", "true")

@@ -83,6 +83,16 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
             assert all(0 <= e["start"] <= e["end"] <= it["iteration_s"] for e in r["events"])
     assert len(timeline["predicted"]["ranks"]) == 4 and timeline["predicted"]["iteration_s"] > 0
     assert (straight / "timeline.svg").read_text().startswith("<svg")
+    # the same file as a Chrome trace: a process per rank measured and per rank estimated, a thread per stream
+    trace = timeline["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(procs) == [0, 1, 2, 3, 10_000, 10_001, 10_002, 10_003]
+    assert procs[0].startswith("rank 0 (stage 0, replica 0) measured") and procs[10_003].endswith("estimated")
+    spans = [e for e in trace if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == set(procs) and all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    threads = {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"compute", "send", "receive (waiting)", "gradient all-reduce"} <= threads
+    assert {e["name"][0] for e in spans if e["tid"] == 0} >= {"F", "B"}
     # The contract outside checks rely on.
     assert json.loads((straight / "plan.json").read_text())["stages"][0]["replicas"] == 2
     assert find_checkpoints(straight / "checkpoints")

@@ -26,16 +26,21 @@ PROFILE = ["model.profile=bert-48-pbs-2"]  # a shipped profile, by name
 
 def test_every_config_group_option_is_tested():
     assert set(CLUSTERS) == set(GPU_FIXED)
-    assert {"gpt", "bert", "vgg19", "from_profile", "custom"} <= set(MODELS)
+    assert {"gpt", "bert", "vgg19", "from_profile", "custom", "hf"} <= set(MODELS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cluster", CLUSTERS)
 @pytest.mark.parametrize("model", MODELS)
-def test_every_model_on_every_cluster_plans(compose_cfg, model, cluster, monkeypatch):
+def test_every_model_on_every_cluster_plans(compose_cfg, model, cluster, monkeypatch, tmp_path_factory):
     for key, value in ALLOCATION.items():
         monkeypatch.setenv(key, value)
     extra = PROFILE if model == "from_profile" else []
+    if model == "hf":  # a tiny Llama directory, as save_pretrained writes it
+        from .hf_models import save
+        root = tmp_path_factory.getbasetemp() / "hf-config"
+        where = root / "llama" if (root / "llama").is_dir() else save("llama", root)
+        extra = [f"model.config={where}", "model.init=random", "model.seq_len=16"]
     if model == "custom":
         extra = ["model.target=tests.custom_models.skipnet:build", "+model.args.layers=6"]
     cpu = cluster in ("local", "slurm-dev", "from_slurm")

@@ -66,11 +66,20 @@ def test_an_hf_model_trains_on_an_uneven_layout_and_exports_to_what_from_pretrai
         assert not torch.allclose(before(input_ids=ids).logits, theirs)
 
 
-def test_a_random_init_from_a_config_only_directory_trains(tmp_path):
+def test_a_random_init_from_a_config_only_directory_trains_and_logs_to_tensorboard(tmp_path):
     src = save("llama", tmp_path / "src")
     (src / "model.safetensors").unlink()
-    out = cli([*RUN, f"model.config={src}", "model.init=random", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    run = tmp_path / "run"
+    out = cli([*RUN, f"model.config={src}", "model.init=random", "logger=tensorboard", "trainer.log_every_n_steps=1",
+               f"hydra.run.dir={run}"], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # logger=tensorboard: event files with the losses, the config and the plan among the hyperparameters
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "logs" / "tensorboard"))
+    acc.Reload()
+    assert "train_loss" in acc.Tags()["scalars"], acc.Tags()
+    hparams = (run / "logs" / "tensorboard" / "hparams.yaml").read_text()
+    assert "layout:" in hparams and "schedule:" in hparams and "hf" in hparams
 
 
 def _refusal(out) -> str:

@@ -21,13 +21,25 @@ LICENSE = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
 
 def test_the_recipes_the_design_names_exist():
     assert {"cpu-demo", "gpt2-medium-a100x64", "bert-large-v100x16", "vgg19-15-1-v100-16x1",
-            "your-model-your-text"} <= set(RECIPES)
+            "your-model-your-text", "hf-finetune"} <= set(RECIPES)
     assert (Path(__file__).resolve().parent.parent / "recipes" / "cpu-demo.yaml").is_file()  # the top-level view
 
 
 def data_for(recipe: str, tmp_path: Path) -> list[str]:
     """The data.path override a recipe needs: a text file, or token ids below the model's vocabulary."""
     cfg = compose([f"+recipe={recipe}"])
+    if cfg.model.name == "hf":  # a tiny Llama directory with its own tokenizer, and text for it
+        from .hf_models import transformers
+        from .test_hf import TEXT, make_tokenizer
+        where = tmp_path / "hf-model"
+        tok = make_tokenizer(where, TEXT, 300)
+        config = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=128)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(where)
+        text = tmp_path / "text.txt"
+        text.write_text(TEXT * 4)
+        return [f"model.path={where}", f"data.path={text}"]
     if cfg.data.kind == "synthetic" or not OmegaConf.is_missing(cfg.data, "path"):
         return []
     if cfg.data.kind == "text_file":

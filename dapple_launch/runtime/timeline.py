@@ -93,11 +93,44 @@ def write_timeline(run_dir: Path, plan: Plan, iterations: list[dict]) -> tuple[P
             "measured_median_iteration_s": median_s, "shown_step": shown["step"], "measured": iterations,
             "predicted": pred,
             "predicted_error": (pred["iteration_s"] - median_s) / median_s if pred and median_s else None}
+    # the same file is a Chrome trace (Perfetto, chrome://tracing read traceEvents, ignore the rest)
+    data.update(chrome_trace(shown, pred))
     run_dir = Path(run_dir)
     json_path, svg_path = run_dir / "timeline.json", run_dir / "timeline.svg"
     json_path.write_text(json.dumps(data, indent=1))
     svg_path.write_text(render_svg(plan, shown, pred))
     return json_path, svg_path
+
+
+# ---- the Chrome trace --------------------------------------------------------------------------
+STREAMS = {"forward": 0, "backward": 0, "input": 0, "weight": 0, "send": 1, "wait": 2, "allreduce": 3}
+STREAM_NAMES = {0: "compute", 1: "send", 2: "receive (waiting)", 3: "gradient all-reduce"}
+ESTIMATE_PID = 10_000  # the estimate's processes: rank r is ESTIMATE_PID + r, listed after the measured ones
+
+
+def chrome_trace(measured: dict, pred: dict | None) -> dict:
+    """traceEvents: one process per rank (measured: pid = rank; the simulator's estimate beside it:
+    pid = ESTIMATE_PID + rank), one thread per stream (compute, send, receive, all-reduce); one
+    complete event ("X") per action, in microseconds."""
+    events: list[dict] = []
+
+    def add(ranks: list[dict], base: int, what: str, order: int) -> None:
+        for r in ranks:
+            pid = base + r["rank"]
+            name = f"rank {r['rank']} (stage {r['stage']}, replica {r['replica']}) {what}"
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                           "args": {"sort_index": order * ESTIMATE_PID + r["rank"]}})
+            for tid, stream in STREAM_NAMES.items():
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": stream}})
+            for ev in r["events"]:
+                events.append({"ph": "X", "name": ev["label"], "cat": ev["kind"], "pid": pid,
+                               "tid": STREAMS.get(ev["kind"], 0), "ts": ev["start"] * 1e6,
+                               "dur": max(ev["end"] - ev["start"], 0.0) * 1e6})
+    add(measured["ranks"], 0, f"measured (step {measured['step']})", 0)
+    if pred:
+        add(pred["ranks"], ESTIMATE_PID, "estimated", 1)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 # ---- the picture -----------------------------------------------------------------------------
