@@ -40,7 +40,8 @@ def choice(name: str, *values: str) -> type[Choice]:
     return Choice(name, {v: v for v in values})
 
 
-ModelName = choice("ModelName", "gpt", "bert", "vgg19", "from_profile", "custom", "hf")
+ModelName = choice("ModelName", "gpt", "bert", "vgg19", "from_profile", "custom", "hf", "llama")
+LlamaPreset = choice("LlamaPreset", "tiny", "1b", "8b")
 HFInit = choice("HFInit", "pretrained", "random")
 GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
 BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
@@ -112,6 +113,27 @@ class BERTModelConfig(TransformerModelConfig):
 
 
 @dataclass
+class LlamaModelConfig(ModelConfig):
+    """A Llama-family decoder (models/llama.py): RMSNorm, rotary embeddings, SwiGLU, grouped-query
+    attention. Shape fields: None keeps the preset's value."""
+    name: ModelName = ModelName["llama"]
+    preset: LlamaPreset = LlamaPreset["tiny"]
+    num_layers: Optional[int] = None
+    hidden: Optional[int] = None
+    heads: Optional[int] = None
+    kv_heads: Optional[int] = None  # grouped-query attention: key/value heads (heads divisible by it)
+    ffn_hidden: Optional[int] = None  # SwiGLU's inner width
+    seq_len: Optional[int] = None
+    vocab_size: Optional[int] = None
+    rope_theta: Optional[float] = None
+    tie_embeddings: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        _positive("model", num_layers=self.num_layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
+                  ffn_hidden=self.ffn_hidden, seq_len=self.seq_len, vocab_size=self.vocab_size)
+
+
+@dataclass
 class VGGModelConfig(ModelConfig):
     name: ModelName = ModelName["vgg19"]
     preset: VGGPreset = VGGPreset["imagenet"]
@@ -166,7 +188,8 @@ class HFModelConfig(ModelConfig):
 
 
 MODEL_SCHEMAS = {"gpt": GPTModelConfig, "bert": BERTModelConfig, "vgg19": VGGModelConfig,
-                 "from_profile": FromProfileModelConfig, "custom": CustomModelConfig, "hf": HFModelConfig}
+                 "from_profile": FromProfileModelConfig, "custom": CustomModelConfig, "hf": HFModelConfig,
+                 "llama": LlamaModelConfig}
 
 
 # ---- cluster -----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""`python -m dapple_launch.export RUN_DIR_OR_CKPT OUT_DIR`: a checkpoint of `model=hf` as a Hugging
+"""`python -m dapple_launch.export RUN_DIR_OR_CKPT OUT_DIR`: a checkpoint of `model=hf` or `model=llama` as a Hugging
 Face directory (config.json + model.safetensors, a tied weight stored once, as save_pretrained
 writes it), whatever layout it was trained on: the checkpoint's shards are per layer range, and every
-parameter maps one to one onto its Hugging Face name (models/hf.py). `AutoModelForCausalLM.
+parameter maps one to one onto its Hugging Face name (models/hf.py, models/llama.py). `AutoModelForCausalLM.
 from_pretrained(OUT_DIR)` then gives the trained pipeline's logits.
 """
 from __future__ import annotations
@@ -35,24 +35,25 @@ def export(source: Path, out: Path) -> Path:
     from .runtime.checkpoint import read_shards
     ckpt, run = checkpoint_and_run(source)
     cfg = OmegaConf.load(run / "config.yaml")
-    if str(cfg.model.name) != "hf":
-        raise ValueError(f"{run} trained model={cfg.model.name}; export writes Hugging Face directories of model=hf "
-                         f"checkpoints")
     model = model_from_config(cfg.model)
+    if not hasattr(model, "hf_name"):
+        raise ValueError(f"{run} trained model={cfg.model.name}; export writes Hugging Face directories of model=hf "
+                         f"and model=llama checkpoints")
     state, _ = read_shards(ckpt)
     tensors = {}
     for key, value in state.items():
         _, position, name = key.split(".", 2)
         tensors[model.hf_name(int(position), name)] = value.detach().to(torch.float32).contiguous().clone()
-    missing = sorted(set(model.expected()) - set(tensors))
+    expected = model.hf_expected()
+    missing = sorted(expected - set(tensors))
     if missing:
-        raise ValueError(f"{ckpt} lacks {len(missing)} of {model.anatomy.arch}'s tensors (first: {missing[0]}); it is "
-                         f"not a whole checkpoint of this model")
-    extra = sorted(set(tensors) - set(model.expected()))
+        raise ValueError(f"{ckpt} lacks {len(missing)} of the model's tensors (first: {missing[0]}); it is not a whole "
+                         f"checkpoint of this model")
+    extra = sorted(set(tensors) - expected)
     for name in extra:  # a tied head stored once: under the embedding's name, as Hugging Face stores it
         del tensors[name]
     out.mkdir(parents=True, exist_ok=True)
-    config = model.config
+    config = model.hf_config()
     config.torch_dtype = torch.float32
     config.save_pretrained(out)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -18,6 +18,8 @@ _SHAPE_KEYS = {"gpt": ("num_layers", "hidden", "heads", "seq_len", "vocab_size",
                        "tie_embeddings"),
                "vgg19": ("image_size", "num_classes", "width_divisor", "fc_width")}
 _SHAPE_KEYS["bert"] = _SHAPE_KEYS["gpt"]
+_SHAPE_KEYS["llama"] = ("num_layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab_size", "rope_theta",
+                        "tie_embeddings")
 PROFILE_BATCH = 2
 
 # strategy=auto's families when none are named (README: strategy.schedules)

@@ -158,3 +158,25 @@ def test_text_through_the_models_tokenizer_trains_and_prepares(tmp_path):
     assert out.returncode == 0, out.stderr
     ids = np.fromfile(tokens, dtype=np.uint16)
     assert ids.tolist() == tok.encode(TEXT, add_special_tokens=False).ids
+
+
+def test_model_llama_exports_to_what_hfs_llama_reads_with_the_same_logits(tmp_path):
+    """model=llama's arithmetic is Hugging Face Llama's: a checkpoint trained on an uneven layout
+    exports to a directory LlamaForCausalLM reads to the pipeline's logits (grouped-query attention,
+    tied embeddings, rotary positions)."""
+    import transformers
+    run = tmp_path / "run"
+    shape = ["model.num_layers=3", "model.hidden=32", "model.heads=4", "model.kv_heads=2", "model.ffn_hidden=48",
+             "model.seq_len=8", "model.vocab_size=61"]
+    out = cli(["model=llama", *shape, *RUN[2:], f"hydra.run.dir={run}"], tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    exported = tmp_path / "exported"
+    out = cli([str(run), str(exported)], tmp_path, module=("dapple_launch.export",))
+    assert out.returncode == 0, out.stdout + out.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.tie_word_embeddings
+    ids = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+    ours = pipeline_logits(run, ids)
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-5), (ours - theirs).abs().max()

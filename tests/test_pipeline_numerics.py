@@ -29,6 +29,9 @@ def tiny_model(name="gpt"):
         return build_model("vgg19", "tiny", width_divisor=16, fc_width=32, image_size=32)
     if name == "skipnet":  # a user's model from outside the package: tuple carries, a tied weight
         return build_skipnet(vocab=24, hidden=16, layers=4, seq_len=6)
+    if name == "llama":  # grouped-query attention (4 query heads on 2 key/value heads), tied embeddings
+        return build_model("llama", "tiny", num_layers=3, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, seq_len=8,
+                           vocab_size=40)
     if name == "gpt-untied":
         return build_model("gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40,
                            tie_embeddings=False)
@@ -216,6 +219,26 @@ def test_other_models_pipelined(tmp_path):
         for r in results:
             assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
             assert r["worst_grad_rel"] < 1e-4, case
+
+
+def test_llama_pipelined_with_slices_and_recomputation(tmp_path):
+    """model=llama (RMSNorm, rotary, SwiGLU, grouped-query attention, tied embeddings) as gpt is:
+    1F1B, ZB-H1 on uneven replicas, token slices (rotary positions absolute under a slice) and full
+    and selective recomputation, each against the single-process reference."""
+    model = tiny_model("llama")
+    grid = [((1, 1), "1f1b", 2, 5, {}), ((2, 1), "zb_h1", 2, 7, {}),
+            ((1, 1), "gpipe", 2, 4, {"token_slices": (3, 5)}), ((1, 1, 1, 1), "gpipe", 1, 3, {"token_slices": (2, 2, 4)}),
+            ((1, 1, 1), "1f1b", 3, 7, {"recompute": "full"}),
+            ((1, 1), "1f1b", 2, 5, {"recompute": "selective", "recompute_counts": (1,)})]
+    cases = [("llama", replicas, make_plan(model, replicas, schedule, m, m * max(replicas), **limits).schedule, m, n,
+              make_plan(model, replicas, schedule, m, m * max(replicas), **limits).to_json())
+             for replicas, schedule, m, n, limits in grid]
+    everything = {n for n, _ in PipelineModule(model).materialize().named_parameters(remove_duplicate=False)}
+    for case, results in zip(grid, run_cases(cases, tmp_path)):
+        for r in results:
+            assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
+            assert r["worst_grad_rel"] < 1e-4, case
+        assert set().union(*[r["names"] for r in results]) == everything, case
 
 
 def test_a_hand_made_schedule_the_validator_accepts_runs_and_equals_reference(tmp_path):

@@ -7,10 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from .contract import LayerSpec, PipelineModel, build_layer
+from .llama import LLAMA_PRESETS, Llama
 from .transformer import BERT, BERT_PRESETS, GPT, GPT_PRESETS
 from .vgg import VGG19, VGG_PRESETS
 
-_FAMILIES = {"gpt": (GPT, GPT_PRESETS), "bert": (BERT, BERT_PRESETS), "vgg19": (VGG19, VGG_PRESETS)}
+_FAMILIES = {"gpt": (GPT, GPT_PRESETS), "bert": (BERT, BERT_PRESETS), "vgg19": (VGG19, VGG_PRESETS),
+             "llama": (Llama, LLAMA_PRESETS)}
 MODEL_NAMES = sorted(_FAMILIES)
 
 
@@ -69,4 +71,4 @@ def identity(model: PipelineModel) -> dict:
 
 
 __all__ = ["LayerSpec", "PipelineModel", "build_layer", "build_model", "build_custom", "identity", "MODEL_NAMES",
-           "GPT", "BERT", "VGG19"]
+           "GPT", "BERT", "VGG19", "Llama"]

@@ -339,6 +339,12 @@ class HFCausalLM(PipelineModel):
             shapes.pop(f"{self.anatomy.head_name}.weight", None)
         return shapes
 
+    def hf_config(self):
+        return self.config
+
+    def hf_expected(self) -> set[str]:
+        return set(self.expected())
+
     def check_weights(self) -> None:
         found = WeightFiles(self.path).shapes()
         for name, shape in self.expected().items():

@@ -57,6 +57,10 @@ class NoFeasiblePlan(ValueError):
 
 
 
+# the least estimated gain (a share of the iteration) for which strategy.token_slices=auto slices
+SLICE_MIN_GAIN = 0.01
+
+
 def micro_batch_sizes(global_batch: int, limits: Limits) -> list[int]:
     if limits.micro_batch_size:
         if global_batch % limits.micro_batch_size:
@@ -412,7 +416,9 @@ def plan(profile: ModelProfile, topology: Topology, global_batch: int, limits: L
         # TeraPipe on the best layouts found (planner/terapipe.py)
         from .terapipe import improve_with_slices
         sliced = improve_with_slices(plain, profile, topology, global_batch, limits)
-        if sliced is not None and sliced.iteration_s < best.iteration_s:
+        # a gain within the cost model's error is not worth slicing for: every slice is more actions, more
+        # transfers and a key/value cache the estimate prices only roughly
+        if sliced is not None and sliced.iteration_s < best.iteration_s * (1 - SLICE_MIN_GAIN):
             how += (f"; token slices {list(sliced.extra['token_slices'])} (TeraPipe's dynamic programme on the best "
                     f"layouts, costed by the simulator) make it {best.iteration_s / sliced.iteration_s:.2f}× faster "
                     f"than its best unsliced plan")
