@@ -48,25 +48,22 @@ def autocast(device_type: str, precision: str):
 
 
 def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
-    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes) per layer. fp32 runs on
-    the meta device; mixed precision on fake CPU tensors, where autocast applies (the meta device
-    has no autocast), which costs a second or two of set-up."""
-    import contextlib
-    real, _ = model.batch(batch_size, torch.Generator().manual_seed(0))  # real: a batch may read its own values
-    # a model whose code runs only on a real device type (Hugging Face's rotary embeddings open an
-    # autocast region of the input's device, which the meta device has none of) traces on fake tensors
-    if precision in MIXED or getattr(model, "trace_on_fake_tensors", False):
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        scope, build, to = mode, contextlib.nullcontext, mode.from_tensor
-    else:
-        scope, build, to = contextlib.nullcontext(), lambda: torch.device("meta"), lambda t: t.to("meta")
+    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes) per layer, traced on
+    fake CPU tensors (shapes and dtypes, no memory): operators dispatch as on a real device, so what
+    they save is what a real run saves (on the meta device, attention falls back to a kernel that
+    keeps its whole score matrix: fp32 transformer blocks came out 25-40 % high), and autocast
+    applies. The last layer's figures include the loss, whose saved tensors (the log-softmax over the
+    vocabulary) its stage keeps with every micro-batch in flight."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    real, target = model.batch(batch_size, torch.Generator().manual_seed(0))  # real: a batch may read its values
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
     compute = MIXED.get(precision)
-    with scope:
-        x = tuple(to(t) for t in as_tuple(real))
-        for spec in model.layers():
-            with build():
-                layer = spec.build()
+    specs = model.layers()
+    with mode:
+        x = tuple(mode.from_tensor(t) for t in as_tuple(real))
+        target = tuple(mode.from_tensor(t) for t in as_tuple(target))
+        for index, spec in enumerate(specs):
+            layer = spec.build()
             params = sum(nbytes(p) for p in layer.parameters())
             owned = {id(p) for p in layer.parameters()}
             x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
@@ -76,9 +73,13 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
                 if id(t) not in owned and (t._base is None or id(t._base) not in owned):
                     saved.append(nbytes(t))
                 return t
+            last = index == len(specs) - 1
             counter = FlopCounterMode(display=False)
             with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+                out_bytes = wire_bytes(y, compute)
+                if last:  # the loss runs on the last stage inside the same forward
+                    y = model.loss(y, target if len(target) > 1 else target[0]).sum()
             fwd = counter.get_total_flops()
             roots, ones = backward_roots(y)
             counter = FlopCounterMode(display=False)
@@ -86,7 +87,7 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
                 if roots:
                     torch.autograd.backward(roots, ones)
             bwd = counter.get_total_flops()
-            yield spec.name, fwd, bwd, wire_bytes(y, compute), sum(saved), params
+            yield spec.name, fwd, bwd, out_bytes, sum(saved), params
             x = tuple(t.detach() for t in as_tuple(y))
 
 
