@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from dapple_launch.host import usable_cores  # noqa: E402
+
 COMMON = ["strategy.profile_source=measured", "trainer.profile_pipeline=true", "trainer.progress_bar=false",
           "logger=none", "trainer.val_check_interval=100000"]
 # Each CPU process here is a device only when it has a core: on this machine's cores (2 here) the

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.saved_bytes import SavedBytes  # noqa: E402,F401  (the benchmarks' exact memory count)
+from tests.saved_bytes import SavedBytes  # noqa: E402  (the benchmarks' exact memory count)
 
 
 class _Sleep(torch.autograd.Function):

@@ -24,17 +24,17 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes  # noqa: E402
-from dapple_launch.data.datasets import TextWindows  # noqa: E402
-from dapple_launch.models import build_model  # noqa: E402
-from dapple_launch.runtime.executor import GradientSync, StageExecutor  # noqa: E402
-from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
-from dapple_launch.runtime.module import PipelineModule  # noqa: E402
-from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
-from dapple_launch.runtime.precision import MixedPrecision  # noqa: E402
-from dapple_launch.runtime.tied import TiedSync, local_tied_parameters, tied_groups  # noqa: E402
-from dapple_launch.schedule import build_schedule  # noqa: E402
-from tests.multiproc import run_ranks  # noqa: E402
+from benchmarks.common import SavedBytes
+from dapple_launch.data.datasets import TextWindows
+from dapple_launch.models import build_model
+from dapple_launch.runtime.executor import GradientSync, StageExecutor
+from dapple_launch.runtime.grid import ProcessGrid
+from dapple_launch.runtime.module import PipelineModule
+from dapple_launch.runtime.p2p import PointToPoint
+from dapple_launch.runtime.precision import MixedPrecision
+from dapple_launch.runtime.tied import TiedSync, local_tied_parameters, tied_groups
+from dapple_launch.schedule import build_schedule
+from tests.multiproc import run_ranks
 
 SHAPE = dict(num_layers=4, hidden=256, heads=4, seq_len=64, vocab_size=64)
 CUTS = [(0, 3), (3, 6)]  # embed, block0, block1 | block2, block3, head

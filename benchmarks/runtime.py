@@ -48,19 +48,19 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, SleepLayer, median_runs, time_iterations, timed  # noqa: E402
-from dapple_launch.cluster import Topology  # noqa: E402
-from dapple_launch.planner import Limits  # noqa: E402
-from dapple_launch.planner.cost import StageSpec, evaluate  # noqa: E402
-from dapple_launch.planner.search import plan as run_planner  # noqa: E402
-from dapple_launch.profile.model_profile import LayerProfile, ModelProfile  # noqa: E402
-from dapple_launch.runtime.executor import GradientSync, StageExecutor  # noqa: E402
-from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
-from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
-from dapple_launch.schedule import StageCosts, build_schedule, simulate  # noqa: E402
-from benchmarks import runtime_chunked as chunked  # noqa: E402
-from benchmarks import runtime_round_robin as round_robin  # noqa: E402
-from tests.multiproc import run_ranks  # noqa: E402
+from benchmarks import runtime_chunked as chunked
+from benchmarks import runtime_round_robin as round_robin
+from benchmarks.common import SavedBytes, SleepLayer, median_runs, time_iterations, timed
+from dapple_launch.cluster import Topology
+from dapple_launch.planner import Limits
+from dapple_launch.planner.cost import StageSpec, evaluate
+from dapple_launch.planner.search import plan as run_planner
+from dapple_launch.profile.model_profile import LayerProfile, ModelProfile
+from dapple_launch.runtime.executor import GradientSync, StageExecutor
+from dapple_launch.runtime.grid import ProcessGrid
+from dapple_launch.runtime.p2p import PointToPoint
+from dapple_launch.schedule import StageCosts, build_schedule, simulate
+from tests.multiproc import run_ranks
 
 WORLD, WIDTH = 4, 2048
 SLEEP_F, SLEEP_B, SLEEP_BATCH = 0.020, 0.040, 4  # per micro-batch; samples per micro-batch
@@ -317,16 +317,16 @@ def report(rows, uneven, probe, chosen, out, chimera=(), copies=()) -> None:
           "saved ours/theirs |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        mib = lambda xs: ", ".join(f"{x / 2**20:.2f}" for x in xs)  # noqa: E731
-        cpu = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+        mib = lambda xs: ", ".join(f"{x / 2**20:.2f}" for x in xs)
+        cpu = lambda xs: ", ".join(f"{x:.3f}" for x in xs)
         sim = f"{r['simulator_error']:+.1%}" if "simulator_error" in r else ""
         print(f"| {r['kind']} | {r['schedule']}{' (2 stages per rank)' if r.get('chunks') else ''} | {r['micro_batches']} | {r['ours_wall_s']:.3f} | "
               f"{r['theirs_wall_s']:.3f} | {r['time_ratio']:.3f} | {sim} | {cpu(r['ours_cpu_s'])} | "
               f"{cpu(r['theirs_cpu_s'])} | {r['cpu_ratio']:.3f}; {r['cpu_ratio_worst_rank']:.3f} | {mib(r['ours_saved'])} | {mib(r['theirs_saved'])} | "
               f"{r['saved_ratio']:.3f} |")
     if chimera:
-        print(f"\nChimera (torch.distributed.pipelining has none): 4 stages on 4 processes, two pipelines in opposite "
-              f"directions, same per-stage costs as the 1F1B sleep rows\n")
+        print("\nChimera (torch.distributed.pipelining has none): 4 stages on 4 processes, two pipelines in opposite "
+              "directions, same per-stage costs as the 1F1B sleep rows\n")
         print("| M | ours s | simulator s | ours vs simulator | / our 1F1B | saved MiB/rank |")
         print("|---|---|---|---|---|---|")
         for r in chimera:

@@ -15,7 +15,6 @@ keeps for backward at once (saved-tensor hooks, exact), ours / theirs.
 """
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 from torch import nn

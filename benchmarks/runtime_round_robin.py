@@ -35,17 +35,17 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, pipeline_step, print_sleep_table, timed  # noqa: E402
-from dapple_launch.cluster import Topology  # noqa: E402
-from dapple_launch.planner import Limits, fixed_plan  # noqa: E402
-from dapple_launch.profile import LayerProfile, chain  # noqa: E402
-from dapple_launch.runtime.executor import GradientSync, StageExecutor  # noqa: E402
-from dapple_launch.runtime.grid import ProcessGrid, split_sizes  # noqa: E402
-from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
-from dapple_launch.runtime.rank_executor import build_rank_executor  # noqa: E402
-from dapple_launch.schedule import StageCosts, build_schedule, simulate, simulate_ranks  # noqa: E402
-from tests.multiproc import run_ranks  # noqa: E402
-from tests.saved_bytes import saved_and_freed_at_input  # noqa: E402
+from benchmarks.common import SavedBytes, pipeline_step, print_sleep_table, timed
+from dapple_launch.cluster import Topology
+from dapple_launch.planner import Limits, fixed_plan
+from dapple_launch.profile import LayerProfile, chain
+from dapple_launch.runtime.executor import GradientSync, StageExecutor
+from dapple_launch.runtime.grid import ProcessGrid, split_sizes
+from dapple_launch.runtime.p2p import PointToPoint
+from dapple_launch.runtime.rank_executor import build_rank_executor
+from dapple_launch.schedule import StageCosts, build_schedule, simulate, simulate_ranks
+from tests.multiproc import run_ranks
+from tests.saved_bytes import saved_and_freed_at_input
 
 WORLD, WIDTH, G = 4, 1024, 8  # three replicas divide no micro-batch of G: VGG's case in miniature
 UNIT = 0.008  # seconds per sample of the light layer's forward, input gradient and weight gradient each

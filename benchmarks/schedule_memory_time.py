@@ -22,12 +22,12 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, SleepLayer  # noqa: E402
-from dapple_launch.runtime.executor import StageExecutor  # noqa: E402
-from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
-from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
-from dapple_launch.schedule import StageCosts, build_schedule, simulate  # noqa: E402
-from tests.multiproc import run_ranks  # noqa: E402
+from benchmarks.common import SavedBytes, SleepLayer
+from dapple_launch.runtime.executor import StageExecutor
+from dapple_launch.runtime.grid import ProcessGrid
+from dapple_launch.runtime.p2p import PointToPoint
+from dapple_launch.schedule import StageCosts, build_schedule, simulate
+from tests.multiproc import run_ranks
 
 STAGES, FORWARD_S, BACKWARD_S, WIDTH, BATCH_PER_MICRO = 4, 0.020, 0.040, 4096, 4
 

@@ -31,12 +31,12 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import SavedBytes, median_runs, print_sleep_table  # noqa: E402
-from dapple_launch.runtime.executor import StageExecutor  # noqa: E402
-from dapple_launch.runtime.grid import ProcessGrid  # noqa: E402
-from dapple_launch.runtime.p2p import PointToPoint  # noqa: E402
-from dapple_launch.schedule import StageCosts, build_schedule, simulate  # noqa: E402
-from tests.multiproc import run_ranks  # noqa: E402
+from benchmarks.common import SavedBytes, median_runs, print_sleep_table
+from dapple_launch.runtime.executor import StageExecutor
+from dapple_launch.runtime.grid import ProcessGrid
+from dapple_launch.runtime.p2p import PointToPoint
+from dapple_launch.schedule import StageCosts, build_schedule, simulate
+from tests.multiproc import run_ranks
 
 WORLD, WIDTH, BATCH = 4, 1024, 4
 T_F, T_I, T_W = 0.020, 0.020, 0.020

@@ -65,7 +65,7 @@ def check(overrides: list[str], config_dir: str | None = None) -> DictConfig:
         check_values(cfg)
     except Refusal:
         raise
-    except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's errors, rewritten for the user
+    except Exception as exc:
         raise Refusal(explain_error(exc)) from None
     return cfg
 

@@ -5,8 +5,8 @@ than between nodes; the slowest link a transfer or an all-reduce touches sets it
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 GB = 1e9
 

@@ -520,7 +520,7 @@ def check_schema(cfg: DictConfig) -> None:
     from dataclasses import fields
 
     top = {f.name for f in fields(Config)}
-    for key in cfg.keys():
+    for key in cfg:
         if key == "hydra":
             continue
         if key not in top:
@@ -530,7 +530,7 @@ def check_schema(cfg: DictConfig) -> None:
             continue
         schema = schema_of(str(key), child)
         known = sorted(f.name for f in fields(schema))
-        for sub in child.keys():
+        for sub in child:
             if sub not in known:
                 raise ValueError(unknown_key_message(f"{key}.{sub}", known, *kind_hint(str(key), str(sub), schema)))
 

@@ -79,3 +79,22 @@ def rendezvous_interfaces(master_addr: str | None, given: str | None = None) -> 
     if not name or (name == "lo" and not given):
         return {}
     return {k: os.environ.get(k, name) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+
+
+def check_gpu_here(precision: str, devices_per_node: int | None = None) -> None:
+    """Refuse a GPU run this process cannot run as asked (ValueError, one line)."""
+    missing = cuda_missing()
+    if missing:
+        raise ValueError(f"cluster.device_kind=gpu but {missing}: nothing would run on a GPU; run where the GPUs are "
+                         f"(launcher=slurm submits to them), install a CUDA build of torch, or set "
+                         f"cluster.device_kind=cpu to train on CPU processes here")
+    import torch
+    visible = torch.cuda.device_count()
+    if devices_per_node is not None and devices_per_node > visible:
+        raise ValueError(f"the plan uses {devices_per_node} GPUs on this node but it shows {visible}; set "
+                         f"cluster.devices_per_node={visible} and re-plan")
+    if precision == "bf16-mixed":
+        why = bf16_missing()
+        if why:
+            raise ValueError(f"trainer.precision=bf16-mixed but {why}: use trainer.precision=16-mixed (fp16 with a "
+                             f"loss scale) or 32")

@@ -5,13 +5,12 @@ import os
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
 from .data.datasets import PipelineData, build_datasets
-from .planner.plan import Plan
 from .plan_config import model_from_config, run_precision
+from .planner.plan import Plan
 from .runtime import DappleStrategy, PipelineModule
 from .runtime.checkpointing import Checkpointing
 from .runtime.placement import PlannedEnvironment, job_shape
@@ -72,7 +71,7 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
         logger.log_hyperparams(hyperparameters(cfg, plan))
     gpu = cfg.cluster.device_kind == "gpu"
     if gpu:  # never a silent CPU run of a GPU plan (a rank started where torch sees no CUDA)
-        from .launch.devices import check_gpu_here
+        from .host import check_gpu_here
         check_gpu_here(run_precision(cfg))
     # Ranks and devices come from the plan (runtime/placement.py), locally and under Slurm alike.
     trainer = L.Trainer(

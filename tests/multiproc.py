@@ -22,7 +22,7 @@ def _entry(rank, world, port, out_dir, fn, args):
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
         result = fn(rank, world, *args)
         Path(out_dir, f"{rank}.json").write_text(json.dumps({"ok": True, "result": result}))
-    except BaseException:  # noqa: BLE001 - reported to the parent test
+    except BaseException:
         Path(out_dir, f"{rank}.json").write_text(json.dumps({"ok": False, "error": traceback.format_exc()}))
         raise
     finally:
@@ -36,7 +36,7 @@ def run_ranks(world: int, fn, args: tuple, tmp_path) -> list:
     out.mkdir(parents=True)
     try:
         mp.start_processes(_entry, args=(world, free_port(), str(out), fn, args), nprocs=world, start_method="spawn")
-    except Exception as exc:  # noqa: BLE001 - show the worker's own traceback
+    except Exception as exc:
         errors = [json.loads(p.read_text()).get("error") for p in sorted(out.glob("*.json"))]
         raise AssertionError("\n".join(e for e in errors if e) or str(exc)) from exc
     results = [json.loads((out / f"{r}.json").read_text()) for r in range(world)]

@@ -18,7 +18,7 @@ import torch.distributed as dist
 class _RecordedWork:
     """A work whose wait() is written down before it waits."""
 
-    def __init__(self, work, recorder: "Recorder", issue: int):
+    def __init__(self, work, recorder: Recorder, issue: int):
         self._work, self._recorder, self._issue = work, recorder, issue
 
     def wait(self, *args, **kwargs):

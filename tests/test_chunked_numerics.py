@@ -142,7 +142,7 @@ CASES = [
 
 def test_chunked_schedules_equal_the_reference(tmp_path):
     plans = []
-    for name, groups, schedule, stages, m, n, *rest in CASES:
+    for name, groups, schedule, stages, m, _n, *rest in CASES:
         plans.append(chunked_plan(model_of(name), groups, schedule, stages, m, m * max(groups), *rest))
     by_world: dict[int, list[int]] = {}
     for i, (_, groups, *_) in enumerate(CASES):

@@ -70,12 +70,12 @@ def test_a_measured_profile_taken_in_its_own_process_equals_one_taken_here(tmp_p
     """The job the planner asks for a GPU profile (profile/measure_job.py), run here on the CPU: the
     same layers and bytes as measuring in this process, read back through the cache it wrote."""
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path / "cache"))
-    from dapple_launch.plan_config import model_from_config
-    from dapple_launch.profile.measure import measure_profile
-    from dapple_launch.profile.measure_job import measure_elsewhere
     from hydra import compose, initialize_config_dir
 
     from dapple_launch.config import CONF_DIR
+    from dapple_launch.plan_config import model_from_config
+    from dapple_launch.profile.measure import measure_profile
+    from dapple_launch.profile.measure_job import measure_elsewhere
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=TINY_GPT)
     there = measure_elsewhere(cfg.model, 2, "cpu", "32")

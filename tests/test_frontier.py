@@ -15,8 +15,18 @@ from dapple_launch.planner import Limits, Plan
 from dapple_launch.planner.baselines import divisors
 from dapple_launch.planner.build import MIN_MICRO_BATCHES
 from dapple_launch.planner.cost import evaluate
-from dapple_launch.planner.frontier import (NoPointFits, choose, describe, device_counts, device_seconds_per_sample,
-                                            frontier, frontier_to_json, non_dominated, plan_choice, sub_cluster)
+from dapple_launch.planner.frontier import (
+    NoPointFits,
+    choose,
+    describe,
+    device_counts,
+    device_seconds_per_sample,
+    frontier,
+    frontier_to_json,
+    non_dominated,
+    plan_choice,
+    sub_cluster,
+)
 from dapple_launch.planner.frontier_svg import frontier_svg
 from dapple_launch.schedule import build_schedule, validate
 
@@ -35,7 +45,7 @@ def exhaustive_points(profile, topology, G, usable):
     for b in divisors(G):
         M = G // b
         for layout in all_layouts(profile, topology, b, max_stages):
-            if M < MIN_MICRO_BATCHES["1f1b"](len(layout)):
+            if MIN_MICRO_BATCHES["1f1b"](len(layout)) > M:
                 continue
             for counts in itertools.product(*[range(st.stop - st.start + 1) for st in layout]):
                 marks = tuple(i for k, st in zip(counts, layout) for i in range(st.start, st.start + k))
@@ -151,7 +161,7 @@ def test_objectives_and_the_budget_choose_as_documented():
     g = plan_choice(profile, topo, G, _limits(), objective="pareto", step=0.0, budget_bytes=mems[-1] * 0.5)
     assert g.chosen is None
     with pytest.raises(NoPointFits, match="the least memory is .* per device"):
-        g.plan
+        _ = g.plan
     with pytest.raises(ValueError, match="is more than the"):
         plan_choice(profile, topo, G, _limits(), budget_bytes=topo.device_memory_bytes * 2)
     # objective=time under a budget equals the frontier's fastest point within it
@@ -195,4 +205,4 @@ def test_devices_auto_picks_the_cheapest_allocation_that_meets_the_deadline():
     used = sorted(d for s in g.plan.stages for d in s.devices)
     assert used == list(range(g.plan.world_size))
     with pytest.raises(NoPointFits, match="no device count meets strategy.deadline_s_per_iteration"):
-        plan_choice(profile, topo, 12, _limits(), devices="auto", deadline_s=fastest.estimate.iteration_s / 2).plan
+        _ = plan_choice(profile, topo, 12, _limits(), devices="auto", deadline_s=fastest.estimate.iteration_s / 2).plan

@@ -92,7 +92,7 @@ def _sweep():
         if P % 2 == 0 and M % P == 0:
             yield f"chimera D{P} M{M}", build_rank_schedule("chimera", P, M), [1] * P
         copies = tuple(1 + (s % 2) for s in range(P))
-        if M >= max(copies):
+        if max(copies) <= M:
             yield f"1f1b_rr P{P} M{M}", round_robin("1f1b_rr", copies, M), [1] * sum(copies)
             yield f"zb_h1_rr P{P} M{M}", round_robin("zb_h1_rr", copies, M), [1] * sum(copies)
         if M <= 4:

@@ -68,7 +68,7 @@ def brute_force(profile, topology, G, limits):
     for b in divisors(G):
         M = G // b
         for layout in all_layouts(profile, topology, b, max_stages):
-            if M < MIN_MICRO_BATCHES[limits.schedule](len(layout)):
+            if MIN_MICRO_BATCHES[limits.schedule](len(layout)) > M:
                 continue
             c = evaluate(profile, topology, layout, b, M, limits)
             if c.fits:
@@ -179,7 +179,8 @@ def test_global_batch_smaller_than_devices():
 def test_a_first_pass_with_a_gap_alone_is_within_the_gap(seed):
     """The first pass alone (as when the budget ends before the exact pass) is within the gap;
     the whole search, exact pass included, is the optimum."""
-    from dapple_launch.planner.branch import BranchAndBound as _Search, SearchStats
+    from dapple_launch.planner.branch import BranchAndBound as _Search
+    from dapple_launch.planner.branch import SearchStats
     from dapple_launch.planner.search import _sweep, micro_batch_sizes
     rng = random.Random(100 + seed)
     profile = random_profile(rng, rng.choice([5, 6]))
@@ -243,7 +244,7 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
             nodes.append((i, d, placed))
             if i == x.L:
                 layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
-                if M >= MIN_MICRO_BATCHES[limits.schedule](len(layout)):
+                if MIN_MICRO_BATCHES[limits.schedule](len(layout)) <= M:
                     depths = [d for d, _ in zb_depths(len(layout), M, Limits())] if zb else \
                         [1] + [d for d, _ in deeper_depths(len(layout), M, limits)] if deep else [1]
                     for depth in depths:
@@ -366,9 +367,9 @@ def test_local_search_under_a_deeper_warmup_ends_at_a_local_optimum_within_its_b
     depth, each move simulated: it ends no slower, at a plan the simulator agrees with, where no
     move helps (descending again costs moves but finds nothing); a budget stops it after the move
     that spends it."""
+    from dapple_launch.planner.branch import CELLS_PER_NODE
     from dapple_launch.planner.cost import simulate_costed
     from dapple_launch.planner.polish import descend
-    from dapple_launch.planner.branch import CELLS_PER_NODE
     profile = chain("links", [LayerProfile(f"l{i}", 1e-3, 2e-3, 2.5e6, 2e8) for i in range(8)], batch_size=4)
     topo = Topology("t", 4, 1, 8e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=1e9)
     G, limits = 64, Limits()
@@ -481,7 +482,7 @@ def test_best_first_over_layouts_and_micro_batches_equals_the_full_sweep(seed):
         G = rng.choice([16, 32, 48])
         for limits in (Limits(), Limits(recompute="auto"), Limits(schedule="gpipe"), Limits(schedule="zb_h1")):
             full = None
-            for index, (layout, least) in enumerate(layouts):
+            for layout, least in layouts:
                 for m in divisors(G):
                     if m < least or G // m < max(s.replicas for s in layout):
                         continue

@@ -5,15 +5,21 @@ import json
 from pathlib import Path
 
 import pytest
-
-from dapple_launch.cluster import Topology
 import torch
 
+from dapple_launch.cluster import Topology
 from dapple_launch.models import LayerSpec, PipelineModel, build_model
 from dapple_launch.planner import Limits, Plan, fixed_plan
 from dapple_launch.planner.cost import StageSpec, evaluate, simulate_costed
-from dapple_launch.profile import (LayerProfile, ModelProfile, ProfileFileError, analytic_profile, chain, parse_graph_text,
-                                   read_profile_file)
+from dapple_launch.profile import (
+    LayerProfile,
+    ModelProfile,
+    ProfileFileError,
+    analytic_profile,
+    chain,
+    parse_graph_text,
+    read_profile_file,
+)
 
 PROFILES = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles"
 V100X16 = Topology("v100x16", 2, 8, 16 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
@@ -274,7 +280,7 @@ def test_a_pass_slowed_throughout_by_other_work_is_outvoted_by_later_passes(tmp_
 
 def test_passes_agree_by_layer_and_combine_by_median():
     from dapple_launch.profile.measure import combine_passes, unsettled
-    row = lambda f, b, w=0.0: ("x", f, b, 10.0, 20.0, 30.0, w)  # noqa: E731
+    row = lambda f, b, w=0.0: ("x", f, b, 10.0, 20.0, 30.0, w)
     one, two = [row(1e-3, 2e-3), row(5e-3, 9e-3, 4e-3)], [row(1.1e-3, 2.1e-3), row(2e-3, 4e-3, 2e-3)]
     assert unsettled([one, two]) == [1]  # layer 0 within 20 %, layer 1 2.5x apart
     assert unsettled([one, two, [row(1e-3, 2e-3), row(2.2e-3, 4.2e-3)]]) == []  # two of three agree

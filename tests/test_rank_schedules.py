@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -421,9 +421,9 @@ def test_torch_style_baselines_are_uniform_even_splits_and_the_planner_is_never_
     pipeline degree P dividing the devices, D / P replicas per stage, layers split evenly by count
     (v per rank for interleaved, two for ZB-V) — and the planner, which searches those layouts among
     others, never plans slower on small instances (where it is exact)."""
+    from dapple_launch.planner.baselines import even_stops
     from dapple_launch.planner.chunked import group_of
     from dapple_launch.planner.search import search
-    from dapple_launch.planner.baselines import even_stops
     from dapple_launch.planner.torch_style import TORCH_STYLE, torch_style_baselines
     rng = random.Random(90 + seed)
     nodes, per_node = rng.choice([(1, 4), (2, 2), (1, 2)])

@@ -12,7 +12,8 @@ from dapple_launch.cluster import Topology
 from dapple_launch.models import build_model
 from dapple_launch.models.contract import as_tuple, run_layers
 from dapple_launch.planner import Limits, Plan, fixed_plan
-from dapple_launch.planner.search import NoFeasiblePlan, plan as auto_plan
+from dapple_launch.planner.search import NoFeasiblePlan
+from dapple_launch.planner.search import plan as auto_plan
 from dapple_launch.profile import analytic_profile
 from dapple_launch.runtime.module import PipelineModule
 from dapple_launch.runtime.recompute import segments, with_recomputation

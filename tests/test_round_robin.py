@@ -5,10 +5,8 @@ the micro-batch (VGG-19's convolutions on 16 V100s)."""
 from __future__ import annotations
 
 import itertools
-import math
 import random
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,14 @@ import pytest
 from dapple_launch.cluster import Topology
 from dapple_launch.plan_config import DEFAULT_SCHEDULES, shipped_topology
 from dapple_launch.planner.cost import Limits
-from dapple_launch.planner.round_robin import (canonical_copies, check_copies, compute_floor, contiguous,
-                                               evaluate_rr, granularity_bound)
+from dapple_launch.planner.round_robin import (
+    canonical_copies,
+    check_copies,
+    compute_floor,
+    contiguous,
+    evaluate_rr,
+    granularity_bound,
+)
 from dapple_launch.planner.search import search
 from dapple_launch.profile import read_profile_file
 from dapple_launch.schedule import ScheduleError, StageCosts, busiest_rank_s, simulate_ranks, validate_ranks

@@ -1,12 +1,23 @@
 """Pure tier: schedules as data, their validator and their simulator."""
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import replace
 
-from dapple_launch.schedule import (Action, Kind, Schedule, ScheduleError, StageCosts, forward_only, gpipe,
-                                    one_f_one_b, simulate, validate, zb_h1)
+import pytest
+
+from dapple_launch.schedule import (
+    Action,
+    Kind,
+    Schedule,
+    ScheduleError,
+    StageCosts,
+    forward_only,
+    gpipe,
+    one_f_one_b,
+    simulate,
+    validate,
+    zb_h1,
+)
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4, 6, 8])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dapple_launch.launch.slurm import submission_script
-from dapple_launch.planner.plan import Plan
 from dapple_launch.plan_config import plan_from_config
+from dapple_launch.planner.plan import Plan
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "v100x16-bert.sbatch"
 RUN_DIR = Path("/shared/runs/bert \"large\" it's here")

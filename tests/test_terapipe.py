@@ -16,7 +16,7 @@ from dapple_launch.planner import Limits, Plan, fixed_plan
 from dapple_launch.planner.terapipe import dp_objective, dp_slicings
 from dapple_launch.profile import analytic_profile
 from dapple_launch.runtime.module import PipelineModule
-from dapple_launch.schedule import Action, Kind, ScheduleError, StageCosts, build_schedule, simulate, validate
+from dapple_launch.schedule import Action, Kind, ScheduleError, StageCosts, simulate, validate
 from dapple_launch.schedule.actions import with_communication
 from dapple_launch.schedule.terapipe import bounds, slice_scale, terapipe
 

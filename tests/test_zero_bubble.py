@@ -12,8 +12,18 @@ from dapple_launch.cluster import Topology
 from dapple_launch.planner import Plan
 from dapple_launch.planner.cost import Limits
 from dapple_launch.planner.search import plan
-from dapple_launch.schedule import (Action, Kind, Schedule, ScheduleError, StageCosts, build_schedule, one_f_one_b,
-                                    simulate, validate, zb_h1)
+from dapple_launch.schedule import (
+    Action,
+    Kind,
+    Schedule,
+    ScheduleError,
+    StageCosts,
+    build_schedule,
+    one_f_one_b,
+    simulate,
+    validate,
+    zb_h1,
+)
 from dapple_launch.schedule.simulate import iteration_time
 
 from .test_planner import random_profile
@@ -107,7 +117,7 @@ def test_plan_json_orders_let_an_outside_tool_resimulate_the_plan(schedule):
     doc = json.loads(p.to_json())
     devices = [d for g in doc["orders"] for d in g["devices"]]
     assert sorted(devices) == sorted(d for s in p.stages for d in s.devices)  # every device in exactly one group
-    for s, group in enumerate(doc["orders"]):
+    for group in doc["orders"]:
         kinds = {(k, m) for k, st, m in group["actions"]}
         for m in range(p.num_micro_batches):
             assert ("F", m) in kinds and ((("B", m) in kinds) != (("I", m) in kinds and ("W", m) in kinds))
@@ -234,7 +244,7 @@ def brute_force_both(profile, topo, G, limits):
     for b in divisors(G):
         M = G // b
         for layout in all_layouts(profile, topo, b, min(profile.num_layers, topo.num_devices)):
-            if M < MIN_MICRO_BATCHES["1f1b"](len(layout)):
+            if MIN_MICRO_BATCHES["1f1b"](len(layout)) > M:
                 continue
             one = dc_replace(limits, schedule="1f1b")
             tries = [(one, 1)] + [(one, d) for d, _ in deeper_depths(len(layout), M, limits)]
@@ -272,7 +282,6 @@ def test_the_zero_bubble_bound_is_below_every_simulated_plan(seed):
     """The bound the ZB-H1 pass cuts with (max over stages of a_s + M t_s + AR_s, AR_s the all-reduce
     less the last backward it may overlap) never exceeds the simulated time of ZB-H1 (or 1F1B) on
     that layout, at any warm-up depth."""
-    from dataclasses import replace as dc_replace
 
     from dapple_launch.planner.cost import evaluate, stage_costs
     from dapple_launch.planner.schedules import depths

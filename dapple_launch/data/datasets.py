@@ -8,7 +8,7 @@ how many batches the epoch had consumed, and the resumed run continues with the 
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import lightning as L
 import torch
@@ -55,7 +55,7 @@ class ModelSamples(Dataset):
 class _EpochForwarder:
     """Lightning calls set_epoch on `batch_sampler.sampler`, never on the batch sampler itself."""
 
-    def __init__(self, owner: "GlobalBatchSampler"):
+    def __init__(self, owner: GlobalBatchSampler):
         self.owner = owner
 
     def set_epoch(self, epoch: int) -> None:

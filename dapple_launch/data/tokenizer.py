@@ -30,7 +30,7 @@ def load(path: str | Path):
     f = tokenizer_file(path)
     try:
         return Tokenizer.from_file(str(f))
-    except Exception as exc:  # noqa: BLE001 - the package's own words
+    except Exception as exc:
         raise ValueError(f"{f} is not a tokenizer the tokenizers package reads: {' '.join(str(exc).split())[:200]}") \
             from None
 

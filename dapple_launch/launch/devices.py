@@ -13,26 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..host import bf16_missing, cuda_missing
-
-
-def check_gpu_here(precision: str, devices_per_node: int | None = None) -> None:
-    """Refuse a GPU run this process cannot run as asked (ValueError, one line)."""
-    missing = cuda_missing()
-    if missing:
-        raise ValueError(f"cluster.device_kind=gpu but {missing}: nothing would run on a GPU; run where the GPUs are "
-                         f"(launcher=slurm submits to them), install a CUDA build of torch, or set "
-                         f"cluster.device_kind=cpu to train on CPU processes here")
-    import torch
-    visible = torch.cuda.device_count()
-    if devices_per_node is not None and devices_per_node > visible:
-        raise ValueError(f"the plan uses {devices_per_node} GPUs on this node but it shows {visible}; set "
-                         f"cluster.devices_per_node={visible} and re-plan")
-    if precision == "bf16-mixed":
-        why = bf16_missing()
-        if why:
-            raise ValueError(f"trainer.precision=bf16-mixed but {why}: use trainer.precision=16-mixed (fp16 with a "
-                             f"loss scale) or 32")
+from ..host import check_gpu_here
 
 
 def check_local_gpu_launch(cfg, plan) -> None:

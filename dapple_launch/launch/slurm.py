@@ -250,7 +250,7 @@ def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, snapshot: Path, ckp
     ex = executor(cfg, plan, run_dir)
     try:
         job = ex.submit(TrainTask(str(run_dir), str(snapshot), ckpt_path))
-    except Exception as exc:  # noqa: BLE001 - sbatch's own words are the useful part
+    except Exception as exc:
         raise ValueError(slurm_refusal(" ".join(str(exc).split()))) from None
     (run_dir / JOB_ID_FILE).write_text(f"{job.job_id}\n")
     log.info(f"Submitted job {job.job_id}")

@@ -54,7 +54,7 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
         from ..train import fit
         agreed = fit(cfg, plan, run, os.environ.get("DAPPLE_CKPT") or None)
         _leave_together()
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes one line for the launcher
+    except BaseException as exc:
         if isinstance(exc, SystemExit) and not exc.code:
             raise
         line = " ".join(str(exc).split()) or type(exc).__name__

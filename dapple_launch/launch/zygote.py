@@ -74,6 +74,7 @@ def main() -> None:
         signal.signal(s, signal.SIG_IGN)
     report = os.fdopen(report_fd, "w", buffering=1)
     import dapple_launch.train  # noqa: F401 - the imports every rank needs, done once
+
     from . import worker  # noqa: F401
     report.write("ready\n")
     ranks = {}

@@ -34,8 +34,9 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import Union
 
 import torch
 from torch import nn

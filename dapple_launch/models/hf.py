@@ -47,7 +47,7 @@ def load_config(path: str | Path):
     t = _transformers()
     try:
         return t.AutoConfig.from_pretrained(str(p), local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - transformers' own words name the problem
+    except Exception as exc:
         raise ValueError(f"{p}/config.json cannot be read by transformers: {' '.join(str(exc).split())[:300]}") from None
 
 
@@ -286,14 +286,14 @@ class WeightFiles:
             self.where = {}
             for f in files:
                 with safe_open(str(f), framework="pt") as h:
-                    self.where.update({k: f for k in h.keys()})
+                    self.where.update({k: f for k in h.keys()})  # noqa: SIM118 - a safetensors handle, not a dict
 
     def shapes(self) -> dict[str, tuple]:
         from safetensors import safe_open
         out = {}
         for f in sorted(set(self.where.values())):
             with safe_open(str(f), framework="pt") as h:
-                out.update({k: tuple(h.get_slice(k).get_shape()) for k in h.keys()})
+                out.update({k: tuple(h.get_slice(k).get_shape()) for k in h.keys()})  # noqa: SIM118 - (as above)
         return out
 
     def get(self, name: str) -> torch.Tensor:

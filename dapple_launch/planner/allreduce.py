@@ -13,7 +13,7 @@ action and together cost at least that one all-reduce (each pays its own latency
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 BUCKET_BYTES = 25 * 2**20
 

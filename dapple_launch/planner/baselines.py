@@ -8,8 +8,8 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio, stage_costs
 from ..schedule.one_f_one_b import deeper_warmup
+from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio, stage_costs
 
 
 @lru_cache(maxsize=64)

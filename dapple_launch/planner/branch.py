@@ -32,7 +32,6 @@ from .bounds import BoundInputs, least_bottleneck_stages, stage_starts, suffix_b
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
 
-
 # A simulated candidate (every leaf: cost.evaluate walks its S M compute actions) counts as
 # S M / CELLS_PER_NODE scored candidates of the node budget, about what its time is worth in
 # branching (measured: ~0.7 µs per cell simulated, ~12 µs per candidate scored).
@@ -147,7 +146,7 @@ class BranchAndBound:
         if not stages or len(stages) > self.max_stages:
             return
         layout = [StageSpec(a, z, tuple(range(s, s + r))) for a, z, s, r in stages]
-        if self.M < MIN_MICRO_BATCHES[self.limits.schedule](len(layout)):
+        if MIN_MICRO_BATCHES[self.limits.schedule](len(layout)) > self.M:
             return
         cand = evaluate(self.p, self.t, tuple(layout), self.b, self.M, self.limits)
         if cand.fits:
@@ -327,7 +326,7 @@ class BranchAndBound:
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
         S = len(placed.stages)
-        if self.M < MIN_MICRO_BATCHES[self.limits.schedule](S):
+        if MIN_MICRO_BATCHES[self.limits.schedule](S) > self.M:
             return
         self._spend(math.ceil(S * self.M / CELLS_PER_NODE) - 1,  # (its node counted one already)
                     lambda: self._lower_bound(self.L, self.D, placed))

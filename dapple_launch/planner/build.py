@@ -6,12 +6,12 @@ from dataclasses import asdict, replace
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_schedule, validate
+from ..schedule.round_robin import RR_FAMILIES
 from .baselines import balanced_boundaries, data_parallel
 from .chunked import CHUNKED
 from .cost import Costed, Limits, StageSpec, evaluate, simulate_costed
 from .explain import human_bytes
 from .plan import Estimate, Plan, RunnerUp, StagePlan
-from ..schedule.round_robin import RR_FAMILIES
 from .round_robin import RR, canonical_copies, check_copies, evaluate_rr
 
 MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1, "zb_h1": lambda stages: stages,

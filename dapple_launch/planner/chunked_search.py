@@ -30,9 +30,9 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD, busiest_rank_s
+from .branch import CELLS_PER_NODE
 from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_devices, group_of, rank_orders
 from .cost import Costed, Limits, speed_ratio
-from .branch import CELLS_PER_NODE
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
@@ -86,7 +86,7 @@ def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits:
 def runs_micro_batches(family: str, groups: tuple[int, ...], b: int, M: int) -> bool:
     """M micro-batches of b samples suit the shape: each splits across its group's replicas, and
     (interleaved, Chimera) they come in units of the P groups."""
-    return b >= max(groups) and (family == "zbv" or (M % len(groups) == 0 and M >= len(groups)))
+    return b >= max(groups) and (family == "zbv" or (M % len(groups) == 0 and len(groups) <= M))
 
 
 def shape_bound(profile: ModelProfile, topology: Topology, global_batch: int, groups: tuple[int, ...], b: int,
@@ -284,7 +284,7 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
                 estimate += busiest_rank_s(rank_orders(family, P, few, v), probe.costs) * (M / few - 1)
         screened.append((start, estimate, fits, bound, family, v, groups, b, stops))
     # Search: the shapes whose screen estimated fastest first (then the unscreened, by bound).
-    rank = lambda x: (x[1] is None, not x[2], x[1] if x[1] is not None else x[3], x[3])  # noqa: E731
+    rank = lambda x: (x[1] is None, not x[2], x[1] if x[1] is not None else x[3], x[3])
     for start, _, _, bound, family, v, groups, b, stops in sorted(screened, key=rank):
         if bound >= best * (1 - 1e-9):  # cannot beat what is found
             continue

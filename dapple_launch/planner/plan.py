@@ -137,7 +137,7 @@ class Plan:
         return tuple((g, tuple(devices[j * part:(j + 1) * part])) for j, g in enumerate(groups))
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> Plan:
         d = dict(d)
         d["stages"] = tuple(
             StagePlan(tuple(s["layers"]), tuple(s["layer_names"]), int(s["replicas"]), tuple(s["devices"]),
@@ -229,7 +229,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         return cls.from_dict(loads(text))
 
     def to_yaml(self) -> str:
@@ -237,7 +237,7 @@ class Plan:
         return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))
 
     @classmethod
-    def from_yaml(cls, text: str) -> "Plan":
+    def from_yaml(cls, text: str) -> Plan:
         from omegaconf import OmegaConf
         return cls.from_dict(OmegaConf.to_container(OmegaConf.create(text)))
 
@@ -250,7 +250,7 @@ class Plan:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Plan":
+    def load(cls, path: str | Path) -> Plan:
         return cls.from_json(Path(path).read_text())
 
     def explain(self) -> str:

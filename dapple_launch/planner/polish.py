@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .bounds import fresh_node_start
+from .branch import CELLS_PER_NODE
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
-from .branch import CELLS_PER_NODE
 from .warmup import WARMUP_MAX_ACTIONS, worth_simulating
 
 
@@ -131,7 +131,7 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
             seen.add((n, d))
             layout = n.layout(topology)
             M = global_batch // n.micro_batch
-            if layout is None or M < MIN_MICRO_BATCHES[limits.schedule](len(layout)) \
+            if layout is None or MIN_MICRO_BATCHES[limits.schedule](len(layout)) > M \
                     or n.micro_batch < max(n.replicas) or (d > 1 and len(layout) * M > WARMUP_MAX_ACTIONS):
                 continue
             costs = stage_costs(profile, topology, layout, n.micro_batch, memo)

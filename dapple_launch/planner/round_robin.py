@@ -109,7 +109,7 @@ def evaluate_rr(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
         return None
     first = 0
     memory = []
-    for s, (st, c) in enumerate(zip(layout, copies)):
+    for st, c in zip(layout, copies):
         peak = max(sim.peak_activation_bytes[first:first + c])
         first += c
         memory.append(profile.span(st.start, st.stop)[3] * limits.optimizer_factor + peak)

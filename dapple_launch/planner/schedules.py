@@ -24,11 +24,10 @@ from dataclasses import replace
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
-from .branch import _EMPTY, BranchAndBound, Prefix, exact_sweep, replica_choices
+from .branch import _EMPTY, CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep, replica_choices
 from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
-from .branch import CELLS_PER_NODE
 from .warmup import WARMUP_MAX_ACTIONS, DeepWarmupSearch
 
 FAMILY = "zb_h1"
@@ -111,7 +110,7 @@ class ZeroBubbleSearch(DeepWarmupSearch):
     warm-up pass's tree and tables, its own bound and leaves."""
 
     @classmethod
-    def over(cls, base: BranchAndBound) -> "ZeroBubbleSearch":
+    def over(cls, base: BranchAndBound) -> ZeroBubbleSearch:
         x = super().over(base)
         x.family = replace(base.limits, schedule=FAMILY)
         x.max_stages = max(s for s in range(1, x.max_stages + 1) if MIN_MICRO_BATCHES[FAMILY](s) <= x.M or s == 1)
@@ -139,7 +138,7 @@ class ZeroBubbleSearch(DeepWarmupSearch):
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
         S, M = len(placed.stages), self.M
-        if M < MIN_MICRO_BATCHES[FAMILY](S) or S < least_stages(self.limits):
+        if MIN_MICRO_BATCHES[FAMILY](S) > M or least_stages(self.limits) > S:
             return
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         costs = stage_costs(self.p, self.t, layout, self.b)

@@ -21,20 +21,20 @@ from dataclasses import replace
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
+from ..schedule.round_robin import RR_FAMILIES
+from . import schedules
 from .baselines import all_baselines, balanced_uniform, divisors
 from .branch import BranchAndBound, SearchStats, _OutOfTime, replica_choices
 from .build import to_plan
 from .chunked import CHUNKED
-from ..schedule.round_robin import RR_FAMILIES
-from .round_robin import RR, START_PLANS, search_round_robin
 from .chunked_search import search_chunked
 from .cost import Costed, Limits, StageSpec, evaluate
 from .explain import human_bytes, human_gap
 from .plan import Plan
 from .polish import descend, shape_of
-from . import schedules
+from .round_robin import RR, START_PLANS, search_round_robin
 from .schedules import search_family
-from .warmup import deepen_best_layouts, deep_sweep
+from .warmup import deep_sweep, deepen_best_layouts
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
 

@@ -15,6 +15,7 @@ costed by the simulator, which decides.
 from __future__ import annotations
 
 import math
+
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_schedule, simulate
@@ -175,7 +176,7 @@ def improve_with_slices(found: list[Costed], profile: ModelProfile, topology: To
         widest = max(st.replicas for st in c.layout)
         for M in divisors(global_batch):
             b = global_batch // M
-            if M > 2 * len(c.layout) or b < widest or (limits.micro_batch_size and b != limits.micro_batch_size):
+            if 2 * len(c.layout) < M or b < widest or (limits.micro_batch_size and b != limits.micro_batch_size):
                 continue
             s = best_slicing(profile, topology, c.layout, b, M, limits.seq_len, limits)
             if s is not None and len(s.extra["token_slices"]) > 1 and (best is None or s.iteration_s < best.iteration_s):

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import math
 
-from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep
-from .build import MIN_MICRO_BATCHES
-from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts
 from ..schedule.one_f_one_b import deeper_warmup
+from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep
+from .build import MIN_MICRO_BATCHES
+from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 
 # Deeper warm-ups: bounded work per candidate (S M at most WARMUP_MAX_ACTIONS simulated; each
 # simulated candidate costs branch.CELLS_PER_NODE's share of the node budget).
@@ -121,7 +121,7 @@ def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: To
     for c in sorted(found, key=lambda c: (c.iteration_s, c.summary())):
         key = (c.layout, c.micro_batch_size)
         S, M = len(c.layout), c.num_micro_batches
-        if key in seen or S < 2 or S * M > WARMUP_MAX_ACTIONS or M < MIN_MICRO_BATCHES["1f1b"](S):
+        if key in seen or S < 2 or S * M > WARMUP_MAX_ACTIONS or MIN_MICRO_BATCHES["1f1b"](S) > M:
             continue
         seen.add(key)
         depths = _fitting_depths(c, profile, limits)
@@ -194,7 +194,7 @@ class DeepWarmupSearch(BranchAndBound):
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
         S, M = len(placed.stages), self.M
-        if S < 2 or M < MIN_MICRO_BATCHES["1f1b"](S):
+        if S < 2 or MIN_MICRO_BATCHES["1f1b"](S) > M:
             return  # one stage: no warm-up to deepen; or too few micro-batches for the pipeline
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         costs = stage_costs(self.p, self.t, layout, self.b)

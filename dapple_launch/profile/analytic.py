@@ -145,7 +145,7 @@ def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "
             _, tail_m = _trace_call(layer, second, owned, precision)
         r = head_f / whole_f if whole_f else 0.5
         r2, r3 = (head_m / whole_m, tail_m / whole_m) if whole_m else (0.5, 0.5)
-        clamp = lambda v: min(max(v, 0.0), 1.0)  # noqa: E731
+        clamp = lambda v: min(max(v, 0.0), 1.0)
         out.append((clamp(2 - 4 * r), clamp(2 * r3 - 1), clamp(2 - 4 * r2)))
         seen[key] = out[-1]
         with torch.no_grad():

@@ -12,14 +12,13 @@ import hashlib
 import json
 import statistics
 import time
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer
-from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
 from ..models.split_backward import backward_input
+from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
 from .cache import cache_dir, read_cached, write_cached
 from .model_profile import LayerProfile, ModelProfile, chain
 
@@ -162,7 +161,7 @@ def _slice_shares(model: PipelineModel, batch_size: int, dev: torch.device, repe
             ratios.append((t - fixed) / (w - fixed) if w > fixed else 0.5)
         r = statistics.median(ratios)
         r2, r3 = (head_m / whole_m, tail_m / whole_m) if whole_m else (0.5, 0.5)
-        clamp = lambda v: min(max(v, 0.0), 1.0)  # noqa: E731
+        clamp = lambda v: min(max(v, 0.0), 1.0)
         out.append((clamp(4 * r - 2), clamp(2 * r3 - 1), clamp(2 - 4 * r2)))
         with torch.no_grad(), autocast(dev.type, precision):
             y = call_layer(layer, x if len(x) > 1 else x[0])

@@ -217,7 +217,7 @@ class ModelProfile:
         return json.dumps(d)
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelProfile":
+    def from_json(cls, text: str) -> ModelProfile:
         d = json.loads(text)
         d["layers"] = tuple(LayerProfile(**{**x, "inputs": tuple(x["inputs"])}) for x in d["layers"])
         d["tied"] = tuple((tuple(layers), float(nbytes)) for layers, nbytes in d.get("tied", ()))

@@ -113,8 +113,8 @@ def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bo
     """Seconds the runtime adds to each compute action with `processes` local ranks (see the module's
     docstring). `links`: those measured between as many processes (None for one: no transfers)."""
     from ..host import threads_per_rank, usable_cores
-    from ..profile.links import run_gloo_probe
     from ..profile.cache import read_cached, write_cached
+    from ..profile.links import run_gloo_probe
     cores = usable_cores()
     path = _cache_path(processes, cores)
     cached = read_cached(path, _cached_cost) if use_cache else None

@@ -207,7 +207,7 @@ def read_meta(path: str | Path) -> dict:
         raise CheckpointError(f"{p} is not a complete checkpoint (no {COMPLETE} marker: a save that did not finish)")
     try:
         return torch.load(p / "meta.pt", map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a damaged file
+    except Exception as exc:
         raise CheckpointError(f"{p / 'meta.pt'} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 

@@ -6,26 +6,26 @@ action reads and writes that state; see models/contract.py for what a carry is.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..models.contract import as_tuple, carry_map, run_layers
+from ..models.split_backward import backward_input, watch_accumulation
+from ..models.token_slices import KVCache, TokenSlice, running
 from ..planner.allreduce import BUCKET_BYTES, bucket_layers
 from ..schedule import Kind, Schedule
 from ..schedule.ranks import from_stages
-from .grid import split_bounds
 from .clock import now
+from .grid import split_bounds
 from .heartbeat import BEAT
 from .layouts import ensure_layouts, program
 from .p2p import PointToPoint
 from .precision import MixedPrecision
-from ..models.split_backward import backward_input, watch_accumulation
-from ..models.token_slices import KVCache, TokenSlice, running
 from .recompute import with_recomputation
 
 

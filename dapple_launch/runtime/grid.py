@@ -34,7 +34,7 @@ class ProcessGrid:
         object.__setattr__(self, "_ranks", tuple(tuple(order[d] for d in ds) for ds in self.devices))
 
     @classmethod
-    def from_plan(cls, plan: Plan) -> "ProcessGrid":
+    def from_plan(cls, plan: Plan) -> ProcessGrid:
         return cls(tuple(s.replicas for s in plan.stages), tuple(tuple(s.devices) for s in plan.stages))
 
     @property

@@ -17,8 +17,8 @@ from ..models.contract import as_tuple, carry_map, run_layers
 from ..models.token_slices import KVCache, TokenSlice, running
 from ..schedule.nccl import check_lowered
 from ..schedule.ranks import RankSchedule
-from ..schedule.validate import validate
 from ..schedule.transfers import RankProgram, lower, rank_pairs
+from ..schedule.validate import validate
 from .groups import communicators
 from .heartbeat import BEAT
 

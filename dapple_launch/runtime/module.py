@@ -42,7 +42,7 @@ class PipelineModule(L.LightningModule):
         indices = getattr(self.trainer.strategy, "local_layer_indices", None) if self._trainer else None
         self.materialize(indices)
 
-    def materialize(self, indices: list[int] | None = None) -> "PipelineModule":
+    def materialize(self, indices: list[int] | None = None) -> PipelineModule:
         specs = self.model.layers()
         for i in indices if indices is not None else range(len(specs)):
             self.layers[str(i)] = build_layer(specs[i], i, self.seed)

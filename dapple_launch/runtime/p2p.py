@@ -18,8 +18,8 @@ and asks it for what a compute needs, by stage and micro-batch; the program deci
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -86,10 +86,7 @@ class LossScaler:
 
 def grads_finite(params) -> bool:
     """No inf or NaN in any of these gradients."""
-    for p in params:
-        if p.grad is not None and not torch.isfinite(p.grad).all():
-            return False
-    return True
+    return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
 
 
 def grads_finite_everywhere(params, device) -> bool:

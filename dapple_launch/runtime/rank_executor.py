@@ -11,15 +11,15 @@ those of a transfer. Transfers to and from other ranks follow the rank's lowered
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 import torch
 
-from ..schedule import Action, Kind
+from ..schedule import Action
 from ..schedule.ranks import RankSchedule
-from .executor import PREPARING, SENDS_DRAINING, StageExecutor, StepResult, stopped, stopped_at
 from .clock import now
+from .executor import PREPARING, SENDS_DRAINING, StageExecutor, StepResult, stopped, stopped_at
 from .heartbeat import BEAT
 from .layouts import ensure_layouts, program
 from .p2p import PointToPoint, RankComms, Received

@@ -15,7 +15,7 @@ the executor holds until the backward anyway (the received wire tensors, or the 
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn

@@ -23,14 +23,14 @@ from ..planner.plan import Plan
 from ..schedule import RANK_ORDER_SCHEDULES, forward_only
 from ..schedule.ranks import forward_only_orders
 from . import checkpoint as ckpt
+from .clock import perf
 from .executor import GradientSync, StageExecutor
-from .rank_executor import RankExecutor, build_rank_executor
 from .grid import ProcessGrid
 from .groups import communicators
-from .clock import perf
 from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .placement import PlannedEnvironment, check_world_size
+from .rank_executor import RankExecutor, build_rank_executor
 from .tied import TiedSync, local_tied_parameters, tied_groups
 
 PLAN_ENV = "DAPPLE_PLAN"

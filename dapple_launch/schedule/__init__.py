@@ -47,7 +47,6 @@ from .ranks import RankSchedule, Step, from_stages  # noqa: E402
 from .zbv import zbv  # noqa: E402
 
 
-
 def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chunks: int = 1):
     """A RankSchedule for any family: interleaved_1f1b and interleaved_zb (`chunks` per group), zbv, chimera, or a
     stage-per-group one (GPipe, 1F1B, ZB-H1) lifted to rank orders."""

@@ -21,8 +21,8 @@ operations where a match is wrong or where the run cannot go on.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def validate_ranks(x: RankSchedule) -> None:
         if x.forward_only and any(a.kind in _BACKWARD for a in order):
             i = next(i for i, a in enumerate(order) if a.kind in _BACKWARD)
             raise _fail(x, r, i, "a forward-only schedule has a backward")
-        for (kind, s, m) in [k for k in seen if k[0] is Kind.FORWARD and not x.forward_only]:
+        for (_, s, m) in [k for k in seen if k[0] is Kind.FORWARD and not x.forward_only]:
             if not seen[(Kind.BACKWARD, s, m)] and not seen[(Kind.INPUT_GRAD, s, m)]:
                 raise _fail(x, r, len(order), f"backward {m} of stage {s} never runs on rank {r}, where its forward ran")
             if seen[(Kind.INPUT_GRAD, s, m)] and not seen[(Kind.WEIGHT_GRAD, s, m)]:

@@ -53,7 +53,8 @@ def round_robin(family: str, copies: tuple[int, ...], num_micro_batches: int,
     """The rank orders of `family` (1f1b_rr or zb_h1_rr) with `copies[s]` copies of stage s; `warmup`:
     the stage-level warm-up forwards (as 1F1B's; default copy_warmup at depth 1)."""
     from .one_f_one_b import compute_orders as one_f_one_b_orders
-    from .zero_bubble import check_warmup, compute_orders as zero_bubble_orders
+    from .zero_bubble import check_warmup
+    from .zero_bubble import compute_orders as zero_bubble_orders
     if family not in RR_FAMILIES:
         raise ValueError(f"unknown round-robin family {family!r}; valid: {sorted(RR_FAMILIES)}")
     copies, M = tuple(copies), num_micro_batches

@@ -53,7 +53,7 @@ class Launch:
         self.out, self.err = run.parent / f"{run.name}.out", run.parent / f"{run.name}.err"
         run.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "dapple_launch", *args, f"hydra.run.dir={run}"],
-                                     cwd=ROOT, env=env(), stdout=open(self.out, "w"), stderr=open(self.err, "w"),
+                                     cwd=ROOT, env=env(), stdout=open(self.out, "w"), stderr=open(self.err, "w"),  # noqa: SIM115
                                      start_new_session=True)
         self.started = time.time()
 
