@@ -1,78 +1,39 @@
-"""Typed config schemas (Hydra structured configs), one per kind, and the plan resolver.
-
-Every choice is an enum (a wrong choice fails at composition with the valid ones); each model
-family, strategy kind and data kind has its own schema, so a key that belongs to another kind
-fails with its full path. Each section checks its values in `__post_init__`, run by
-`check_values` before any process starts. `plan: ${dapple_plan:}` in conf/config.yaml calls the
-planner so `--cfg job --resolve` shows the plan.
-"""
+"""Typed config schemas (Hydra structured configs): one per section, and one per kind where a
+section has kinds (model families, strategy kinds, data kinds), so a key that belongs to another kind
+fails with its full path. Each checks its values in `__post_init__` (checks.check_values)."""
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
-GIB = 2**30
-GBPS = 1e9  # the configs state bandwidths in GB/s
-CONF_DIR = Path(__file__).resolve().parent / "conf"  # shipped inside the package (a wheel carries it)
-
-
-class Choice(str, enum.Enum):
-    """A config choice: compares, hashes and formats as its name (`Precision["bf16-mixed"] ==
-    "bf16-mixed"`), so code reading a typed config and a worker reading config.yaml agree."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    __format__ = str.__format__
-
-    @classmethod
-    def _missing_(cls, value):  # `trainer.precision=32` arrives as the integer 32
-        return cls.__members__.get(str(value))
-
-
-def choice(name: str, *values: str) -> type[Choice]:
-    return Choice(name, {v: v for v in values})
-
-
-ModelName = choice("ModelName", "gpt", "bert", "vgg19", "from_profile", "custom", "hf", "llama")
-LlamaPreset = choice("LlamaPreset", "tiny", "1b", "8b")
-HFInit = choice("HFInit", "pretrained", "random")
-GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
-BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
-VGGPreset = choice("VGGPreset", "imagenet", "tiny")
-StrategyName = choice("StrategyName", "auto", "fixed", "file")
-ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera",
-                      "1f1b_rr", "zb_h1_rr")
-RecomputeName = choice("RecomputeName", "none", "full", "selective", "auto")
-Objective = choice("Objective", "time", "memory", "pareto")
-DevicesChoice = choice("DevicesChoice", "all", "auto")
-ProfileSource = choice("ProfileSource", "analytic", "measured")
-DeviceKind = choice("DeviceKind", "cpu", "gpu")
-ClusterLauncher = choice("ClusterLauncher", "local", "slurm")
-LauncherName = choice("LauncherName", "auto", "local", "slurm")
-DataKind = choice("DataKind", "synthetic", "text_file", "tokens")
-TokenDtype = choice("TokenDtype", "uint16", "uint32")
-LoggerName = choice("LoggerName", "csv", "wandb", "tensorboard", "none")
-WandbMode = choice("WandbMode", "offline", "online", "disabled")
-Precision = choice("Precision", "auto", "32", "bf16-mixed", "16-mixed")
-
-
-def _need(ok: bool, key: str, value, rule: str) -> None:
-    """One refusal: the key, its value, the rule (which says the fix)."""
-    if not ok:
-        raise ValueError(f"{key}={value}: {rule}")
-
-
-def _positive(section: str, **values) -> None:
-    for key, value in values.items():
-        if value is not None:
-            _need(value >= 1, f"{section}.{key}", value, "must be >= 1")
+from .choices import (
+    BERTPreset,
+    ClusterLauncher,
+    DataKind,
+    DeviceKind,
+    DevicesChoice,
+    GPTPreset,
+    HFInit,
+    LauncherName,
+    LlamaPreset,
+    LoggerName,
+    ModelName,
+    Objective,
+    Precision,
+    ProfileSource,
+    RecomputeName,
+    ScheduleName,
+    StrategyName,
+    TokenDtype,
+    VGGPreset,
+    WandbMode,
+    _need,
+    _positive,
+)
 
 
 # ---- model: one schema per family ---------------------------------------------------------------
@@ -223,7 +184,7 @@ class ClusterConfig:
     constraint: Optional[str] = None
     cpus_per_task: int = 1
     mem_gb: Optional[int] = None
-    setup: List[str] = field(default_factory=list)  # shell lines before the job (modules, containers)
+    setup: list[str] = field(default_factory=list)  # shell lines before the job (modules, containers)
     max_num_timeout: int = 3  # times a job that hit its time limit is requeued
     # the interface ranks reach each other through (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); None:
     # the one the route to the rendezvous address takes, on each node
@@ -259,8 +220,8 @@ class PlannedStrategyConfig(StrategyConfig):
     # activation recomputation: none | full (every layer) | selective (recompute_layers, or each stage's
     # first recompute_counts layers) | auto (the planner recomputes a stage's fewest first layers that fit)
     recompute: RecomputeName = RecomputeName["none"]
-    recompute_layers: List[int] = field(default_factory=list)  # layer positions (selective)
-    recompute_counts: List[int] = field(default_factory=list)  # first layers per stage, or one for all (selective)
+    recompute_layers: list[int] = field(default_factory=list)  # layer positions (selective)
+    recompute_counts: list[int] = field(default_factory=list)  # first layers per stage, or one for all (selective)
     # TeraPipe: none | auto (the planner's dynamic programme, when it helps a causal model) | [l1, l2, ...]
     # (token slice lengths summing to the sequence length; the plan runs schedule terapipe)
     token_slices: Any = "none"
@@ -289,15 +250,15 @@ class FixedStrategyConfig(PlannedStrategyConfig):
     """A stated layout, validated by the same code the planner uses."""
     name: StrategyName = StrategyName["fixed"]
     stages: int = 2
-    replicas: List[int] = field(default_factory=list)  # one per stage, one for all, or [] = fill the cluster evenly
-    boundaries: List[int] = field(default_factory=list)  # layer positions where stages 1.. start
+    replicas: list[int] = field(default_factory=list)  # one per stage, one for all, or [] = fill the cluster evenly
+    boundaries: list[int] = field(default_factory=list)  # layer positions where stages 1.. start
     num_micro_batches: int = 4
     warmup_depth: int = 1  # 1F1B in-flight micro-batches as a multiple of DAPPLE's S - s
     # interleaved_1f1b: stages per device group (v >= 2; `stages` counts all v·P of them); zbv holds 2
     chunks: int = 2
     # 1f1b_rr, zb_h1_rr: round-robin copies per stage (one count for all, or one per stage; each
     # divides its stage's replicas); [] = the fewest whose copies split a micro-batch evenly
-    copies: List[int] = field(default_factory=list)
+    copies: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -322,7 +283,7 @@ class AutoStrategyConfig(PlannedStrategyConfig):
     optimality_gap: float = 0.01  # first pass prunes what cannot win by more than this; then closed exactly
     max_warmup_depth: int = 4  # the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
     # the schedule families the planner may choose; [] = all that apply to `schedule` (1f1b: 1f1b and zb_h1)
-    schedules: List[ScheduleName] = field(default_factory=list)
+    schedules: list[ScheduleName] = field(default_factory=list)
     # auto: recompute only where nothing fits otherwise (objective=time); a lever on the frontier
     recompute: RecomputeName = RecomputeName["auto"]
     token_slices: Any = "auto"  # TeraPipe for causal models, where the planner finds it faster
@@ -502,126 +463,3 @@ def register_configs() -> None:
             cs.store(group=group, name=f"{kind}_schema", node=node)
 
 
-def schema_of(section: str, node: DictConfig) -> type:
-    """The dataclass a composed section follows (its kind's schema for model, strategy, data)."""
-    typed = OmegaConf.get_type(node)
-    if typed is not None and typed is not dict:
-        return typed
-    if section in SECTION_SCHEMAS:  # a config read back from config.yaml: the kind names the schema
-        key = "kind" if section == "data" else "name"
-        return SECTION_SCHEMAS[section][str(node[key])]
-    return {"cluster": ClusterConfig, "trainer": TrainerConfig, "logger": LoggerConfig,
-            "launcher": LauncherConfig}[section]
-
-
-def check_schema(cfg: DictConfig) -> None:
-    """Refuse keys the schema does not have, including ones added with Hydra's `+key=`, which
-    would otherwise be carried along silently and read by nothing."""
-    from dataclasses import fields
-
-    top = {f.name for f in fields(Config)}
-    for key in cfg:
-        if key == "hydra":
-            continue
-        if key not in top:
-            raise ValueError(unknown_key_message(str(key), sorted(top)))
-        child = cfg._get_node(key)  # not cfg[key]: that would resolve ${dapple_plan:} again
-        if not isinstance(child, DictConfig) or key == "plan":
-            continue
-        schema = schema_of(str(key), child)
-        known = sorted(f.name for f in fields(schema))
-        for sub in child:
-            if sub not in known:
-                raise ValueError(unknown_key_message(f"{key}.{sub}", known, *kind_hint(str(key), str(sub), schema)))
-
-
-def unknown_key_message(key: str, known: list[str], where: str = "", owner: str = "dapple_launch") -> str:
-    """`where`: the kinds the key does belong to; `owner`: the kind it was given to (model=gpt)."""
-    import difflib
-    section, _, leaf = key.rpartition(".")
-    near = difflib.get_close_matches(leaf, known, n=1)
-    hint = f"{where}; " if where else (f"did you mean {section + '.' if section else ''}{near[0]}? " if near else "")
-    return f"{key} is not a setting of {owner}; {hint}valid keys under {section or 'the top level'}: {', '.join(known)}"
-
-
-def kind_hint(section: str, leaf: str, schema: type) -> tuple[str, str]:
-    """(the other kinds of `section` that have `leaf`, as "it is a setting of strategy=auto"; the
-    kind `schema` stands for, as "strategy=fixed")."""
-    from dataclasses import fields
-    kinds = SECTION_SCHEMAS.get(section, {})
-    mine = next((k for k, s in kinds.items() if s is schema), None)
-    elsewhere = [k for k, s in kinds.items() if s is not schema and leaf in {f.name for f in fields(s)}]
-    where = f"it is a setting of {' and '.join(f'{section}={k}' for k in elsewhere)}" if elsewhere else ""
-    return where, f"{section}={mine}" if mine else "dapple_launch"
-
-
-REQUIRED_HINT = {"model.target": "PACKAGE.MODULE:CALLABLE, a factory that returns a PipelineModel",
-                 "data.path": "the text or token file to train on"}
-
-
-def check_values(cfg: DictConfig) -> None:
-    """Each section's `__post_init__` checks its values: instantiate every section once."""
-    for key in ("model", "cluster", "strategy", "data", "trainer", "logger", "launcher"):
-        node = cfg[key]
-        for full in sorted(OmegaConf.missing_keys(node)):
-            hint = f" ({REQUIRED_HINT[full]})" if full in REQUIRED_HINT else ""
-            raise ValueError(f"{full} is required: set {full}=...{hint}")
-        if key in SECTION_SCHEMAS:  # the kind is chosen by the group option, not by its key
-            field_name = "kind" if key == "data" else "name"
-            kinds = {schema: kind for kind, schema in SECTION_SCHEMAS[key].items()}
-            expected = kinds.get(OmegaConf.get_type(node))
-            if expected is not None and str(node[field_name]) != expected:
-                raise ValueError(f"{key}.{field_name}={node[field_name]}: the {key} kind is chosen with "
-                                 f"{key}={node[field_name]}, not with {key}.{field_name}")
-        # resolved where it stands first: a section may point into another (data.tokenizer: ${model.path})
-        attached = OmegaConf.create(OmegaConf.to_container(node, resolve=True, throw_on_missing=False))
-        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema_of(key, node)), attached))
-    _need(cfg.global_batch_size >= 1, "global_batch_size", cfg.global_batch_size, "must be >= 1")
-
-
-def _plan_resolver(*, _root_: DictConfig):
-    from .plan_config import cached_plan
-    check_schema(_root_)
-    # A container (not a dict): OmegaConf.resolve, used by `--cfg job --resolve`, can then put it
-    # in place of the Any-typed node.
-    return OmegaConf.create(cached_plan(_root_).to_dict())
-
-
-def _gpus_per_node(device_kind, devices_per_node):
-    """What a Slurm allocation must request per node: the node's GPUs on a GPU cluster, none on CPUs."""
-    return int(devices_per_node) if str(device_kind) == "gpu" else None
-
-
-def _allocation_value(key):
-    """`${dapple_allocation:KEY}`: what cluster=from_slurm reads from the allocation it runs in."""
-    from .allocation import allocation, gpu_memory_gib
-    a = allocation()
-    if key == "device_memory_gib":
-        if a.device_kind == "cpu":
-            return 4.0
-        found = gpu_memory_gib()
-        if found is None:
-            raise ValueError(f"job {a.job_id} has {a.gpus_per_node} GPUs per node but nvidia-smi does not say how much "
-                             f"memory each holds here: set cluster.device_memory_gib")
-        return found
-    return getattr(a, str(key))
-
-
-def _slurm_dev_value(key):
-    """`${dapple_slurm_dev:KEY}`: the development Slurm that is up now (one node of 4 slots if none)."""
-    from .allocation import dev_cluster
-    return getattr(dev_cluster(), str(key))
-
-
-def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("dapple_plan"):
-        OmegaConf.register_new_resolver("dapple_plan", _plan_resolver)
-    if not OmegaConf.has_resolver("dapple_gpus_per_node"):
-        OmegaConf.register_new_resolver("dapple_gpus_per_node", _gpus_per_node)
-    for name, fn in (("dapple_allocation", _allocation_value), ("dapple_slurm_dev", _slurm_dev_value)):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
-
-
-register_configs()
-register_resolvers()

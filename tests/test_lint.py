@@ -1,0 +1,31 @@
+"""Lint in the fast tier: ruff's rules (pyproject [tool.ruff]) on the package, tests and benchmarks,
+and the import-linter contracts that keep the layers one way (pyproject [tool.importlinter])."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: pip install -e '.[test]' (scripts/setup.sh does)")
+    return found
+
+
+def test_ruff_finds_nothing():
+    out = subprocess.run([tool("ruff"), "check", "--output-format", "concise", "dapple_launch", "tests", "benchmarks"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_import_contracts_are_kept():
+    out = subprocess.run([tool("lint-imports")], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
