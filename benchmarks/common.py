@@ -7,6 +7,7 @@ all-reduce must carry (VGG's fully connected layers, in miniature;
 GradientSync all-reduces a parameter without a gradient as zeros). SavedBytes (tests/saved_bytes.py) counts the bytes
 of tensors autograd keeps for backward, alive at once, through saved-tensor hooks: exact, not RSS.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -43,8 +44,9 @@ class _Sleep(torch.autograd.Function):
 
 
 class SleepLayer(nn.Module):
-    def __init__(self, width: int, forward_s: float, backward_s: float, per_sample: bool = False,
-                 extra_params: int = 0):
+    def __init__(
+        self, width: int, forward_s: float, backward_s: float, per_sample: bool = False, extra_params: int = 0
+    ):
         super().__init__()
         self.forward_s, self.backward_s, self.per_sample = forward_s, backward_s, per_sample
         self.w = nn.Parameter(torch.ones(width))
@@ -60,12 +62,14 @@ class SleepLayer(nn.Module):
 def pipeline_step(ex, schedule, batch, syncs, params):
     """One benchmark iteration of an executor: its schedule over the batch, the gradient all-reduces
     finished, the gradients dropped (each iteration starts as the first did)."""
+
     def step():
         ex.run(schedule, batch)
         for sync in syncs:
             sync.finish()
         for p in params:
             p.grad = None
+
     return step
 
 
@@ -75,9 +79,13 @@ def print_sleep_table(rows: list[dict], per: str) -> None:
     print(f"\n| schedule | M | measured s | simulator s | error | peak saved bytes per {per} (= simulator's) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        same = "yes" if r["saved_bytes"] == r["simulated_saved_bytes"] else f"no: simulator {r['simulated_saved_bytes']}"
-        print(f"| {r['schedule']} | {r['micro_batches']} | {r['measured_s']:.3f} | {r['simulated_s']:.3f} | "
-              f"{r['simulator_error']:+.1%} | {[int(b) for b in r['saved_bytes']]} ({same}) |")
+        same = (
+            "yes" if r["saved_bytes"] == r["simulated_saved_bytes"] else f"no: simulator {r['simulated_saved_bytes']}"
+        )
+        print(
+            f"| {r['schedule']} | {r['micro_batches']} | {r['measured_s']:.3f} | {r['simulated_s']:.3f} | "
+            f"{r['simulator_error']:+.1%} | {[int(b) for b in r['saved_bytes']]} ({same}) |"
+        )
 
 
 def median_runs(runs: list[list[dict]]) -> list[dict]:
@@ -94,7 +102,7 @@ def time_side_by_side(steps: dict, iterations: int, counters: dict) -> dict:
     walls: dict = {n: [] for n in names}
     cpus: dict = {n: [] for n in names}
     for i in range(iterations + 1):  # the first round connects peers and learns shapes
-        for n in (names if i % 2 == 0 else names[::-1]):
+        for n in names if i % 2 == 0 else names[::-1]:
             dist.barrier()
             w0, c0 = time.perf_counter(), time.process_time()
             with counters[n].hooks():
@@ -102,8 +110,14 @@ def time_side_by_side(steps: dict, iterations: int, counters: dict) -> dict:
             if i:
                 walls[n].append(time.perf_counter() - w0)
                 cpus[n].append(time.process_time() - c0)
-    return {n: {"wall_s": statistics.median(walls[n]), "cpu_s": statistics.median(cpus[n]),
-                "peak_saved_bytes": counters[n].peak} for n in names}
+    return {
+        n: {
+            "wall_s": statistics.median(walls[n]),
+            "cpu_s": statistics.median(cpus[n]),
+            "peak_saved_bytes": counters[n].peak,
+        }
+        for n in names
+    }
 
 
 def time_iterations(step, iterations: int, counter: SavedBytes) -> dict:
@@ -119,6 +133,6 @@ def timed(rank, world, sides: tuple, step_args: tuple, iterations: int) -> dict:
     timed alone (time_iterations); several in alternation (time_side_by_side), keyed by name."""
     built = {name: build(rank, world, *step_args) for name, build in sides}
     if len(built) == 1:
-        (step, counter), = built.values()
+        ((step, counter),) = built.values()
         return time_iterations(step, iterations, counter)
     return time_side_by_side({n: s for n, (s, _) in built.items()}, iterations, {n: c for n, (_, c) in built.items()})

@@ -12,6 +12,7 @@ micro-batch keeps, from the analytic profile), in fp32 and bf16-mixed.
 
     python benchmarks/models.py [--steps 12] [--out models.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,9 @@ def _rank(rank, world, precision, steps):
         t.group = dist.new_group(sorted({r for s in t.stages for r in grid.stage_ranks(s)}))
     tied = TiedSync(ties, local_tied_parameters(module.layers, m), stage, replica)
     sync = GradientSync(params, groups[stage], REPLICAS)
-    ex = StageExecutor(module.local_stack(), m.loss, PointToPoint(grid, stage, replica), 2,
-                       precision=MixedPrecision(precision))
+    ex = StageExecutor(
+        module.local_stack(), m.loss, PointToPoint(grid, stage, replica), 2, precision=MixedPrecision(precision)
+    )
     opt = torch.optim.AdamW(params, lr=1e-3)
     schedule = build_schedule("1f1b", 2, MICRO)
     counter = SavedBytes(params)
@@ -90,6 +92,7 @@ def _rank(rank, world, precision, steps):
 def hf_loop(steps: int, threads: int) -> float:
     """The same model as Hugging Face's LlamaForCausalLM, one process: median seconds per step."""
     import transformers
+
     torch.set_num_threads(threads)
     torch.manual_seed(1)
     hf = transformers.AutoModelForCausalLM.from_config(model().hf_config())
@@ -109,6 +112,7 @@ def hf_loop(steps: int, threads: int) -> float:
 def planned_saved_bytes(precision: str) -> list[float]:
     from dapple_launch.planner.cost import in_flight
     from dapple_launch.profile import analytic_profile
+
     profile = analytic_profile(model(), 2, 1.0, "cpu", precision=precision)
     return [in_flight("1f1b", s, 2, MICRO) * profile.kept_bytes(a, b, PER_MICRO) for s, (a, b) in enumerate(CUTS)]
 
@@ -137,10 +141,17 @@ def main() -> None:
         planned = planned_saved_bytes(precision)
         for s in range(2):
             exact = max(r["peak_saved_bytes"] for r in ranks if r["stage"] == s)
-            row = {"precision": precision, "stage": s, "exact": exact, "planned": planned[s],
-                   "ratio": planned[s] / exact}
+            row = {
+                "precision": precision,
+                "stage": s,
+                "exact": exact,
+                "planned": planned[s],
+                "ratio": planned[s] / exact,
+            }
             out["memory"].append(row)
-            print(f"| {precision} | {s} | {exact / 2**20:.2f} MiB | {planned[s] / 2**20:.2f} MiB | {row['ratio']:.3f} |")
+            print(
+                f"| {precision} | {s} | {exact / 2**20:.2f} MiB | {planned[s] / 2**20:.2f} MiB | {row['ratio']:.3f} |"
+            )
     Path(args.out).write_text(json.dumps(out, indent=2))
 
 

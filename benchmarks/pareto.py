@@ -9,6 +9,7 @@ iteration time and device-seconds per sample from 8 to 64 devices (whole nodes).
 
     python benchmarks/pareto.py [--quick] [--out pareto.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,11 @@ def peak(p) -> float:
 def best_baseline(profile, topo, G, budget):
     """The fastest baseline within `budget` bytes per device (recomputation where it needs it)."""
     capped = replace(topo, device_memory_bytes=budget / (1 - LIMITS.memory_headroom))
-    found = [(name, c) for name, c in all_baselines(profile, capped, G, replace(LIMITS, schedule="1f1b")).items()
-             if c is not None and c.fits]
+    found = [
+        (name, c)
+        for name, c in all_baselines(profile, capped, G, replace(LIMITS, schedule="1f1b")).items()
+        if c is not None and c.fits
+    ]
     return min(found, key=lambda x: x[1].iteration_s, default=(None, None))
 
 
@@ -65,19 +69,31 @@ def frontier_row(name, profile, cluster, G):
         return {"model": name, "cluster": cluster, "G": G, "points": 0, "wall_s": wall}
     fast, least = f.points[0], min(f.points, key=peak)
     usable = topo.device_memory_bytes * (1 - LIMITS.memory_headroom)
-    row = {"model": name, "cluster": cluster, "G": G, "points": len(f.points), "searches": f.searches, "wall_s": wall,
-           "fastest_s": fast.estimate.iteration_s, "fastest_gib": peak(fast) / GIB,
-           "least_memory_s": least.estimate.iteration_s, "least_memory_gib": peak(least) / GIB,
-           "recomputing_points": sum(p.recomputes for p in f.points)}
+    row = {
+        "model": name,
+        "cluster": cluster,
+        "G": G,
+        "points": len(f.points),
+        "searches": f.searches,
+        "wall_s": wall,
+        "fastest_s": fast.estimate.iteration_s,
+        "fastest_gib": peak(fast) / GIB,
+        "least_memory_s": least.estimate.iteration_s,
+        "least_memory_gib": peak(least) / GIB,
+        "recomputing_points": sum(p.recomputes for p in f.points),
+    }
     for share in (0.5, 0.25):
         budget = usable * share
         ours = within(profile, topo, G, budget)
         base_name, base = best_baseline(profile, topo, G, budget)
         row[f"at_{int(share * 100)}"] = {
-            "budget_gib": budget / GIB, "ours_s": ours.estimate.iteration_s if ours else None,
+            "budget_gib": budget / GIB,
+            "ours_s": ours.estimate.iteration_s if ours else None,
             "ours_recomputes": bool(ours and ours.recomputes),
-            "baseline": base_name, "baseline_s": base.iteration_s if base else None,
-            "speedup": (base.iteration_s / ours.estimate.iteration_s) if ours and base else None}
+            "baseline": base_name,
+            "baseline_s": base.iteration_s if base else None,
+            "speedup": (base.iteration_s / ours.estimate.iteration_s) if ours and base else None,
+        }
     return row
 
 
@@ -91,9 +107,17 @@ def device_rows(name, profile, cluster, G):
         except NoFeasiblePlan:
             out.append({"model": name, "devices": n, "plan": None})
             continue
-        out.append({"model": name, "devices": n, "iteration_s": p.estimate.iteration_s,
-                    "device_s_per_sample": device_seconds_per_sample(p), "gib": peak(p) / GIB,
-                    "layout": f"{p.num_stages} stages {p.layout()}", "wall_s": time.perf_counter() - t0})
+        out.append(
+            {
+                "model": name,
+                "devices": n,
+                "iteration_s": p.estimate.iteration_s,
+                "device_s_per_sample": device_seconds_per_sample(p),
+                "gib": peak(p) / GIB,
+                "layout": f"{p.num_stages} stages {p.layout()}",
+                "wall_s": time.perf_counter() - t0,
+            }
+        )
     return out
 
 
@@ -108,8 +132,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     clusters = ["v100x16"] if args.quick else ["v100x16", "a100x64"]
     rows = []
-    print("| model | cluster | G | points (searches) | planning | fastest | its memory | least memory | its time "
-          "| 50% budget: ours / best baseline | 25% budget: ours / best baseline |")
+    print(
+        "| model | cluster | G | points (searches) | planning | fastest | its memory | least memory | its time "
+        "| 50% budget: ours / best baseline | 25% budget: ours / best baseline |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for cluster in clusters:
         for label, file, pbs, scale in PROFILES:
@@ -126,17 +152,23 @@ def main(argv=None) -> int:
                     sp = f" ({b['speedup']:.2f}×)" if b["speedup"] else ""
                     rec = ", recomputes" if b["ours_recomputes"] else ""
                     cells.append(f"{_s(b['ours_s'])}{rec} / {_s(b['baseline_s'])} {b['baseline'] or ''}{sp}")
-                print(f"| {label} | {cluster} | {G} | {r['points']} ({r['searches']}) | {r['wall_s']:.2f} s "
-                      f"| {_s(r['fastest_s'])} | {r['fastest_gib']:.2f} GiB | {r['least_memory_gib']:.2f} GiB "
-                      f"| {_s(r['least_memory_s'])} | {cells[0]} | {cells[1]} |")
+                print(
+                    f"| {label} | {cluster} | {G} | {r['points']} ({r['searches']}) | {r['wall_s']:.2f} s "
+                    f"| {_s(r['fastest_s'])} | {r['fastest_gib']:.2f} GiB | {r['least_memory_gib']:.2f} GiB "
+                    f"| {_s(r['least_memory_s'])} | {cells[0]} | {cells[1]} |"
+                )
     sixteen = [r["wall_s"] for r in rows if r["cluster"] == "v100x16"]
     print(f"\nobjective=pareto planning time on 16 devices: max {max(sixteen):.2f} s over {len(sixteen)} rows")
     devices = []
     models = [("bert-48", load_profile("bert-48-pbs-2.txt", 2, 1.0))]
     if not args.quick:
         topo = shipped_topology("a100x64")
-        models.append(("gpt2-xl", analytic_profile(build_model("gpt", "xl"), 2, topo.device_tflops, topo.name,
-                                                   precision="bf16-mixed")))
+        models.append(
+            (
+                "gpt2-xl",
+                analytic_profile(build_model("gpt", "xl"), 2, topo.device_tflops, topo.name, precision="bf16-mixed"),
+            )
+        )
     print("\n| model | devices | iteration | device·s / sample | memory/device | layout |")
     print("|---|---|---|---|---|---|")
     for label, profile in models:
@@ -145,10 +177,13 @@ def main(argv=None) -> int:
             if r.get("plan", 1) is None:
                 print(f"| {label} | {r['devices']} | none fits | | | |")
                 continue
-            print(f"| {label} | {r['devices']} | {_s(r['iteration_s'])} | {r['device_s_per_sample']:.4g} "
-                  f"| {r['gib']:.2f} GiB | {r['layout']} |")
-    Path(args.out).write_text(json.dumps({"frontier": rows, "devices": devices,
-                                          "max_planning_s_16_devices": max(sixteen)}, indent=2))
+            print(
+                f"| {label} | {r['devices']} | {_s(r['iteration_s'])} | {r['device_s_per_sample']:.4g} "
+                f"| {r['gib']:.2f} GiB | {r['layout']} |"
+            )
+    Path(args.out).write_text(
+        json.dumps({"frontier": rows, "devices": devices, "max_planning_s_16_devices": max(sixteen)}, indent=2)
+    )
     print(f"\nwrote {args.out}")
     return 0
 

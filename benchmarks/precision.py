@@ -10,6 +10,7 @@ median); the loss at the end (mean of the last 5 steps).
 
     python benchmarks/precision.py [--steps 40] [--out precision.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,14 +76,20 @@ def _rank(rank, world, precision, steps):
         loss = result.loss_sum.clone()
         dist.all_reduce(loss)
         losses.append(loss.item())
-    return {"bytes_sent": sent[-1], "peak_saved_bytes": counter.peak, "cpu_s": statistics.median(cpu[2:]),
-            "final_loss": statistics.mean(losses[-5:]), "first_loss": losses[0]}
+    return {
+        "bytes_sent": sent[-1],
+        "peak_saved_bytes": counter.peak,
+        "cpu_s": statistics.median(cpu[2:]),
+        "final_loss": statistics.mean(losses[-5:]),
+        "first_loss": losses[0],
+    }
 
 
 def planned_activation_bytes(precision: str) -> list[float]:
     """What the planner's memory model says each stage keeps: micro-batches in flight (1F1B: S - s)
     × what one micro-batch keeps (ModelProfile.kept_bytes), from the analytic profile."""
     from dapple_launch.profile import analytic_profile
+
     profile = analytic_profile(build_model("gpt", "tiny", **SHAPE), 2, 1.0, "cpu", precision=precision)
     return [(len(CUTS) - s) * profile.kept_bytes(a, b, PER_MICRO) for s, (a, b) in enumerate(CUTS)]
 
@@ -97,20 +104,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for precision in ("32", "bf16-mixed"):
             rows[precision] = run_ranks(2, _rank, (precision, args.steps), tmp)
-    print(f"GPT hidden {SHAPE['hidden']}, {SHAPE['num_layers']} blocks, {SHAPE['seq_len']} tokens, 2 stages × 1 "
-          f"replica, {MICRO} micro-batches × {PER_MICRO}, {args.steps} steps\n")
-    print("| precision | stage | bytes sent / iteration | peak saved activations | planner's estimate | CPU s / iteration | loss: first → final |")
+    print(
+        f"GPT hidden {SHAPE['hidden']}, {SHAPE['num_layers']} blocks, {SHAPE['seq_len']} tokens, 2 stages × 1 "
+        f"replica, {MICRO} micro-batches × {PER_MICRO}, {args.steps} steps\n"
+    )
+    print(
+        "| precision | stage | bytes sent / iteration | peak saved activations | planner's estimate | CPU s / iteration | loss: first → final |"
+    )
     print("|---|---|---|---|---|---|---|")
     for precision, res in rows.items():
         predicted = planned_activation_bytes(precision)
         for s, r in enumerate(res):
             r["planned_saved_bytes"] = predicted[s]
-            print(f"| {precision} | {s} | {r['bytes_sent'] / 2**10:.0f} KiB | {r['peak_saved_bytes'] / 2**20:.2f} MiB "
-                  f"| {predicted[s] / 2**20:.2f} MiB | {r['cpu_s']:.3f} | {r['first_loss']:.3f} → {r['final_loss']:.3f} |")
-    ratios = {k: [rows["bf16-mixed"][s][k] / rows["32"][s][k] for s in range(2)]
-              for k in ("bytes_sent", "peak_saved_bytes", "cpu_s")}
-    print(f"\nbf16-mixed / fp32: bytes sent {ratios['bytes_sent']}, peak saved {ratios['peak_saved_bytes']}, "
-          f"CPU time {ratios['cpu_s']}")
+            print(
+                f"| {precision} | {s} | {r['bytes_sent'] / 2**10:.0f} KiB | {r['peak_saved_bytes'] / 2**20:.2f} MiB "
+                f"| {predicted[s] / 2**20:.2f} MiB | {r['cpu_s']:.3f} | {r['first_loss']:.3f} → {r['final_loss']:.3f} |"
+            )
+    ratios = {
+        k: [rows["bf16-mixed"][s][k] / rows["32"][s][k] for s in range(2)]
+        for k in ("bytes_sent", "peak_saved_bytes", "cpu_s")
+    }
+    print(
+        f"\nbf16-mixed / fp32: bytes sent {ratios['bytes_sent']}, peak saved {ratios['peak_saved_bytes']}, "
+        f"CPU time {ratios['cpu_s']}"
+    )
     Path(args.out).write_text(json.dumps({"rows": rows, "bf16_over_fp32": ratios}, indent=2))
 
 

@@ -13,6 +13,7 @@ Linear + GELU: CPU seconds per rank, ours / theirs. Both kinds of row run both r
 processes with their iterations alternating (common.time_side_by_side). Every row: the most activation bytes a rank
 keeps for backward at once (saved-tensor hooks, exact), ours / theirs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,11 @@ from dapple_launch.schedule import StageCosts, simulate_ranks
 
 WORLD, BATCH = 4, 4
 COMPUTE_WIDTH, COMPUTE_BATCH = 512, 32
-TORCH = {"interleaved_1f1b": "ScheduleInterleaved1F1B", "interleaved_zb": "ScheduleInterleavedZeroBubble",
-         "zbv": "ScheduleZBVZeroBubble"}  # (Chimera: none)
+TORCH = {
+    "interleaved_1f1b": "ScheduleInterleaved1F1B",
+    "interleaved_zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+}  # (Chimera: none)
 SPLIT = ("interleaved_zb", "zbv")  # backward split into I and W actions
 
 
@@ -45,8 +49,9 @@ def _layer(kind: str, stage: int) -> nn.Module:
         return nn.Sequential(SplitSleepLayer())
     if kind == "idle":  # what the runtime costs per action, with nothing to compute
         return nn.Sequential(nn.Identity(), _Scale(WIDTH))
-    return nn.Sequential(nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU(), nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH),
-                         nn.GELU())
+    return nn.Sequential(
+        nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU(), nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU()
+    )
 
 
 class _Scale(nn.Module):
@@ -66,14 +71,23 @@ def chunked_plan(schedule: str, chunks: int, micro_batches: int, width: int):
     S = stages(schedule, chunks)
     layers = [LayerProfile(f"l{i}", T_F, T_I + T_W, width * 4.0, width * 4.0) for i in range(S)]
     topo = Topology("bench", 1, WORLD, 8e9, 1.0, 1e10, 1e10, device_kind="cpu")
-    return fixed_plan(chain("bench", layers, batch_size=1), topo, micro_batches * WORLD, S, [1], micro_batches,
-                      Limits(schedule=schedule, chunks=chunks, optimizer_factor=1.0))
+    return fixed_plan(
+        chain("bench", layers, batch_size=1),
+        topo,
+        micro_batches * WORLD,
+        S,
+        [1],
+        micro_batches,
+        Limits(schedule=schedule, chunks=chunks, optimizer_factor=1.0),
+    )
 
 
 def _batch(kind: str, micro_batches: int):
     n, width = (COMPUTE_BATCH, COMPUTE_WIDTH) if kind == "compute" else (BATCH, WIDTH)
-    return (torch.randn(n * micro_batches, width, generator=torch.Generator().manual_seed(1)),
-            torch.zeros(n * micro_batches))
+    return (
+        torch.randn(n * micro_batches, width, generator=torch.Generator().manual_seed(1)),
+        torch.zeros(n * micro_batches),
+    )
 
 
 def ours_step(rank, world, kind, schedule, chunks, micro_batches):
@@ -91,6 +105,7 @@ def ours_step(rank, world, kind, schedule, chunks, micro_batches):
 
 def theirs_step(rank, world, kind, schedule, chunks, micro_batches):
     import torch.distributed.pipelining as pp
+
     S = chunks * world
     local = [rank, 2 * world - 1 - rank] if schedule == "zbv" else [rank + c * world for c in range(chunks)]
     mods = {s: _layer(kind, s) for s in local}
@@ -106,6 +121,7 @@ def theirs_step(rank, world, kind, schedule, chunks, micro_batches):
         sched.step(*args, **kwargs)
         for p in params:
             p.grad = None
+
     return step, SavedBytes(params)
 
 
@@ -124,8 +140,12 @@ def _simulated(schedule: str, chunks: int, micro_batches: int, sleep: bool, per_
     x = chunked_plan(schedule, chunks, micro_batches, WIDTH).build_schedule()
     base = sleep_costs(schedule, chunks) if sleep else [StageCosts(0.0, 0.0, weight_grad_s=0.0)] * x.num_stages
     a = per_action_s
-    costs = [StageCosts(c.forward_s + a, c.backward_s + 2 * a, weight_grad_s=c.weight_s + a) if schedule in SPLIT
-             else StageCosts(c.forward_s + a, c.backward_s + a) for c in base]
+    costs = [
+        StageCosts(c.forward_s + a, c.backward_s + 2 * a, weight_grad_s=c.weight_s + a)
+        if schedule in SPLIT
+        else StageCosts(c.forward_s + a, c.backward_s + a)
+        for c in base
+    ]
     return simulate_ranks(x, costs, record=False).iteration_s
 
 

@@ -20,6 +20,7 @@ which the calibration measures.
 
 benchmarks/runtime.py runs it too and keeps its rows under "schedules" and "round_robin".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -108,8 +109,15 @@ def plan_of(schedule: str, micro_batches: int):
     layers = [LayerProfile(f"l{i}", units(i) * UNIT, 2 * units(i) * UNIT, WIDTH * 4.0, WIDTH * 4.0) for i in range(2)]
     topo = Topology("bench", 1, WORLD, 8e9, 1.0, 1e10, 1e10, device_kind="cpu")
     limits = Limits(schedule=schedule, copies=REPLICAS) if schedule in RR else Limits(schedule=schedule)
-    return fixed_plan(chain("bench", layers, batch_size=1), topo, G, 2, list(REPLICAS), micro_batches,
-                      replace(limits, optimizer_factor=1.0))
+    return fixed_plan(
+        chain("bench", layers, batch_size=1),
+        topo,
+        G,
+        2,
+        list(REPLICAS),
+        micro_batches,
+        replace(limits, optimizer_factor=1.0),
+    )
 
 
 def _batch():
@@ -125,6 +133,7 @@ def _one_forward_bytes(layers: nn.Module, stage: int, rows: int) -> tuple[int, i
     def forward():
         y = layers(x)
         return _loss(y, t[:rows]).sum() if stage == 1 else y
+
     return saved_and_freed_at_input(forward, x, layers.parameters(), stage == 1)
 
 
@@ -145,7 +154,11 @@ def ours_step(rank, world, schedule, micro_batches, idle):
         replica = grid.stage_ranks(stage).index(rank)
         syncs = [GradientSync(params, groups[stage], grid.replicas[stage])]
         ex = StageExecutor(layers, _loss, PointToPoint(grid, stage, replica), 2, on_last_backward=syncs[0].start)
-        x, order, rows = build_schedule(schedule, 2, micro_batches), stage, split_sizes(b, grid.replicas[stage])[replica]
+        x, order, rows = (
+            build_schedule(schedule, 2, micro_batches),
+            stage,
+            split_sizes(b, grid.replicas[stage])[replica],
+        )
     one = _one_forward_bytes(layers, stage, rows)
     step = pipeline_step(ex, x, batch, syncs, params)
     step.info = {"stage": stage, "order": order, "micro_batch_bytes": one}
@@ -159,6 +172,7 @@ def _timed(rank, world, schedule, micro_batches, idle, iterations):
     def build(rank, world, *args):
         built["step"] = ours_step(rank, world, *args)
         return built["step"]
+
     out = timed(rank, world, (("ours", build),), (schedule, micro_batches, idle), iterations)
     return out | built["step"][0].info
 
@@ -175,8 +189,11 @@ def simulated(schedule: str, micro_batches: int, per_action_s: float, sleep: boo
         t = units(s) * UNIT * rows if sleep else 0.0
         i = t if s else 0.0  # the first stage's input needs no gradient
         if schedule == "zb_h1_rr":  # I and W: two actions
-            costs.append(StageCosts(t + a, i + t + 2 * a, weight_grad_s=t + a, activation_bytes=kept[0],
-                                    input_only_bytes=kept[1]))
+            costs.append(
+                StageCosts(
+                    t + a, i + t + 2 * a, weight_grad_s=t + a, activation_bytes=kept[0], input_only_bytes=kept[1]
+                )
+            )
         else:
             costs.append(StageCosts(t + a, i + t + a, activation_bytes=kept[0]))
     if schedule in RR:
@@ -200,34 +217,57 @@ def measure(quick: bool, iterations: int, tmp: str) -> list[dict]:
         res = run_ranks(WORLD, _timed, (schedule, m, False, iterations), tmp)
         sim = simulated(schedule, m, per_action[schedule])
         measured = max(r["wall_s"] for r in res)
-        rows.append({"schedule": schedule, "micro_batches": m, "measured_s": measured, "simulated_s": sim.iteration_s,
-                     "simulator_error": measured / sim.iteration_s - 1, "per_action_s": per_action[schedule],
-                     "saved_bytes": [r["peak_saved_bytes"] for r in res],
-                     "simulated_saved_bytes": [int(simulated(schedule, m, 0.0, True, r["micro_batch_bytes"])
-                                                   .peak_activation_bytes[r["order"]]) for r in res]})
+        rows.append(
+            {
+                "schedule": schedule,
+                "micro_batches": m,
+                "measured_s": measured,
+                "simulated_s": sim.iteration_s,
+                "simulator_error": measured / sim.iteration_s - 1,
+                "per_action_s": per_action[schedule],
+                "saved_bytes": [r["peak_saved_bytes"] for r in res],
+                "simulated_saved_bytes": [
+                    int(simulated(schedule, m, 0.0, True, r["micro_batch_bytes"]).peak_activation_bytes[r["order"]])
+                    for r in res
+                ],
+            }
+        )
         print(f"  sleep {schedule} 3:1 M={m}: {measured:.3f} s (simulator {sim.iteration_s:.3f} s)", flush=True)
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
     best_1f1b = min((r for r in rows if r["schedule"] == "1f1b"), key=lambda r: r["measured_s"])
-    return {"simulator_error": max(abs(r["simulator_error"]) for r in rows),
-            "saved_bytes_match": all(r["saved_bytes"] == r["simulated_saved_bytes"] for r in rows),
-            "over_best_1f1b": {name: min(r["measured_s"] for r in rows if r["schedule"] == name) / best_1f1b["measured_s"]
-                               for name in RR},
-            "schedules": {name: {"simulator_error": max(abs(r["simulator_error"]) for r in rows if r["schedule"] == name),
-                                 "saved_bytes_match": all(r["saved_bytes"] == r["simulated_saved_bytes"]
-                                                          for r in rows if r["schedule"] == name)} for name in RR},
-            "rows": rows}
+    return {
+        "simulator_error": max(abs(r["simulator_error"]) for r in rows),
+        "saved_bytes_match": all(r["saved_bytes"] == r["simulated_saved_bytes"] for r in rows),
+        "over_best_1f1b": {
+            name: min(r["measured_s"] for r in rows if r["schedule"] == name) / best_1f1b["measured_s"] for name in RR
+        },
+        "schedules": {
+            name: {
+                "simulator_error": max(abs(r["simulator_error"]) for r in rows if r["schedule"] == name),
+                "saved_bytes_match": all(
+                    r["saved_bytes"] == r["simulated_saved_bytes"] for r in rows if r["schedule"] == name
+                ),
+            }
+            for name in RR
+        },
+        "rows": rows,
+    }
 
 
 def report(rows: list[dict]) -> dict:
     s = summary(rows)
-    print(f"\nstages of round-robin copies: 2 layers ({HEAVY * UNIT * 1e3:g} and {UNIT * 1e3:g} ms per sample in F, I and W; "
-          f"the first stage's input needs no gradient), stages 3:1 on {WORLD} gloo processes, global batch {G}")
+    print(
+        f"\nstages of round-robin copies: 2 layers ({HEAVY * UNIT * 1e3:g} and {UNIT * 1e3:g} ms per sample in F, I and W; "
+        f"the first stage's input needs no gradient), stages 3:1 on {WORLD} gloo processes, global batch {G}"
+    )
     print_sleep_table(rows, "rank")
-    print("\nover the best 1F1B row on the same layout: "
-          + ", ".join(f"{name} {x:.3f}" for name, x in s["over_best_1f1b"].items()))
+    print(
+        "\nover the best 1F1B row on the same layout: "
+        + ", ".join(f"{name} {x:.3f}" for name, x in s["over_best_1f1b"].items())
+    )
     return s
 
 

@@ -8,6 +8,7 @@ action lists and the known sleep costs.
 
     python benchmarks/schedule_memory_time.py [--iterations 3] [--out schedule_bench.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,22 +65,34 @@ def main() -> None:
                 res = run_ranks(STAGES, _rank, (name, m, args.iterations), tmp)
                 sim = simulate(build_schedule(name, STAGES, m), [StageCosts(FORWARD_S, BACKWARD_S)] * STAGES)
                 measured = max(r["iteration_s"] for r in res)
-                rows.append({"schedule": name, "micro_batches": m,
-                             "peak_saved_bytes": [r["peak_saved_bytes"] for r in res],
-                             "iteration_s": measured, "simulated_s": sim.iteration_s,
-                             "error": measured / sim.iteration_s - 1})
+                rows.append(
+                    {
+                        "schedule": name,
+                        "micro_batches": m,
+                        "peak_saved_bytes": [r["peak_saved_bytes"] for r in res],
+                        "iteration_s": measured,
+                        "simulated_s": sim.iteration_s,
+                        "error": measured / sim.iteration_s - 1,
+                    }
+                )
     by = {(r["schedule"], r["micro_batches"]): r for r in rows}
-    print(f"4 stages × 1 replica, forward {FORWARD_S * 1e3:.0f} ms / backward {BACKWARD_S * 1e3:.0f} ms sleep per "
-          f"layer, {BATCH_PER_MICRO} samples × {WIDTH} floats per micro-batch\n")
-    print("| schedule | M | peak saved MiB per stage (0,1,2,3) | 1F1B/GPipe stage 0 | bound S/M | iteration s | simulator s | error |")
+    print(
+        f"4 stages × 1 replica, forward {FORWARD_S * 1e3:.0f} ms / backward {BACKWARD_S * 1e3:.0f} ms sleep per "
+        f"layer, {BATCH_PER_MICRO} samples × {WIDTH} floats per micro-batch\n"
+    )
+    print(
+        "| schedule | M | peak saved MiB per stage (0,1,2,3) | 1F1B/GPipe stage 0 | bound S/M | iteration s | simulator s | error |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         g = by[("gpipe", r["micro_batches"])]["peak_saved_bytes"][0]
         ratio = r["peak_saved_bytes"][0] / g
         mib = ", ".join(f"{b / 2**20:.2f}" for b in r["peak_saved_bytes"])
         bound = f"{STAGES / r['micro_batches']:.2f}" if r["schedule"] == "1f1b" else ""
-        print(f"| {r['schedule']} | {r['micro_batches']} | {mib} | {ratio:.2f} | {bound} | {r['iteration_s']:.3f} "
-              f"| {r['simulated_s']:.3f} | {r['error']:+.1%} |")
+        print(
+            f"| {r['schedule']} | {r['micro_batches']} | {mib} | {ratio:.2f} | {bound} | {r['iteration_s']:.3f} "
+            f"| {r['simulated_s']:.3f} | {r['error']:+.1%} |"
+        )
     Path(args.out).write_text(json.dumps(rows, indent=2))
 
 

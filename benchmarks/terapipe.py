@@ -10,6 +10,7 @@ slicing and with 4 equal slices: what slicing costs in real compute (more, small
 
     python benchmarks/terapipe.py [--quick] [--out terapipe.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,6 +81,7 @@ class SleepStage(nn.Module):
 
 class SleepLM(PipelineModel):
     """A causal LM in miniature whose stages sleep a slice's modelled cost."""
+
     name, seq_len, vocab_size = "sleep-lm", L, VOCAB
 
     def layers(self):
@@ -103,16 +105,36 @@ PROBE_FORWARD_S, PROBE_BACKWARD_S = 0.03, 0.06  # the calibration's sleeps: shor
 def sleep_profile(per_call_s: float = 0.0, forward_s: float = FORWARD_S, backward_s: float = BACKWARD_S):
     """What a measured profile would say of these layers: the sleeps, plus what the runtime pays per
     call whatever its tokens (`per_call_s`, calibrated in main), as each call's fixed part."""
-    layers = [LayerProfile(f"stage{s}", forward_s + per_call_s, backward_s + per_call_s, 4.0 * HIDDEN * L,
-                           4.0 * HIDDEN, slice_compute=ATTENTION, forward_fixed_s=per_call_s,
-                           backward_fixed_s=per_call_s) for s in range(STAGES)]
+    layers = [
+        LayerProfile(
+            f"stage{s}",
+            forward_s + per_call_s,
+            backward_s + per_call_s,
+            4.0 * HIDDEN * L,
+            4.0 * HIDDEN,
+            slice_compute=ATTENTION,
+            forward_fixed_s=per_call_s,
+            backward_fixed_s=per_call_s,
+        )
+        for s in range(STAGES)
+    ]
     return chain("sleep-lm", layers, batch_size=1)
 
 
 def topology():
     # gloo between local processes: a fraction of a millisecond per transfer, plenty of bandwidth
-    return Topology("local-sleep", 1, STAGES, 8e9, 1.0, 1e9, 1e9, intra_node_latency_s=3e-4,
-                    inter_node_latency_s=3e-4, device_kind="cpu")
+    return Topology(
+        "local-sleep",
+        1,
+        STAGES,
+        8e9,
+        1.0,
+        1e9,
+        1e9,
+        intra_node_latency_s=3e-4,
+        inter_node_latency_s=3e-4,
+        device_kind="cpu",
+    )
 
 
 def plans(G: int, per_call_s: float) -> dict[str, Plan]:
@@ -135,8 +157,13 @@ def _run(rank, world, plan_json, model_kind, iterations):
     stage, replica = grid.position(rank)
     a, b = plan.stages[stage].layers
     local = PipelineModule(model).materialize(list(range(a, b)))
-    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       slice_loss_fn=model.slice_loss)
+    ex = StageExecutor(
+        local.local_stack(),
+        model.loss,
+        PointToPoint(grid, stage, replica),
+        grid.num_stages,
+        slice_loss_fn=model.slice_loss,
+    )
     batch = model.batch(plan.global_batch_size, torch.Generator().manual_seed(1))
     walls, cpus = [], []
     for i in range(iterations + 1):  # the first connects the peers and learns the shapes
@@ -152,6 +179,7 @@ def _run(rank, world, plan_json, model_kind, iterations):
 
 def real_model():
     from dapple_launch.models import build_model
+
     return build_model("gpt", "tiny", num_layers=2, hidden=64, heads=4, seq_len=256, vocab_size=64)
 
 
@@ -167,13 +195,22 @@ def main(argv=None) -> int:
         # short sleeps (a twentieth of the rows'), 64 slices of one sequence; what the run takes beyond
         # the simulator's figure for the sleeps alone, per action and stage over the pipeline's
         # 2 (K + S - 1) steps, is the runtime's own cost per call.
-        probe = fixed_plan(sleep_profile(0.0, PROBE_FORWARD_S, PROBE_BACKWARD_S), topology(), 1, STAGES, [1], 1,
-                           Limits(token_slices=(L // 64,) * 64))
+        probe = fixed_plan(
+            sleep_profile(0.0, PROBE_FORWARD_S, PROBE_BACKWARD_S),
+            topology(),
+            1,
+            STAGES,
+            [1],
+            1,
+            Limits(token_slices=(L // 64,) * 64),
+        )
         wall = max(r["wall_s"] for r in run_ranks(STAGES, _run, (probe.to_json(), "calibrate", iters + 1), tmp))
         per_call = max(0.0, wall - probe.estimate.simulated_iteration_s) / (2 * (64 + STAGES - 1))
-        print(f"calibration: the runtime costs {per_call * 1e3:.2f} ms per action and stage (64 slices, sleeps of "
-              f"{PROBE_FORWARD_S}/{PROBE_BACKWARD_S} s per sequence: {wall:.3f} s measured, "
-              f"{probe.estimate.simulated_iteration_s:.3f} s for the sleeps)\n")
+        print(
+            f"calibration: the runtime costs {per_call * 1e3:.2f} ms per action and stage (64 slices, sleeps of "
+            f"{PROBE_FORWARD_S}/{PROBE_BACKWARD_S} s per sequence: {wall:.3f} s measured, "
+            f"{probe.estimate.simulated_iteration_s:.3f} s for the sleeps)\n"
+        )
         print("| global batch | slicing | slices | measured | simulator | error | speed-up over no slicing |")
         print("|---|---|---|---|---|---|---|")
         for G in (1, 2, 4):
@@ -183,16 +220,30 @@ def main(argv=None) -> int:
                 measured = max(r["wall_s"] for r in res)
                 predicted = plan.estimate.simulated_iteration_s
                 base = base or measured
-                row = {"G": G, "slicing": name, "slices": list(plan.token_slices), "measured_s": measured,
-                       "simulated_s": predicted, "error": measured / predicted - 1, "speedup": base / measured}
+                row = {
+                    "G": G,
+                    "slicing": name,
+                    "slices": list(plan.token_slices),
+                    "measured_s": measured,
+                    "simulated_s": predicted,
+                    "error": measured / predicted - 1,
+                    "speedup": base / measured,
+                }
                 rows.append(row)
-                shown = (f"{len(plan.token_slices)}: {plan.token_slices[0]}…{plan.token_slices[-1]}"
-                         if plan.token_slices else "-")
-                print(f"| {G} | {name} | {shown} | {measured:.3f} s | {predicted:.3f} s | {row['error']:+.1%} "
-                      f"| {row['speedup']:.2f}× |", flush=True)
+                shown = (
+                    f"{len(plan.token_slices)}: {plan.token_slices[0]}…{plan.token_slices[-1]}"
+                    if plan.token_slices
+                    else "-"
+                )
+                print(
+                    f"| {G} | {name} | {shown} | {measured:.3f} s | {predicted:.3f} s | {row['error']:+.1%} "
+                    f"| {row['speedup']:.2f}× |",
+                    flush=True,
+                )
         # real compute: a small GPT, CPU seconds per rank, unsliced against 4 equal slices at global batch 8
         topo = Topology("local", 1, STAGES, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
         from dapple_launch.profile import analytic_profile
+
         model = real_model()
         profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
         real = {}
@@ -201,16 +252,26 @@ def main(argv=None) -> int:
             res = run_ranks(STAGES, _run, (plan.to_json(), "real", iters + 1), tmp)
             real[name] = {"cpu_s": [r["cpu_s"] for r in res], "wall_s": max(r["wall_s"] for r in res)}
     cpu_ratio = statistics.median(s / n for s, n in zip(real["4 equal slices"]["cpu_s"], real["none"]["cpu_s"]))
-    print(f"\nreal compute (GPT, 256 tokens, 4 stages, global batch 8): CPU s per rank unsliced "
-          f"{[round(x, 3) for x in real['none']['cpu_s']]}, 4 slices {[round(x, 3) for x in real['4 equal slices']['cpu_s']]}"
-          f": slicing costs {cpu_ratio:.2f}× the CPU time (median over ranks)")
+    print(
+        f"\nreal compute (GPT, 256 tokens, 4 stages, global batch 8): CPU s per rank unsliced "
+        f"{[round(x, 3) for x in real['none']['cpu_s']]}, 4 slices {[round(x, 3) for x in real['4 equal slices']['cpu_s']]}"
+        f": slicing costs {cpu_ratio:.2f}× the CPU time (median over ranks)"
+    )
     at_one = next(r for r in rows if r["G"] == 1 and r["slicing"] == "planner")
     worst = max(abs(r["error"]) for r in rows)
-    out = {"rows": rows, "real": real, "slicing_cpu_ratio": cpu_ratio, "per_action_s": per_call,
-           "speedup_over_no_slicing": at_one["speedup"], "simulator_error": worst}
+    out = {
+        "rows": rows,
+        "real": real,
+        "slicing_cpu_ratio": cpu_ratio,
+        "per_action_s": per_call,
+        "speedup_over_no_slicing": at_one["speedup"],
+        "simulator_error": worst,
+    }
     Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"speed-up over no slicing at global batch 1 (planner's slices): {at_one['speedup']:.2f}×; "
-          f"worst simulator error {worst:.1%}; wrote {args.out}")
+    print(
+        f"speed-up over no slicing at global batch 1 (planner's slices): {at_one['speedup']:.2f}×; "
+        f"worst simulator error {worst:.1%}; wrote {args.out}"
+    )
     return 0
 
 

@@ -16,6 +16,7 @@ Writes zero_bubble.json: per row the measured and simulated times, and the summa
 speedup_over_1f1b (sleep rows, per M), simulator_error (worst), saved_bytes_match (all rows exact),
 cpu_ratio (compute rows).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,13 +90,20 @@ def _loss(y, t):
 
 def _run(rank, world, kind, schedule_name, micro_batches, iterations):
     torch.manual_seed(0)
-    layers = nn.Sequential(SplitSleepLayer()) if kind == "sleep" else nn.Sequential(
-        nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU(), nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU())
+    layers = (
+        nn.Sequential(SplitSleepLayer())
+        if kind == "sleep"
+        else nn.Sequential(
+            nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU(), nn.Linear(COMPUTE_WIDTH, COMPUTE_WIDTH), nn.GELU()
+        )
+    )
     ex = StageExecutor(layers, _loss, PointToPoint(ProcessGrid((1,) * world), rank, 0), world)
     schedule = build_schedule(schedule_name, world, micro_batches)
     n, width = (BATCH, WIDTH) if kind == "sleep" else (COMPUTE_BATCH, COMPUTE_WIDTH)
-    batch = (torch.randn(n * micro_batches, width, generator=torch.Generator().manual_seed(1)),
-             torch.zeros(n * micro_batches))
+    batch = (
+        torch.randn(n * micro_batches, width, generator=torch.Generator().manual_seed(1)),
+        torch.zeros(n * micro_batches),
+    )
     # what one micro-batch's forward keeps for backward on this stage (the last: its loss's too)
     one = SavedBytes(list(layers.parameters()))
     with one.hooks():
@@ -114,8 +122,12 @@ def _run(rank, world, kind, schedule_name, micro_batches, iterations):
         if i:
             walls.append(time.perf_counter() - w0)
             cpus.append(time.process_time() - c0)
-    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "peak_saved_bytes": counter.peak,
-            "micro_batch_saved_bytes": one_micro_batch}
+    return {
+        "wall_s": statistics.median(walls),
+        "cpu_s": statistics.median(cpus),
+        "peak_saved_bytes": counter.peak,
+        "micro_batch_saved_bytes": one_micro_batch,
+    }
 
 
 def sleep_costs() -> list[StageCosts]:
@@ -133,15 +145,24 @@ def main() -> None:
     iters = args.iterations or (3 if args.quick else 5)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for m in ((4, 8) if args.quick else (4, 8, 16)):
+        for m in (4, 8) if args.quick else (4, 8, 16):
             for name in ("1f1b", "zb_h1"):
                 res = run_ranks(WORLD, _run, ("sleep", name, m, iters), tmp)
                 sim = simulate(build_schedule(name, WORLD, m), sleep_costs())
                 measured = max(r["wall_s"] for r in res)
                 predicted_saved = [p * r["micro_batch_saved_bytes"] for p, r in zip(sim.peak_in_flight, res)]
-                rows.append({"kind": "sleep", "schedule": name, "micro_batches": m, "measured_s": measured,
-                             "simulated_s": sim.iteration_s, "simulator_error": measured / sim.iteration_s - 1,
-                             "saved_bytes": [r["peak_saved_bytes"] for r in res], "simulated_saved_bytes": predicted_saved})
+                rows.append(
+                    {
+                        "kind": "sleep",
+                        "schedule": name,
+                        "micro_batches": m,
+                        "measured_s": measured,
+                        "simulated_s": sim.iteration_s,
+                        "simulator_error": measured / sim.iteration_s - 1,
+                        "saved_bytes": [r["peak_saved_bytes"] for r in res],
+                        "simulated_saved_bytes": predicted_saved,
+                    }
+                )
                 print(f"  sleep {name} M={m}: {measured:.3f} s (simulator {sim.iteration_s:.3f} s)", flush=True)
         # alternating runs, each rank's median: 4 processes on 2 shared cores are noisy
         runs = {"1f1b": [], "zb_h1": []}
@@ -150,8 +171,15 @@ def main() -> None:
                 runs[name].append(run_ranks(WORLD, _run, ("compute", name, 8, iters), tmp))
         for name, got in runs.items():
             cpu = [r["cpu_s"] for r in median_runs(got)]
-            rows.append({"kind": "compute", "schedule": name, "micro_batches": 8, "cpu_s": cpu,
-                         "measured_s": statistics.median(max(r["wall_s"] for r in run) for run in got)})
+            rows.append(
+                {
+                    "kind": "compute",
+                    "schedule": name,
+                    "micro_batches": 8,
+                    "cpu_s": cpu,
+                    "measured_s": statistics.median(max(r["wall_s"] for r in run) for run in got),
+                }
+            )
             print(f"  compute {name} M=8: CPU s per rank {[round(c, 3) for c in cpu]}", flush=True)
     report(rows, args.out)
 
@@ -159,19 +187,25 @@ def main() -> None:
 def report(rows, out) -> None:
     sleep = [r for r in rows if r["kind"] == "sleep"]
     by = {(r["schedule"], r["micro_batches"]): r for r in sleep}
-    speedup = {str(m): by[("1f1b", m)]["measured_s"] / by[("zb_h1", m)]["measured_s"]
-               for (_, m) in by if ("zb_h1", m) in by}
+    speedup = {
+        str(m): by[("1f1b", m)]["measured_s"] / by[("zb_h1", m)]["measured_s"] for (_, m) in by if ("zb_h1", m) in by
+    }
     compute = {r["schedule"]: r for r in rows if r["kind"] == "compute"}
     cpu_ratio = sum(compute["zb_h1"]["cpu_s"]) / sum(compute["1f1b"]["cpu_s"])
-    summary = {"speedup_over_1f1b": speedup,
-               "simulator_error": max(abs(r["simulator_error"]) for r in sleep),
-               "saved_bytes_match": all(r["saved_bytes"] == r["simulated_saved_bytes"] for r in sleep),
-               "cpu_ratio": cpu_ratio, "rows": rows}
+    summary = {
+        "speedup_over_1f1b": speedup,
+        "simulator_error": max(abs(r["simulator_error"]) for r in sleep),
+        "saved_bytes_match": all(r["saved_bytes"] == r["simulated_saved_bytes"] for r in sleep),
+        "cpu_ratio": cpu_ratio,
+        "rows": rows,
+    }
     Path(out).write_text(json.dumps(summary, indent=1))
     print_sleep_table(sleep, "stage")
     print(f"\nZB-H1 over 1F1B (sleep): {', '.join(f'M={m}: {s:.3f}×' for m, s in speedup.items())}")
-    print(f"compute rows, CPU seconds per iteration summed over ranks: 1F1B {sum(compute['1f1b']['cpu_s']):.3f}, "
-          f"ZB-H1 {sum(compute['zb_h1']['cpu_s']):.3f} (ratio {cpu_ratio:.3f})")
+    print(
+        f"compute rows, CPU seconds per iteration summed over ranks: 1F1B {sum(compute['1f1b']['cpu_s']):.3f}, "
+        f"ZB-H1 {sum(compute['zb_h1']['cpu_s']):.3f} (ratio {cpu_ratio:.3f})"
+    )
     print(f"wrote {out}")
 
 

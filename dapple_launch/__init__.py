@@ -1,4 +1,5 @@
 """dapple_launch: plan and run hybrid pipeline + data-parallel training (DAPPLE) from a config."""
+
 from importlib.metadata import PackageNotFoundError, version
 
 try:

@@ -1,4 +1,5 @@
 """`python -m dapple_launch [overrides]`: compose → check → plan → launch (dapple_launch/cli.py)."""
+
 from .cli import main
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Read from Slurm's own words only: the job's environment inside an allocation, `s
 development cluster. The configs reach these through the `${dapple_allocation:KEY}` and
 `${dapple_slurm_dev:KEY}` resolvers (config.py), so a dry run plans for exactly what is there.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,10 @@ class Allocation:
 
     def describe(self) -> str:
         what = f"{self.gpus_per_node} GPUs" if self.gpus_per_node else f"{self.tasks_per_node} CPU tasks"
-        return (f"cluster=from_slurm read job {self.job_id}: {self.nodes} node(s) ({','.join(self.hostnames)}) × "
-                f"{what} per node, from {self.source}")
+        return (
+            f"cluster=from_slurm read job {self.job_id}: {self.nodes} node(s) ({','.join(self.hostnames)}) × "
+            f"{what} per node, from {self.source}"
+        )
 
 
 def expand_hostlist(text: str) -> tuple[str, ...]:
@@ -88,9 +91,11 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation:
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID")
     if not job:
-        raise ValueError("cluster=from_slurm reads the Slurm allocation it runs in, but SLURM_JOB_ID is not set: run "
-                         "it inside one (salloc -N2 --ntasks-per-node=4, or an sbatch script), or pick a cluster "
-                         "config (cluster=slurm-dev, cluster=a100x64, ...)")
+        raise ValueError(
+            "cluster=from_slurm reads the Slurm allocation it runs in, but SLURM_JOB_ID is not set: run "
+            "it inside one (salloc -N2 --ntasks-per-node=4, or an sbatch script), or pick a cluster "
+            "config (cluster=slurm-dev, cluster=a100x64, ...)"
+        )
     hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
     if not hosts:
         raise ValueError(f"job {job} has no SLURM_JOB_NODELIST: cluster=from_slurm cannot tell its nodes")
@@ -99,8 +104,10 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation:
     if "SLURM_NTASKS_PER_NODE" in env:
         counts = [int(env["SLURM_NTASKS_PER_NODE"])] * len(hosts)
     if len(set(counts)) > 1:
-        raise ValueError(f"job {job} has {counts_text} tasks on its {len(hosts)} nodes; cluster=from_slurm needs the "
-                         f"same count on each: allocate with --ntasks-per-node")
+        raise ValueError(
+            f"job {job} has {counts_text} tasks on its {len(hosts)} nodes; cluster=from_slurm needs the "
+            f"same count on each: allocate with --ntasks-per-node"
+        )
     gpus, gpu_key = _gpus(env)
     tasks = counts[0] if counts else (gpus or 1)
     source = "SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE" + (f", {gpu_key}" if gpu_key else "")
@@ -113,8 +120,12 @@ def gpu_memory_gib() -> float | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         values = [float(v) / 1024 for v in out.split() if v.replace(".", "").isdigit()]
     except (OSError, subprocess.SubprocessError):
         return None
@@ -139,8 +150,9 @@ def dev_cluster(partition: str = "debug") -> DevCluster:
     if shutil.which("sinfo") is None:
         return DEV_DEFAULT
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %c %T"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %c %T"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return DEV_DEFAULT
     rows = [line.split() for line in out.stdout.splitlines() if len(line.split()) == 3]

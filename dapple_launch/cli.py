@@ -6,6 +6,7 @@ Hydra's own composition errors (an unknown key, a wrong choice or type, a missin
 schema's (a key another kind owns, `+key=` included) and each section's value checks. Planning,
 data and checkpoint checks follow in the job (launch/job.py), still before any process starts.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -29,6 +30,7 @@ class Refusal(ValueError):
 def _parse(argv: list[str]):
     """Hydra's own reading of the command line: (its flags, the overrides as written)."""
     from hydra._internal.utils import get_args_parser
+
     args, rest = get_args_parser().parse_known_args(argv)
     return args, [a for a in [*args.overrides, *rest] if not a.startswith("-")]
 
@@ -36,6 +38,7 @@ def _parse(argv: list[str]):
 def _user_overrides(argv: list[str]) -> tuple[list[str], str | None]:
     """(the overrides to compose, with a sweep's first value, --config-dir)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
     args, raw = _parse(argv)
     out = []
     for o in OverridesParser.create().parse_overrides(raw):
@@ -52,6 +55,7 @@ def compose(overrides: list[str], config_dir: str | None = None) -> DictConfig:
     """The job's config as Hydra composes it (what the tests compose too)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+
     extra = [f"hydra.searchpath=[file://{config_dir}]"] if config_dir else []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return hydra_compose("config", overrides=[*overrides, *extra])
@@ -76,8 +80,8 @@ def explain_error(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     if cause is not None and not isinstance(exc, ValueError):
         text = f"{text}\n{cause}"
-    full_key = (m.group(1) if (m := re.search(r"full_key: (\S+)", text)) else "")
-    given = (m.group(1) if (m := re.search(r"override (\S+=.*)$", text, flags=re.M)) else f"{full_key}=...")
+    full_key = m.group(1) if (m := re.search(r"full_key: (\S+)", text)) else ""
+    given = m.group(1) if (m := re.search(r"override (\S+=.*)$", text, flags=re.M)) else f"{full_key}=..."
     if isinstance(exc, ValueError) and "full_key" not in text:
         return text  # our own checks already say it in one line
     if m := re.search(r"ValueError raised while resolving interpolation: (.*?)(?: \(\S+\))?$", text.splitlines()[0]):
@@ -86,8 +90,10 @@ def explain_error(exc: BaseException) -> str:
         key = full_key or m.group(1)
         if key.startswith("model.args."):
             leaf = key.split(".", 2)[2]
-            return (f"{key}: model.args is the factory's keyword arguments, a free mapping: add a key with "
-                    f"+{key}=VALUE, or set them all at once with model.args={{{leaf}:VALUE,...}}")
+            return (
+                f"{key}: model.args is the factory's keyword arguments, a free mapping: add a key with "
+                f"+{key}=VALUE, or set them all at once with model.args={{{leaf}:VALUE,...}}"
+            )
         return unknown_key_message(key, *_known_keys(key, m.group(2)))
     if m := re.search(r"Could not find '([^']+)'", text):
         group, _, option = m.group(1).rpartition("/")
@@ -116,6 +122,7 @@ def _known_keys(key: str, owner_type: str | None) -> tuple[list[str], str, str]:
     from dataclasses import fields
 
     from .config import ClusterConfig, Config, LauncherConfig, LoggerConfig, TrainerConfig, kind_hint
+
     section = key.lstrip("+").split(".")[0]
     if "." not in key:
         return sorted(f.name for f in fields(Config)), "", "dapple_launch"
@@ -138,6 +145,7 @@ def check_run_dir(argv: list[str]) -> None:
     """An explicit hydra.run.dir: refuse a directory another launch holds, or one that cannot be
     written, before Hydra writes its own files there."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
     args, raw = _parse(argv)
     if args.multirun or args.cfg or args.info or args.help or args.hydra_help:
         return  # nothing runs in this directory
@@ -147,6 +155,7 @@ def check_run_dir(argv: list[str]) -> None:
     from pathlib import Path
 
     from .run_dir import check_unlocked, storage_refusal
+
     run_dir = Path(str(given[-1].value())).expanduser()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +171,7 @@ def check_run_dir(argv: list[str]) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     from .launch.job import run
     from .log import quiet_third_party
+
     quiet_third_party()
     try:
         code = run(cfg)
@@ -176,6 +186,7 @@ def main() -> None:
     argv = sys.argv[1:]
     setup()
     from .help import HELP, wants_help
+
     if wants_help(argv):
         print(HELP)
         return

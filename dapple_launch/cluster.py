@@ -3,6 +3,7 @@
 Device id = node × devices_per_node + local index. Links inside a node (NVLink) are much faster
 than between nodes; the slowest link a transfer or an all-reduce touches sets its speed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -37,7 +38,8 @@ class Topology:
             raise ValueError(
                 f"cluster {self.name!r} has {self.nodes} nodes × {self.devices_per_node} devices per node = "
                 f"{self.nodes * self.devices_per_node} devices; a cluster needs at least one of each "
-                f"(set cluster.nodes and cluster.devices_per_node >= 1)")
+                f"(set cluster.nodes and cluster.devices_per_node >= 1)"
+            )
         for key in ("device_memory_bytes", "device_tflops", "intra_node_bandwidth", "inter_node_bandwidth"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"cluster {self.name!r}: {key} must be > 0, got {getattr(self, key)}")
@@ -72,10 +74,14 @@ class Topology:
     def allreduce_link(self, across_nodes: bool) -> tuple[float, float]:
         """(bus bandwidth, latency per ring step) of an all-reduce inside a node or across nodes."""
         if across_nodes:
-            return (self.inter_node_allreduce_bandwidth or self.inter_node_bandwidth,
-                    self.inter_node_allreduce_latency_s or self.inter_node_latency_s)
-        return (self.intra_node_allreduce_bandwidth or self.intra_node_bandwidth,
-                self.intra_node_allreduce_latency_s or self.intra_node_latency_s)
+            return (
+                self.inter_node_allreduce_bandwidth or self.inter_node_bandwidth,
+                self.inter_node_allreduce_latency_s or self.inter_node_latency_s,
+            )
+        return (
+            self.intra_node_allreduce_bandwidth or self.intra_node_bandwidth,
+            self.intra_node_allreduce_latency_s or self.intra_node_latency_s,
+        )
 
 
 def ring_allreduce_s(replicas: int, nbytes: float, link: tuple[float, float]) -> float:

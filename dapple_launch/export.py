@@ -4,6 +4,7 @@ writes it), whatever layout it was trained on: the checkpoint's shards are per l
 parameter maps one to one onto its Hugging Face name (models/hf.py, models/llama.py). `AutoModelForCausalLM.
 from_pretrained(OUT_DIR)` then gives the trained pipeline's logits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ from omegaconf import OmegaConf
 
 def checkpoint_and_run(path: Path) -> tuple[Path, Path]:
     from .runtime.checkpoint import newest_intact
+
     path = path.expanduser()
     if (path / "checkpoints").is_dir():
         found = newest_intact(path / "checkpoints")
@@ -23,8 +25,9 @@ def checkpoint_and_run(path: Path) -> tuple[Path, Path]:
         return found, path
     if path.is_dir() and path.parent.name == "checkpoints":
         return path, path.parent.parent
-    raise ValueError(f"{path} is neither a run directory (with checkpoints/) nor a checkpoint "
-                     f"(RUN/checkpoints/stepNNNNNN.ckpt)")
+    raise ValueError(
+        f"{path} is neither a run directory (with checkpoints/) nor a checkpoint (RUN/checkpoints/stepNNNNNN.ckpt)"
+    )
 
 
 def export(source: Path, out: Path) -> Path:
@@ -33,12 +36,15 @@ def export(source: Path, out: Path) -> Path:
 
     from .plan_config import model_from_config
     from .runtime.checkpoint import read_shards
+
     ckpt, run = checkpoint_and_run(source)
     cfg = OmegaConf.load(run / "config.yaml")
     model = model_from_config(cfg.model)
     if not hasattr(model, "hf_name"):
-        raise ValueError(f"{run} trained model={cfg.model.name}; export writes Hugging Face directories of model=hf "
-                         f"and model=llama checkpoints")
+        raise ValueError(
+            f"{run} trained model={cfg.model.name}; export writes Hugging Face directories of model=hf "
+            f"and model=llama checkpoints"
+        )
     state, _ = read_shards(ckpt)
     tensors = {}
     for key, value in state.items():
@@ -47,8 +53,10 @@ def export(source: Path, out: Path) -> Path:
     expected = model.hf_expected()
     missing = sorted(expected - set(tensors))
     if missing:
-        raise ValueError(f"{ckpt} lacks {len(missing)} of the model's tensors (first: {missing[0]}); it is not a whole "
-                         f"checkpoint of this model")
+        raise ValueError(
+            f"{ckpt} lacks {len(missing)} of the model's tensors (first: {missing[0]}); it is not a whole "
+            f"checkpoint of this model"
+        )
     extra = sorted(set(tensors) - expected)
     for name in extra:  # a tied head stored once: under the embedding's name, as Hugging Face stores it
         del tensors[name]
@@ -62,6 +70,7 @@ def export(source: Path, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     from .log import get_logger, setup
+
     setup()
     parser = argparse.ArgumentParser(prog="python -m dapple_launch.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="a run directory (its newest checkpoint) or one checkpoint")

@@ -1,4 +1,5 @@
 """`python -m dapple_launch --help`: the tool's own page (Hydra's stays at --hydra-help)."""
+
 from __future__ import annotations
 
 from .config import CONF_DIR

@@ -2,6 +2,7 @@
 gets, a free port. Shared by the local launcher, the link and action-cost probes and the measuring
 profiler, so they all see the ranks' view; and whether torch here reaches a GPU. Standard library
 at import (torch only inside the GPU questions, when asked), so the pure packages may use it."""
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ def free_port() -> int:
 def cuda_missing() -> str | None:
     """Why this process cannot use a CUDA GPU, or None when it can."""
     import torch
+
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build"
     if not torch.cuda.is_available():
@@ -41,6 +43,7 @@ def cuda_missing() -> str | None:
 def bf16_missing() -> str | None:
     """Why this process's GPU cannot run bf16, or None when it can."""
     import torch
+
     if torch.cuda.is_bf16_supported():
         return None
     major, minor = torch.cuda.get_device_capability()
@@ -51,6 +54,7 @@ def route_interface(address: str) -> str | None:
     """The network interface this host reaches `address` through (`ip route get`), or None when it
     cannot tell (no iproute2, an unresolvable name)."""
     import subprocess
+
     try:
         ip = socket.gethostbyname(address)
         out = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True, timeout=5).stdout
@@ -61,8 +65,9 @@ def route_interface(address: str) -> str | None:
     if dev == "lo" and not ip.startswith("127."):
         # the rendezvous is this host's own address (the route goes through lo): the interface holding it
         try:
-            held = subprocess.run(["ip", "-o", "addr", "show", "to", ip], capture_output=True, text=True,
-                                  timeout=5).stdout.split()
+            held = subprocess.run(
+                ["ip", "-o", "addr", "show", "to", ip], capture_output=True, text=True, timeout=5
+            ).stdout.split()
         except (OSError, subprocess.SubprocessError):
             return dev
         return held[1] if len(held) > 1 else dev
@@ -85,16 +90,22 @@ def check_gpu_here(precision: str, devices_per_node: int | None = None) -> None:
     """Refuse a GPU run this process cannot run as asked (ValueError, one line)."""
     missing = cuda_missing()
     if missing:
-        raise ValueError(f"cluster.device_kind=gpu but {missing}: nothing would run on a GPU; run where the GPUs are "
-                         f"(launcher=slurm submits to them), install a CUDA build of torch, or set "
-                         f"cluster.device_kind=cpu to train on CPU processes here")
+        raise ValueError(
+            f"cluster.device_kind=gpu but {missing}: nothing would run on a GPU; run where the GPUs are "
+            f"(launcher=slurm submits to them), install a CUDA build of torch, or set "
+            f"cluster.device_kind=cpu to train on CPU processes here"
+        )
     import torch
+
     visible = torch.cuda.device_count()
     if devices_per_node is not None and devices_per_node > visible:
-        raise ValueError(f"the plan uses {devices_per_node} GPUs on this node but it shows {visible}; set "
-                         f"cluster.devices_per_node={visible} and re-plan")
+        raise ValueError(
+            f"the plan uses {devices_per_node} GPUs on this node but it shows {visible}; set "
+            f"cluster.devices_per_node={visible} and re-plan"
+        )
     if precision == "bf16-mixed":
         why = bf16_missing()
         if why:
-            raise ValueError(f"trainer.precision=bf16-mixed but {why}: use trainer.precision=16-mixed (fp16 with a "
-                             f"loss scale) or 32")
+            raise ValueError(
+                f"trainer.precision=bf16-mixed but {why}: use trainer.precision=16-mixed (fp16 with a loss scale) or 32"
+            )

@@ -6,6 +6,7 @@ Warnings and errors go to stderr, the rest to stdout. Lightning's and wandb's ba
 lines, distributed set-up, tips advertising other products) are below the level shown, and the
 warnings known to be false for this tool are filtered out (each with the reason beside it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,9 @@ class _Format(logging.Formatter):
         self.prefix = prefix
 
     def format(self, record: logging.LogRecord) -> str:
-        head = "warning: " if record.levelno == logging.WARNING else "error: " if record.levelno >= logging.ERROR else ""
+        head = (
+            "warning: " if record.levelno == logging.WARNING else "error: " if record.levelno >= logging.ERROR else ""
+        )
         return f"{self.prefix}{head}{record.getMessage()}"
 
 
@@ -67,11 +70,15 @@ KNOWN_WARNINGS = [
     ("`isinstance(treespec, LeafSpec)` is deprecated", "inside torch, not this tool"),
     ("The number of training batches", "a run is bounded by steps, not epochs"),
     ("your dataloader is not resumable", "the global batch sampler resumes exactly (data/datasets.py)"),
-    ("The `srun` command is available on your system but is not used",
-     "ranks are started by this tool's launcher, not by srun"),
+    (
+        "The `srun` command is available on your system but is not used",
+        "ranks are started by this tool's launcher, not by srun",
+    ),
     ("does not have many workers", "every rank reads the same small global batch; workers only add processes"),
-    ("Detected call of `lr_scheduler.step()` before `optimizer.step()`",
-     "a 16-mixed step skipped for an inf/NaN gradient still advances the schedule, as torch.amp does"),
+    (
+        "Detected call of `lr_scheduler.step()` before `optimizer.step()`",
+        "a 16-mixed step skipped for an inf/NaN gradient still advances the schedule, as torch.amp does",
+    ),
     ("Found an `on_save_checkpoint` hook", "it is this tool's own"),
     ("The '.*_dataloader' does not have many workers", "see above"),
 ]
@@ -79,7 +86,14 @@ KNOWN_WARNINGS = [
 
 def quiet_third_party() -> None:
     """Lightning's and wandb's info banners below the level shown; the known-false warnings gone."""
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "wandb", "torch.distributed"):
+    for name in (
+        "lightning",
+        "lightning.pytorch",
+        "lightning.fabric",
+        "pytorch_lightning",
+        "wandb",
+        "torch.distributed",
+    ):
         logging.getLogger(name).setLevel(logging.WARNING)
     for text, _why in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=f".*{text if '.*' in text else re.escape(text)}.*")

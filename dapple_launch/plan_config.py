@@ -1,4 +1,5 @@
 """From a composed config to the objects the planner reads: ModelPipeline, ModelProfile, Topology, Plan."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -14,12 +15,22 @@ from .planner.chunked import CHUNKED, check_chunked, groups_for
 from .profile import ModelProfile, analytic_profile, read_profile_file
 from .schedule import SPLIT_BACKWARD, validate
 
-_SHAPE_KEYS = {"gpt": ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout",
-                       "tie_embeddings"),
-               "vgg19": ("image_size", "num_classes", "width_divisor", "fc_width")}
+_SHAPE_KEYS = {
+    "gpt": ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout", "tie_embeddings"),
+    "vgg19": ("image_size", "num_classes", "width_divisor", "fc_width"),
+}
 _SHAPE_KEYS["bert"] = _SHAPE_KEYS["gpt"]
-_SHAPE_KEYS["llama"] = ("num_layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab_size", "rope_theta",
-                        "tie_embeddings")
+_SHAPE_KEYS["llama"] = (
+    "num_layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn_hidden",
+    "seq_len",
+    "vocab_size",
+    "rope_theta",
+    "tie_embeddings",
+)
 PROFILE_BATCH = 2
 
 # strategy=auto's families when none are named (README: strategy.schedules)
@@ -28,13 +39,16 @@ DEFAULT_SCHEDULES = ("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv
 
 def model_from_config(m: DictConfig) -> PipelineModel:
     if m.name == "from_profile":
-        raise ValueError("model=from_profile describes a profile only, for planning (dry_run=true); it has no "
-                         "layers to train: pick model=gpt, bert, vgg19 or custom to train")
+        raise ValueError(
+            "model=from_profile describes a profile only, for planning (dry_run=true); it has no "
+            "layers to train: pick model=gpt, bert, vgg19 or custom to train"
+        )
     if m.name == "custom":
         args = OmegaConf.to_container(m.args, resolve=True) if isinstance(m.args, DictConfig) else m.args
         if args is not None and not isinstance(args, dict):
-            raise ValueError(f"model.args={args!r} must be a mapping of keyword arguments, e.g. "
-                             f"model.args={{hidden:128,layers:6}}")
+            raise ValueError(
+                f"model.args={args!r} must be a mapping of keyword arguments, e.g. model.args={{hidden:128,layers:6}}"
+            )
         return build_custom(m.target, args)
     if m.name == "hf":
         return _hf_model(m.path, m.config, str(m.init), int(m.seq_len))
@@ -45,6 +59,7 @@ def model_from_config(m: DictConfig) -> PipelineModel:
 def _hf_model(path, config, init: str, seq_len: int) -> PipelineModel:
     """Read once per process: the family's anatomy from its config, the weights' headers checked."""
     from .models.hf import HFCausalLM
+
     return HFCausalLM(path=path, config_dir=config, init=init, seq_len=seq_len)
 
 
@@ -63,6 +78,7 @@ def shipped_topology(name: str, precision: str = "auto") -> Topology:
     """A cluster shipped in conf/cluster/NAME.yaml, as the planner sees it at `precision` (auto: the
     one trainer.precision=auto picks there). For benchmarks and tests that plan without composing."""
     from .config import CONF_DIR, ClusterConfig
+
     c = OmegaConf.load(CONF_DIR / "cluster" / f"{name}.yaml")
     c.pop("defaults", None)
     c = OmegaConf.merge(OmegaConf.structured(ClusterConfig), c)
@@ -75,28 +91,40 @@ def topology_from_config(c: DictConfig, precision: str = "32") -> Topology:
     """The cluster as the planner sees it; the device's speed is the one at the run's precision."""
     tflops = c.device_tflops if precision != "32" else (c.device_tflops_fp32 or c.device_tflops)
     return Topology(
-        name=c.name, nodes=c.nodes, devices_per_node=c.devices_per_node,
-        device_memory_bytes=c.device_memory_gib * GIB, device_tflops=tflops,
-        intra_node_bandwidth=c.intra_node_bandwidth_gbps * GBPS, inter_node_bandwidth=c.inter_node_bandwidth_gbps * GBPS,
-        intra_node_latency_s=c.intra_node_latency_us * 1e-6, inter_node_latency_s=c.inter_node_latency_us * 1e-6,
+        name=c.name,
+        nodes=c.nodes,
+        devices_per_node=c.devices_per_node,
+        device_memory_bytes=c.device_memory_gib * GIB,
+        device_tflops=tflops,
+        intra_node_bandwidth=c.intra_node_bandwidth_gbps * GBPS,
+        inter_node_bandwidth=c.inter_node_bandwidth_gbps * GBPS,
+        intra_node_latency_s=c.intra_node_latency_us * 1e-6,
+        inter_node_latency_s=c.inter_node_latency_us * 1e-6,
         intra_node_allreduce_bandwidth=(c.intra_node_allreduce_gbps or 0) * GBPS or None,
         inter_node_allreduce_bandwidth=(c.inter_node_allreduce_gbps or 0) * GBPS or None,
-        device_kind=str(c.device_kind), action_overhead_s=(c.get("action_overhead_us") or 0.0) * 1e-6)
+        device_kind=str(c.device_kind),
+        action_overhead_s=(c.get("action_overhead_us") or 0.0) * 1e-6,
+    )
 
 
 def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
     m = cfg.model
     if m.name == "from_profile":
         if not m.profile:
-            raise ValueError("model=from_profile needs model.profile=NAME or PATH (a shipped profile such as "
-                             "bert-48-pbs-2, or a PipeDream/DAPPLE graph text file)")
+            raise ValueError(
+                "model=from_profile needs model.profile=NAME or PATH (a shipped profile such as "
+                "bert-48-pbs-2, or a PipeDream/DAPPLE graph text file)"
+            )
         from .profile.bundled import locate
+
         path, batch, scale = locate(str(m.profile), m.profile_batch_size, m.parameter_scale)
         p = read_profile_file(path, batch, device_tflops=m.profile_device_tflops)
         if scale != 1.0:
             from dataclasses import replace
-            p = replace(p, layers=tuple(replace(layer, parameter_bytes=layer.parameter_bytes * scale)
-                                        for layer in p.layers))
+
+            p = replace(
+                p, layers=tuple(replace(layer, parameter_bytes=layer.parameter_bytes * scale) for layer in p.layers)
+            )
         return p
     model = model_from_config(m)
     precision = run_precision(cfg)
@@ -105,16 +133,21 @@ def profile_from_config(cfg: DictConfig, topology: Topology) -> ModelProfile:
         # Times hold for this machine's device: plan with a cluster config that describes it.
         if topology.device_kind != "cpu":
             from .host import cuda_missing
+
             missing = cuda_missing()
             if missing:  # never a CPU's times taken for a GPU cluster's plan
-                raise ValueError(f"strategy.profile_source=measured times the layers on this machine's GPU for "
-                                 f"cluster {topology.name}, but {missing}: plan on a node of that cluster, or use "
-                                 f"strategy.profile_source=analytic")
+                raise ValueError(
+                    f"strategy.profile_source=measured times the layers on this machine's GPU for "
+                    f"cluster {topology.name}, but {missing}: plan on a node of that cluster, or use "
+                    f"strategy.profile_source=analytic"
+                )
             from .profile.measure_job import measure_elsewhere  # (CUDA is never initialised in this process)
+
             return with_ties(measure_elsewhere(m, PROFILE_BATCH, "cuda", precision), model)
         return with_ties(measured_cpu_share(model, topology, precision), model)
-    return with_ties(analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name,
-                                      precision=precision), model)
+    return with_ties(
+        analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name, precision=precision), model
+    )
 
 
 def with_ties(profile: ModelProfile, model: PipelineModel) -> ModelProfile:
@@ -122,6 +155,7 @@ def with_ties(profile: ModelProfile, model: PipelineModel) -> ModelProfile:
     from dataclasses import replace
 
     from .models.contract import parameter_layer, tied_owners
+
     owners = tied_owners(model)
     if not owners:
         return profile
@@ -137,6 +171,7 @@ def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]
     import torch
 
     from .models.contract import parameter_layer
+
     specs, out = model.layers(), {}
     with torch.device("meta"):
         for owner in set(owners.values()):
@@ -144,8 +179,10 @@ def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]
             local = owner.split(".", 2)[2]
             params = dict(layer.named_parameters())
             if local not in params:
-                raise ValueError(f"model {model.name}: tied parameter {owner} does not exist (layer "
-                                 f"{parameter_layer(owner)} has {sorted(params)})")
+                raise ValueError(
+                    f"model {model.name}: tied parameter {owner} does not exist (layer "
+                    f"{parameter_layer(owner)} has {sorted(params)})"
+                )
             t = params[local]
             out[owner] = float(t.numel() * t.element_size())
     return out
@@ -155,23 +192,39 @@ def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
     """`seq_len`: the sequence length of a model that supports token slicing (else None)."""
     auto = s.name == "auto"
     if auto and len(s.recompute_counts) > 1:
-        raise ValueError(f"strategy.recompute_counts={list(s.recompute_counts)}: under strategy=auto the planner "
-                         f"chooses the stages, so give one count for every stage (e.g. [{s.recompute_counts[0]}]), "
-                         f"or strategy.recompute=auto to let it choose per stage")
+        raise ValueError(
+            f"strategy.recompute_counts={list(s.recompute_counts)}: under strategy=auto the planner "
+            f"chooses the stages, so give one count for every stage (e.g. [{s.recompute_counts[0]}]), "
+            f"or strategy.recompute=auto to let it choose per stage"
+        )
     slices = s.get("token_slices", "none")
     listed = not isinstance(slices, str)
-    return Limits(optimizer_factor=s.optimizer_factor, memory_headroom=s.memory_headroom,
-                  max_stages=s.max_stages if auto else None, micro_batch_size=s.micro_batch_size if auto else None,
-                  schedule=str(s.schedule), recompute=str(s.recompute),
-                  token_slices=tuple(int(n) for n in slices) if listed else (),
-                  # (auto slicing steps aside for a stated recomputation, which slices cannot run with)
-                  auto_token_slices=slices == "auto" and str(s.recompute) not in ("full", "selective"), seq_len=seq_len,
-                  recompute_layers=tuple(int(i) for i in s.recompute_layers),
-                  recompute_counts=tuple(int(i) for i in s.recompute_counts),
-                  **({"chunks": int(s.chunks)} if "chunks" in s else {}),
-                  **({"copies": tuple(int(c) for c in s.copies)} if "copies" in s else {}), **({"search_nodes": s.search_nodes, "optimality_gap": s.optimality_gap,
-                                                "max_warmup_depth": s.max_warmup_depth,
-                                                "schedules": auto_schedules(s)} if auto else {}))
+    return Limits(
+        optimizer_factor=s.optimizer_factor,
+        memory_headroom=s.memory_headroom,
+        max_stages=s.max_stages if auto else None,
+        micro_batch_size=s.micro_batch_size if auto else None,
+        schedule=str(s.schedule),
+        recompute=str(s.recompute),
+        token_slices=tuple(int(n) for n in slices) if listed else (),
+        # (auto slicing steps aside for a stated recomputation, which slices cannot run with)
+        auto_token_slices=slices == "auto" and str(s.recompute) not in ("full", "selective"),
+        seq_len=seq_len,
+        recompute_layers=tuple(int(i) for i in s.recompute_layers),
+        recompute_counts=tuple(int(i) for i in s.recompute_counts),
+        **({"chunks": int(s.chunks)} if "chunks" in s else {}),
+        **({"copies": tuple(int(c) for c in s.copies)} if "copies" in s else {}),
+        **(
+            {
+                "search_nodes": s.search_nodes,
+                "optimality_gap": s.optimality_gap,
+                "max_warmup_depth": s.max_warmup_depth,
+                "schedules": auto_schedules(s),
+            }
+            if auto
+            else {}
+        ),
+    )
 
 
 def auto_schedules(s: DictConfig) -> tuple[str, ...]:
@@ -196,12 +249,15 @@ def plan_from_config(cfg: DictConfig) -> Plan:
         plan = plan_from_file(s.plan_file, topology, num_layers(cfg), cfg.global_batch_size, s.plan_index)
         if plan.token_slices and cfg.model.name != "from_profile":
             from .models.token_slices import supports_slicing
+
             model = model_from_config(cfg.model)
             if not supports_slicing(model) or sum(plan.token_slices) != model.seq_len:
-                raise ValueError(f"{s.plan_file}: its token_slices {list(plan.token_slices)} need a model that supports "
-                                 f"token slicing with sequences of {sum(plan.token_slices)} tokens; model {model.name} "
-                                 + ("does not support slicing" if not supports_slicing(model) else
-                                    f"has {model.seq_len}") + ": re-plan for this model")
+                raise ValueError(
+                    f"{s.plan_file}: its token_slices {list(plan.token_slices)} need a model that supports "
+                    f"token slicing with sequences of {sum(plan.token_slices)} tokens; model {model.name} "
+                    + ("does not support slicing" if not supports_slicing(model) else f"has {model.seq_len}")
+                    + ": re-plan for this model"
+                )
         return plan
     topology = measured_if_asked(cfg, topology)
     profile = profile_from_config(cfg, topology)
@@ -216,13 +272,23 @@ def plan_from_config(cfg: DictConfig) -> Plan:
         if not replicas and groups:  # fill the cluster: the same count on every device group (stage)
             if topology.num_devices % groups:
                 what = "stages" if groups == s.stages else f"device groups ({s.stages} stages of {s.schedule})"
-                raise ValueError(f"strategy.replicas is empty (fill the cluster) but {topology.num_devices} devices do "
-                                 f"not divide into {groups} equal {what}; list strategy.replicas per "
-                                 f"{'stage' if groups == s.stages else 'device group'}")
+                raise ValueError(
+                    f"strategy.replicas is empty (fill the cluster) but {topology.num_devices} devices do "
+                    f"not divide into {groups} equal {what}; list strategy.replicas per "
+                    f"{'stage' if groups == s.stages else 'device group'}"
+                )
             replicas = [topology.num_devices // groups]
-        return fixed_plan(profile, topology, cfg.global_batch_size, s.stages, replicas, s.num_micro_batches,
-                          limits_from_config(s, seq_len), boundaries=list(s.boundaries) or None,
-                          warmup_depth=s.warmup_depth)
+        return fixed_plan(
+            profile,
+            topology,
+            cfg.global_batch_size,
+            s.stages,
+            replicas,
+            s.num_micro_batches,
+            limits_from_config(s, seq_len),
+            boundaries=list(s.boundaries) or None,
+            warmup_depth=s.warmup_depth,
+        )
     return choice_for(cfg, profile, topology).plan
 
 
@@ -230,12 +296,22 @@ def choice_for(cfg: DictConfig, profile: ModelProfile, topology: Topology):
     """strategy=auto: the plans its objective chooses among (one, a frontier, or one per device count)
     and its choice (planner/frontier.py)."""
     from .planner.frontier import plan_choice
+
     s = cfg.strategy
     budget = s.memory_budget_gib * GIB if s.memory_budget_gib is not None else None
-    return plan_choice(profile, topology, cfg.global_batch_size, limits_from_config(s, slicing_seq_len(cfg)),
-                       objective=str(s.objective),
-                       budget_bytes=budget, max_slowdown=s.max_slowdown, step=s.frontier_step,
-                       devices=str(s.devices), deadline_s=s.deadline_s_per_iteration, max_devices=s.max_devices)
+    return plan_choice(
+        profile,
+        topology,
+        cfg.global_batch_size,
+        limits_from_config(s, slicing_seq_len(cfg)),
+        objective=str(s.objective),
+        budget_bytes=budget,
+        max_slowdown=s.max_slowdown,
+        step=s.frontier_step,
+        devices=str(s.devices),
+        deadline_s=s.deadline_s_per_iteration,
+        max_devices=s.max_devices,
+    )
 
 
 def frontier_from_config(cfg: DictConfig):
@@ -259,6 +335,7 @@ def slicing_seq_len(cfg: DictConfig) -> int | None:
     """The sequence length token slices cut, for a model that supports slicing (models/token_slices.py);
     None when slicing is off (or auto on a model without it). Asked for on another model: refused."""
     from .models.token_slices import supports_slicing
+
     slices = cfg.strategy.get("token_slices", "none")
     if slices == "none" or cfg.model.name == "from_profile":
         return None
@@ -266,17 +343,24 @@ def slicing_seq_len(cfg: DictConfig) -> int | None:
     if not supports_slicing(model):
         if slices == "auto":
             return None
-        raise ValueError(f"strategy.token_slices={list(slices)} but model {model.name} does not support token "
-                         f"slicing (a causal model whose contract has slice_loss and whose attention reads the "
-                         f"slice's cache: models/token_slices.py); drop strategy.token_slices or use model=gpt")
+        raise ValueError(
+            f"strategy.token_slices={list(slices)} but model {model.name} does not support token "
+            f"slicing (a causal model whose contract has slice_loss and whose attention reads the "
+            f"slice's cache: models/token_slices.py); drop strategy.token_slices or use model=gpt"
+        )
     L = model.seq_len
     if not isinstance(slices, str):
         if sum(slices) != L:
-            raise ValueError(f"strategy.token_slices={list(slices)} sum to {sum(slices)} tokens but model "
-                             f"{model.name}'s sequences have {L}; give lengths summing to {L}")
+            raise ValueError(
+                f"strategy.token_slices={list(slices)} sum to {sum(slices)} tokens but model "
+                f"{model.name}'s sequences have {L}; give lengths summing to {L}"
+            )
         if cfg.strategy.recompute in ("full", "selective"):
-            raise ValueError("strategy.token_slices with strategy.recompute=" + str(cfg.strategy.recompute)
-                             + ": a recomputed forward would not see the slice's cached keys and values; use one")
+            raise ValueError(
+                "strategy.token_slices with strategy.recompute="
+                + str(cfg.strategy.recompute)
+                + ": a recomputed forward would not see the slice's cached keys and values; use one"
+            )
     return L
 
 
@@ -284,6 +368,7 @@ def num_layers(cfg: DictConfig) -> int:
     """The model's layer count, without profiling it."""
     if cfg.model.name == "from_profile":
         from .profile.bundled import locate
+
         path, batch, _ = locate(str(cfg.model.profile), cfg.model.profile_batch_size, cfg.model.parameter_scale)
         return read_profile_file(path, batch).num_layers
     return len(model_from_config(cfg.model).layers())
@@ -293,19 +378,26 @@ def plan_from_file(path: str | None, topology, num_layers: int, global_batch: in
     """A plan made elsewhere (a dry run's plan.json, edited or not, or one point of its pareto.json
     with `index`): run as written, once it is checked against this cluster and model."""
     from .runtime.placement import check_plan_runs_on
+
     if not path or not Path(path).is_file():
-        raise ValueError(f"strategy=file needs strategy.plan_file=PATH to a plan.json; {path!r} is not a file "
-                         f"(make one with dry_run=true)")
+        raise ValueError(
+            f"strategy=file needs strategy.plan_file=PATH to a plan.json; {path!r} is not a file "
+            f"(make one with dry_run=true)"
+        )
     try:
         plan = _one_plan(path, index)
     except IndexError as exc:
         raise ValueError(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path} is not a readable plan ({type(exc).__name__}: {exc}); write it with dry_run=true "
-                         f"and edit it, keeping every field") from None
+        raise ValueError(
+            f"{path} is not a readable plan ({type(exc).__name__}: {exc}); write it with dry_run=true "
+            f"and edit it, keeping every field"
+        ) from None
     if plan.global_batch_size != global_batch:
-        raise ValueError(f"{path} was planned for global_batch_size={plan.global_batch_size} but this run has "
-                         f"{global_batch}; set global_batch_size={plan.global_batch_size} or re-plan")
+        raise ValueError(
+            f"{path} was planned for global_batch_size={plan.global_batch_size} but this run has "
+            f"{global_batch}; set global_batch_size={plan.global_batch_size} or re-plan"
+        )
     check_plan_runs_on(plan, topology, num_layers)
     try:
         validate(plan.build_schedule())
@@ -316,11 +408,14 @@ def plan_from_file(path: str | None, topology, num_layers: int, global_batch: in
 
 def _one_plan(path: str, index: int | None) -> Plan:
     from .planner.plan import loads
+
     data = loads(Path(path).read_text())
     if isinstance(data, list):  # pareto.json: plans fastest first
         if index is None or not 0 <= index < len(data):
-            raise IndexError(f"{path} holds {len(data)} plans (a frontier, fastest first): pick one with "
-                             f"strategy.plan_index=K, K in 0..{len(data) - 1}")
+            raise IndexError(
+                f"{path} holds {len(data)} plans (a frontier, fastest first): pick one with "
+                f"strategy.plan_index=K, K in 0..{len(data) - 1}"
+            )
         return Plan.from_dict(data[index])
     if index not in (None, 0):
         raise IndexError(f"{path} holds one plan: strategy.plan_index={index} must be 0 or left out")
@@ -338,6 +433,7 @@ def measured_cpu_share(model: PipelineModel, topology: Topology, precision: str 
 
     from .host import threads_per_rank, usable_cores
     from .profile.measure import measure_profile
+
     cores, ranks = usable_cores(), topology.num_devices
     threads = threads_per_rank(ranks, cores)
     before = torch.get_num_threads()
@@ -349,11 +445,20 @@ def measured_cpu_share(model: PipelineModel, topology: Topology, precision: str 
     share = max(1.0, ranks * threads / cores)
     if share == 1.0:
         return profile
-    return replace(profile, source=f"{profile.source} × {share:g} ({ranks} processes on {cores} cores)",
-                   layers=tuple(replace(layer, forward_s=layer.forward_s * share, backward_s=layer.backward_s * share,
-                                        forward_fixed_s=layer.forward_fixed_s * share,
-                                        backward_fixed_s=layer.backward_fixed_s * share)
-                                for layer in profile.layers))
+    return replace(
+        profile,
+        source=f"{profile.source} × {share:g} ({ranks} processes on {cores} cores)",
+        layers=tuple(
+            replace(
+                layer,
+                forward_s=layer.forward_s * share,
+                backward_s=layer.backward_s * share,
+                forward_fixed_s=layer.forward_fixed_s * share,
+                backward_fixed_s=layer.backward_fixed_s * share,
+            )
+            for layer in profile.layers
+        ),
+    )
 
 
 def measured_if_asked(cfg: DictConfig, topology: Topology) -> Topology:
@@ -374,25 +479,33 @@ def measured_cpu_cluster(topology: Topology, measure_actions: bool = True) -> To
 
     from .profile.links import measure_links
     from .runtime.action_cost import measure_action_cost
+
     links = measure_links(topology.num_devices) if topology.num_devices > 1 else None
     if measure_actions:
         topology = replace(topology, action_overhead_s=measure_action_cost(topology.num_devices, links))
     if links is None:
         return topology
-    return replace(topology, intra_node_bandwidth=links.p2p_bandwidth, inter_node_bandwidth=links.p2p_bandwidth,
-                   intra_node_latency_s=links.p2p_latency_s, inter_node_latency_s=links.p2p_latency_s,
-                   intra_node_allreduce_bandwidth=links.allreduce_bandwidth,
-                   inter_node_allreduce_bandwidth=links.allreduce_bandwidth,
-                   intra_node_allreduce_latency_s=links.allreduce_latency_s,
-                   inter_node_allreduce_latency_s=links.allreduce_latency_s)
+    return replace(
+        topology,
+        intra_node_bandwidth=links.p2p_bandwidth,
+        inter_node_bandwidth=links.p2p_bandwidth,
+        intra_node_latency_s=links.p2p_latency_s,
+        inter_node_latency_s=links.p2p_latency_s,
+        intra_node_allreduce_bandwidth=links.allreduce_bandwidth,
+        inter_node_allreduce_bandwidth=links.allreduce_bandwidth,
+        intra_node_allreduce_latency_s=links.allreduce_latency_s,
+        inter_node_allreduce_latency_s=links.allreduce_latency_s,
+    )
 
 
 _PLAN_INPUTS = ("model", "cluster", "strategy", "global_batch_size")
 
 
 def _plan_key(cfg: DictConfig) -> str:
-    inputs = {k: OmegaConf.to_container(cfg[k], enum_to_str=True) if k != "global_batch_size" else cfg[k]
-              for k in _PLAN_INPUTS}
+    inputs = {
+        k: OmegaConf.to_container(cfg[k], enum_to_str=True) if k != "global_batch_size" else cfg[k]
+        for k in _PLAN_INPUTS
+    }
     inputs["trainer"] = {"precision": str(cfg.trainer.precision)}
     return OmegaConf.to_yaml(OmegaConf.create(inputs))
 

@@ -8,6 +8,7 @@
 - A resume verifies its checkpoint before any rank starts (runtime/checkpoint.py); crashed saves'
   leftovers are removed only once everything is checked.
 """
+
 from __future__ import annotations
 
 import errno
@@ -30,8 +31,11 @@ LOCK = ".lock"
 def storage_refusal(exc: OSError, path) -> ValueError:
     """A failed write as one line: the path and what the errno means."""
     what = os.strerror(exc.errno) if exc.errno else str(exc)
-    fix = {errno.EACCES: "choose a writable hydra.run.dir", errno.EROFS: "choose a hydra.run.dir on a writable disk",
-           errno.ENOSPC: "free space there or choose another hydra.run.dir"}.get(exc.errno, "")
+    fix = {
+        errno.EACCES: "choose a writable hydra.run.dir",
+        errno.EROFS: "choose a hydra.run.dir on a writable disk",
+        errno.ENOSPC: "free space there or choose another hydra.run.dir",
+    }.get(exc.errno, "")
     return ValueError(f"cannot write {exc.filename or path}: {what}" + (f"; {fix}" if fix else ""))
 
 
@@ -53,11 +57,17 @@ class RunLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise ValueError(f"run directory {self.path.parent} is in use by another launch ({holder}); wait for it "
-                             f"to end, stop it, or choose another hydra.run.dir") from None
+            raise ValueError(
+                f"run directory {self.path.parent} is in use by another launch ({holder}); wait for it "
+                f"to end, stop it, or choose another hydra.run.dir"
+            ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+            ).encode(),
+        )
         self.fd = fd
         return self
 
@@ -91,19 +101,24 @@ def resolve_checkpoint(cfg: DictConfig, run_dir: Path, model_identity: dict) -> 
             raise ValueError(
                 f"run directory {run_dir} already holds {len(existing)} checkpoint(s) (newest: {existing[-1].name}); "
                 f"a new run would overwrite them. Resume with ckpt_path=last, pick another hydra.run.dir, or pass "
-                f"overwrite=true to move them aside")
+                f"overwrite=true to move them aside"
+            )
         return None
     if path == "last":
         found = ckpt.newest_intact(root)
         if found is None:
-            raise ValueError(f"ckpt_path=last but {root} holds no complete checkpoint; start without ckpt_path, or "
-                             f"point hydra.run.dir at the run to resume")
+            raise ValueError(
+                f"ckpt_path=last but {root} holds no complete checkpoint; start without ckpt_path, or "
+                f"point hydra.run.dir at the run to resume"
+            )
         path = found
     else:
         p = Path(str(path)).expanduser()
         if not p.exists():
-            raise ValueError(f"ckpt_path={path} does not exist; give a checkpoint directory (RUN/checkpoints/"
-                             f"stepNNNNNN.ckpt) or ckpt_path=last")
+            raise ValueError(
+                f"ckpt_path={path} does not exist; give a checkpoint directory (RUN/checkpoints/"
+                f"stepNNNNNN.ckpt) or ckpt_path=last"
+            )
         ckpt.verify(p)
         path = p
     meta = ckpt.read_meta(path)
@@ -123,11 +138,13 @@ def warn_if_schedule_rebased(cfg: DictConfig, meta: dict) -> None:
     if old == new:
         return
     from .runtime.lr import lr_factor
+
     before, after = (t.lr * lr_factor(step, int(saved["warmup_steps"]), d) for d in (old, new))
     get_logger().warning(
         f"trainer.max_steps={new} but the checkpoint's cosine schedule decays over {old} steps and "
         f"trainer.lr_decay_steps is not set: the schedule is re-based to {new} steps (at step {step} the learning "
-        f"rate goes from {before:.3g} to {after:.3g}); set trainer.lr_decay_steps={old} to continue the saved one")
+        f"rate goes from {before:.3g} to {after:.3g}); set trainer.lr_decay_steps={old} to continue the saved one"
+    )
 
 
 def prepare(cfg: DictConfig, run_dir: Path) -> None:

@@ -1,4 +1,5 @@
 """What every rank runs: build the model, data and Trainer from the resolved config, then fit."""
+
 from __future__ import annotations
 
 import os
@@ -22,19 +23,23 @@ def build_logger(cfg: DictConfig, run_dir: Path):
     name = cfg.logger.name
     if name == "csv":
         from lightning.pytorch.loggers import CSVLogger
+
         return CSVLogger(save_dir=str(run_dir), name="logs")
     if name == "tensorboard":
         try:
             import tensorboard  # noqa: F401 - Lightning's logger needs it (or tensorboardX)
         except ImportError:
-            raise ValueError("logger=tensorboard needs the tensorboard package: pip install "
-                             "'dapple-launch[tensorboard]'") from None
+            raise ValueError(
+                "logger=tensorboard needs the tensorboard package: pip install 'dapple-launch[tensorboard]'"
+            ) from None
         from lightning.pytorch.loggers import TensorBoardLogger
+
         return TensorBoardLogger(save_dir=str(run_dir), name="logs", version="tensorboard", default_hp_metric=False)
     if name == "wandb":
         os.environ.setdefault("WANDB_MODE", str(cfg.logger.mode))
         os.environ.setdefault("WANDB_SILENT", "true")
         from lightning.pytorch.loggers import WandbLogger
+
         return WandbLogger(save_dir=str(run_dir), project=cfg.logger.project, offline=cfg.logger.mode == "offline")
     return False
 
@@ -44,13 +49,22 @@ def hyperparameters(cfg: DictConfig, plan: Plan) -> dict:
     config and the plan's layout, so runs can be compared by layout."""
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     config.pop("plan", None)
-    return {**config, "plan": {"layout": plan.layout(), "stages": plan.num_stages,
-                               "replicas": [s.replicas for s in plan.stages],
-                               "cuts": [s.layers[0] for s in plan.stages[1:]],
-                               "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
-                               "schedule": plan.schedule, "warmup": list(plan.warmup), "planner": plan.planner,
-                               "estimated_iteration_s": plan.estimate.iteration_s,
-                               "estimated_peak_memory_bytes": max(plan.estimate.peak_memory_bytes)}}
+    return {
+        **config,
+        "plan": {
+            "layout": plan.layout(),
+            "stages": plan.num_stages,
+            "replicas": [s.replicas for s in plan.stages],
+            "cuts": [s.layers[0] for s in plan.stages[1:]],
+            "micro_batch_size": plan.micro_batch_size,
+            "num_micro_batches": plan.num_micro_batches,
+            "schedule": plan.schedule,
+            "warmup": list(plan.warmup),
+            "planner": plan.planner,
+            "estimated_iteration_s": plan.estimate.iteration_s,
+            "estimated_peak_memory_bytes": max(plan.estimate.peak_memory_bytes),
+        },
+    }
 
 
 def profile_window(t: DictConfig) -> range:
@@ -63,8 +77,11 @@ def profile_window(t: DictConfig) -> range:
 def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     t = cfg.trainer
     saving = Checkpointing(run_dir / "checkpoints", t.checkpoint_every_n_steps, t.keep_checkpoints)
-    callbacks = [saving, StopOnSignal(saving.save),
-                 Progress(t.max_steps, cfg.global_batch_size, plan.estimate.iteration_s, run_dir, show=t.progress_bar)]
+    callbacks = [
+        saving,
+        StopOnSignal(saving.save),
+        Progress(t.max_steps, cfg.global_batch_size, plan.estimate.iteration_s, run_dir, show=t.progress_bar),
+    ]
     logger = build_logger(cfg, run_dir)
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -72,24 +89,39 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     gpu = cfg.cluster.device_kind == "gpu"
     if gpu:  # never a silent CPU run of a GPU plan (a rank started where torch sees no CUDA)
         from .host import check_gpu_here
+
         check_gpu_here(run_precision(cfg))
     # Ranks and devices come from the plan (runtime/placement.py), locally and under Slurm alike.
     trainer = L.Trainer(
         plugins=[PlannedEnvironment(plan, cfg.cluster.devices_per_node)],
-        strategy=DappleStrategy(plan, timeout_s=t.timeout_s, process_group_backend="nccl" if gpu else "gloo",
-                                profile_steps=profile_window(t) if t.profile_pipeline else None,
-                                timeline_dir=run_dir),
+        strategy=DappleStrategy(
+            plan,
+            timeout_s=t.timeout_s,
+            process_group_backend="nccl" if gpu else "gloo",
+            profile_steps=profile_window(t) if t.profile_pipeline else None,
+            timeline_dir=run_dir,
+        ),
         accelerator="gpu" if gpu else "cpu",
         # on GPUs, the job's shape: the nodes and tasks per node the plan uses (devices=auto may use fewer
         # than the cluster has; the Slurm launcher submits exactly these)
         devices=plan.world_size if not gpu else job_shape(plan, cfg.cluster.devices_per_node)[1],
         num_nodes=1 if not gpu else job_shape(plan, cfg.cluster.devices_per_node)[0],
-        max_steps=t.max_steps, val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
-        limit_val_batches=t.limit_val_batches, log_every_n_steps=t.log_every_n_steps, num_sanity_val_steps=0,
-        logger=logger, callbacks=callbacks, use_distributed_sampler=False, enable_progress_bar=False,
-        enable_checkpointing=False, enable_model_summary=False, default_root_dir=str(run_dir),
+        max_steps=t.max_steps,
+        val_check_interval=t.val_check_interval,
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.limit_val_batches,
+        log_every_n_steps=t.log_every_n_steps,
+        num_sanity_val_steps=0,
+        logger=logger,
+        callbacks=callbacks,
+        use_distributed_sampler=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=str(run_dir),
     )
     from .runtime.signals import keep_lightning_off_signals
+
     keep_lightning_off_signals(trainer)
     return trainer
 
@@ -97,12 +129,26 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
 def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, PipelineData]:
     model = model_from_config(cfg.model)
     t = cfg.trainer
-    module = PipelineModule(model, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                            total_steps=t.lr_decay_steps or t.max_steps, gradient_clip_val=t.gradient_clip_val,
-                            seed=t.seed, precision=run_precision(cfg), max_bad_steps=t.get("max_bad_steps", 10))
+    module = PipelineModule(
+        model,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps,
+        total_steps=t.lr_decay_steps or t.max_steps,
+        gradient_clip_val=t.gradient_clip_val,
+        seed=t.seed,
+        precision=run_precision(cfg),
+        max_bad_steps=t.get("max_bad_steps", 10),
+    )
     train, val = build_datasets(cfg.data, model, str(cfg.model.name), t.seed)
-    data = PipelineData(train, val, cfg.global_batch_size, seed=t.seed, num_workers=cfg.data.num_workers,
-                        min_val_batch=max(s.replicas for s in plan.stages))
+    data = PipelineData(
+        train,
+        val,
+        cfg.global_batch_size,
+        seed=t.seed,
+        num_workers=cfg.data.num_workers,
+        min_val_batch=max(s.replicas for s in plan.stages),
+    )
     return module, data
 
 

@@ -19,14 +19,16 @@ def compose_cfg():
     def make(overrides=()):
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
             return compose("config", overrides=list(overrides))
+
     return make
 
 
 def cli(args, cwd, timeout=600, env=None, module=("dapple_launch",)):
     """Run `python -m dapple_launch ARGS` as a user would; return the CompletedProcess."""
     e = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", *module, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=e)
+    return subprocess.run(
+        [sys.executable, "-m", *module, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e
+    )
 
 
 NOT_FAST = ("slow", "multiprocess", "faults", "slurm", "nodes", "wheel")

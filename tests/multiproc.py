@@ -1,4 +1,5 @@
 """Helpers for the multi-process tier: N gloo processes on this machine, one thread each."""
+
 from __future__ import annotations
 
 import datetime

@@ -8,6 +8,7 @@ the transfer the runtime was issuing (RankComms' `_send`/`_recv` say which) with
 and shape, so a send and the receive NCCL would match with it must agree on both meaning and shape.
 The calls themselves run unchanged.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,6 +60,7 @@ class Recorder:
         from torch.distributed import distributed_c10d as c10d
 
         from dapple_launch.runtime import p2p as p2p_module
+
         names = ("batch_isend_irecv", "isend", "irecv", "send", "recv")
         real = {n: getattr(c10d, n) for n in names}
         comms = p2p_module.RankComms
@@ -68,8 +70,10 @@ class Recorder:
 
         def batch(ops):
             # P2POp keeps the global peer in .peer; a batch runs on its group's communicator
-            index = rec._issue(rec._channel(ops[0].group, ops[0].peer, True) if ops else ["none"],
-                               [(op.peer, op.op is wrapped["isend"], rec._what(op.tensor), op.tag) for op in ops])
+            index = rec._issue(
+                rec._channel(ops[0].group, ops[0].peer, True) if ops else ["none"],
+                [(op.peer, op.op is wrapped["isend"], rec._what(op.tensor), op.tag) for op in ops],
+            )
             inside_batch[0] = True
             try:
                 works = real["batch_isend_irecv"](ops)
@@ -81,12 +85,15 @@ class Recorder:
             def call(tensor, dst_or_src=None, group=None, tag=0, *args, **kw):
                 if inside_batch[0]:  # (a batch's own ops: recorded with the batch)
                     return real[name](tensor, dst_or_src, group, tag, *args, **kw)
-                index = rec._issue(rec._channel(group, dst_or_src, False), [(dst_or_src, is_send, rec._what(tensor), tag)])
+                index = rec._issue(
+                    rec._channel(group, dst_or_src, False), [(dst_or_src, is_send, rec._what(tensor), tag)]
+                )
                 work = real[name](tensor, dst_or_src, group, tag, *args, **kw)
                 if blocking:
                     rec.items.append(("wait", index))
                     return work
                 return _RecordedWork(work, rec, index)
+
             return call
 
         def labelled(fn):
@@ -96,11 +103,16 @@ class Recorder:
                     return fn(self_, t, *a, **kw)
                 finally:
                     rec.label = before
+
             return call
 
-        wrapped = {"batch_isend_irecv": batch, "isend": single("isend", True, False),
-                   "irecv": single("irecv", False, False), "send": single("send", True, True),
-                   "recv": single("recv", False, True)}
+        wrapped = {
+            "batch_isend_irecv": batch,
+            "isend": single("isend", True, False),
+            "irecv": single("irecv", False, False),
+            "send": single("send", True, True),
+            "recv": single("recv", False, True),
+        }
         # both namespaces: P2POp checks its op against distributed_c10d's isend/irecv
         for n, f in wrapped.items():
             setattr(dist, n, f)
@@ -118,11 +130,16 @@ class Recorder:
 def to_model(items: list, rank: int) -> list:
     """One rank's recorded calls as the NCCL model's program (ops' tags dropped: NCCL ignores them)."""
     from dapple_launch.schedule.nccl import Issue, Op, Wait
+
     out = []
     for item in items:
         if item[0] == "issue":
-            out.append(Issue(tuple(map(lambda c: tuple(c) if isinstance(c, list) else c, item[1])),
-                             tuple(Op(peer, send, what) for peer, send, what, _ in item[2])))
+            out.append(
+                Issue(
+                    tuple(map(lambda c: tuple(c) if isinstance(c, list) else c, item[1])),
+                    tuple(Op(peer, send, what) for peer, send, what, _ in item[2]),
+                )
+            )
         else:
             out.append(Wait(item[1]))
     return out

@@ -1,5 +1,6 @@
 """An exact count of the bytes autograd keeps for backward (saved-tensor hooks), not RSS: used by the
 memory tests and the benchmarks."""
+
 from __future__ import annotations
 
 import torch
@@ -41,6 +42,7 @@ def saved_and_freed_at_input(forward, inputs, params, is_loss: bool) -> tuple[in
     the input gradient reads). `inputs`: the stage's inputs (those needing a gradient are I's)."""
     from dapple_launch.models.contract import as_tuple
     from dapple_launch.models.split_backward import backward_input
+
     params = list(params)
     counter = SavedBytes(params)
     with counter.hooks():

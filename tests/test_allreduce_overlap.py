@@ -1,5 +1,6 @@
 """The gradient all-reduce in buckets that overlap a stage's last backward: the cost model's account
 (planner/allreduce.py), its bounds, and the runtime that does it (runtime/executor.py GradientSync)."""
+
 from __future__ import annotations
 
 import random
@@ -47,6 +48,7 @@ def test_the_exposed_all_reduce_is_the_event_accounts_and_within_the_searchs_bou
 
         def allreduce(b):
             return slope * b + fixed if b > 0 else 0.0
+
         cap = rng.choice([1e-9, 10.0, 30.0, 1e9])
         total, exposed = overlapped(seconds, nbytes, allreduce, cap)
         want = _step_by_step(seconds, nbytes, allreduce, cap)
@@ -102,6 +104,7 @@ def test_buckets_are_sent_while_the_last_backward_still_runs(one_rank, split):
         for layer in layers:
             y = torch.tanh(layer(y))
         return y.square().sum()
+
     forward().backward()  # an earlier micro-batch: nothing is watched yet
     assert not sync.works
     sent_when_first_arrived = []
@@ -109,12 +112,14 @@ def test_buckets_are_sent_while_the_last_backward_still_runs(one_rank, split):
     if split:
         _, pending = backward_input([forward()], None, [x], params)
         import dapple_launch.models.split_backward as sb
+
         seen = sb._accumulate
 
         def spy(ps, gs):
             if any(p is first for p in ps):
                 sent_when_first_arrived.append(len(sync.works))
             seen(ps, gs)
+
         sb._accumulate = spy
         try:
             sync.arm()
@@ -159,6 +164,7 @@ def test_the_planners_stage_costs_are_that_account():
     from dapple_launch.planner.cost import StageSpec, stage_allreduce
 
     from .test_planner import random_profile
+
     rng = random.Random(2)
     topo = Topology("t", 2, 4, 1e12, 10, 20e9, 1e9, inter_node_allreduce_bandwidth=3e9)
     checked = 0

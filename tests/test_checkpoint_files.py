@@ -1,5 +1,6 @@
 """Pure tier: a checkpoint is visible only once complete, verified before it is read, and read only
 through its manifest; name-keyed optimizer state round-trips."""
+
 from __future__ import annotations
 
 import os
@@ -35,13 +36,16 @@ def test_interrupted_save_is_never_loaded(tmp_path):
     assert ckpt.remove_leftovers(tmp_path) == [tmp] and ckpt.crash_leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("damage,needle", [
-    ("flip", "does not match its checksum"),
-    ("truncate", "bytes but was written with"),
-    ("delete", "is missing (the manifest lists it)"),
-    ("meta", "meta.pt does not match its checksum"),
-    ("manifest", "manifest.json is missing"),
-])
+@pytest.mark.parametrize(
+    "damage,needle",
+    [
+        ("flip", "does not match its checksum"),
+        ("truncate", "bytes but was written with"),
+        ("delete", "is missing (the manifest lists it)"),
+        ("meta", "meta.pt does not match its checksum"),
+        ("manifest", "manifest.json is missing"),
+    ],
+)
 def test_damage_is_found_and_named_and_nothing_is_changed(tmp_path, damage, needle):
     path = save(tmp_path, 8)
     shard = path / "stage-00002-00004.pt"
@@ -92,8 +96,7 @@ def test_a_stray_shard_in_a_checkpoint_is_never_read(tmp_path):
     """Only what the manifest lists is read: a shard of another layout dropped into the directory
     (what a crashed save of another layout used to leave) supplies nothing."""
     path = save(tmp_path, 6, shards=((0, 4),))
-    torch.save({"state_dict": {"layers.3.w": torch.full((4,), 99.0)}, "optimizer": {}},
-               path / "stage-00003-00004.pt")
+    torch.save({"state_dict": {"layers.3.w": torch.full((4,), 99.0)}, "optimizer": {}}, path / "stage-00003-00004.pt")
     state, _ = ckpt.read_shards(path)
     assert torch.equal(state["layers.0.w"], torch.ones(4)) and "layers.3.w" not in state
 

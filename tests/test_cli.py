@@ -2,6 +2,7 @@
 
 Runs use a tiny GPT so each takes seconds; the multi-process ones start 4 gloo ranks.
 """
+
 from __future__ import annotations
 
 import csv
@@ -16,9 +17,17 @@ from dapple_launch.runtime.checkpoint import find_checkpoints, read_shards
 
 from .conftest import TINY_GPT, cli
 
-FAST = [*TINY_GPT, "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1",
-        "trainer.lr_decay_steps=8", "trainer.warmup_steps=2", "trainer.progress_bar=false", "data.num_train=256",
-        "data.num_val=32"]
+FAST = [
+    *TINY_GPT,
+    "trainer.val_check_interval=4",
+    "trainer.limit_val_batches=1",
+    "trainer.log_every_n_steps=1",
+    "trainer.lr_decay_steps=8",
+    "trainer.warmup_steps=2",
+    "trainer.progress_bar=false",
+    "data.num_train=256",
+    "data.num_val=32",
+]
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -28,8 +37,19 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_dry_run_contract(tmp_path):
-    out = cli(["model=bert", "cluster=v100x16", "strategy=fixed", "strategy.replicas=[8]", "global_batch_size=128",
-               "strategy.num_micro_batches=8", "dry_run=true", f"hydra.run.dir={tmp_path}/dry"], tmp_path)
+    out = cli(
+        [
+            "model=bert",
+            "cluster=v100x16",
+            "strategy=fixed",
+            "strategy.replicas=[8]",
+            "global_batch_size=128",
+            "strategy.num_micro_batches=8",
+            "dry_run=true",
+            f"hydra.run.dir={tmp_path}/dry",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     plan = json.loads((tmp_path / "dry" / "plan.json").read_text())
     assert [s["replicas"] for s in plan["stages"]] == [8, 8]
@@ -39,15 +59,20 @@ def test_dry_run_contract(tmp_path):
     assert "nothing started" in out.stdout and not (tmp_path / "dry" / "logs").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["strategy.replicas=[3]"], "uses 6 devices but cluster local has 4"),
-    (["strategy.stages=9", "strategy.replicas=[1]"], "only 4 layers"),
-    (["global_batch_size=10"], "not divisible by strategy.num_micro_batches=4"),
-    (["strategy.stages=4", "strategy.replicas=[1]", "strategy.num_micro_batches=2", "global_batch_size=8"],
-     "needs at least 4 micro-batches"),
-    (["+model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
-    (["model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["strategy.replicas=[3]"], "uses 6 devices but cluster local has 4"),
+        (["strategy.stages=9", "strategy.replicas=[1]"], "only 4 layers"),
+        (["global_batch_size=10"], "not divisible by strategy.num_micro_batches=4"),
+        (
+            ["strategy.stages=4", "strategy.replicas=[1]", "strategy.num_micro_batches=2", "global_batch_size=8"],
+            "needs at least 4 micro-batches",
+        ),
+        (["+model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
+        (["model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
+    ],
+)
 @pytest.mark.slow
 def test_bad_input_is_refused_before_any_process_starts(tmp_path, args, needle):
     out = cli([*FAST, *args, f"hydra.run.dir={tmp_path}/bad"], tmp_path)
@@ -68,8 +93,17 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
     """Train 8 steps straight; train 4, stop, resume to 8: same weights. Resume the step-4
     checkpoint as 1 stage × 4 replicas and 4 stages × 1: the same losses continue."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    out = cli([*FAST, "logger=csv", "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4",
-               "trainer.profile_pipeline=true", f"hydra.run.dir={straight}"], tmp_path)
+    out = cli(
+        [
+            *FAST,
+            "logger=csv",
+            "trainer.max_steps=8",
+            "trainer.checkpoint_every_n_steps=4",
+            "trainer.profile_pipeline=true",
+            f"hydra.run.dir={straight}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     # trainer.profile_pipeline: every rank's recorded actions, next to the simulator's prediction
     timeline = json.loads((straight / "timeline.json").read_text())
@@ -79,7 +113,9 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
         for r in it["ranks"]:
             labels = [e["label"] for e in r["events"]]
             for kind in "FB":  # each micro-batch's forward and backward, once
-                assert sorted(x for x in labels if x[0] == kind) == [f"{kind}{m}" for m in range(plan["num_micro_batches"])]
+                assert sorted(x for x in labels if x[0] == kind) == [
+                    f"{kind}{m}" for m in range(plan["num_micro_batches"])
+                ]
             assert all(0 <= e["start"] <= e["end"] <= it["iteration_s"] for e in r["events"])
     assert len(timeline["predicted"]["ranks"]) == 4 and timeline["predicted"]["iteration_s"] > 0
     assert (straight / "timeline.svg").read_text().startswith("<svg")
@@ -111,8 +147,16 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
     # A new run into a directory with checkpoints is refused, and nothing there is touched.
     again = cli([*FAST, "trainer.max_steps=4", f"hydra.run.dir={split}"], tmp_path)
     assert again.returncode == 2 and "already holds 1 checkpoint" in again.stderr
-    out = cli([*FAST, "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4", "ckpt_path=last",
-               f"hydra.run.dir={split}"], tmp_path)
+    out = cli(
+        [
+            *FAST,
+            "trainer.max_steps=8",
+            "trainer.checkpoint_every_n_steps=4",
+            "ckpt_path=last",
+            f"hydra.run.dir={split}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     a, _ = read_shards(find_checkpoints(straight / "checkpoints")[-1])
     b, _ = read_shards(find_checkpoints(split / "checkpoints")[-1])
@@ -124,12 +168,18 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
     assert step4, "the step-4 checkpoint is kept"
     # ZB-V: 4 stages on 2 device groups × 2 replicas, each group holding both ends of a V, validated
     # and profiled (its timeline names each step's stage)
-    for name, layout in (("dp", ["strategy.stages=1", "strategy.replicas=[4]"]),
-                         ("deep", ["strategy.stages=4", "strategy.replicas=[1]"]),
-                         ("zbv", ["strategy.schedule=zbv", "strategy.stages=4", "strategy.replicas=[2]",
-                                  "trainer.profile_pipeline=true"])):
-        out = cli([*FAST, *layout, "trainer.max_steps=8", f"ckpt_path={step4[0]}", f"hydra.run.dir={tmp_path / name}"],
-                  tmp_path)
+    for name, layout in (
+        ("dp", ["strategy.stages=1", "strategy.replicas=[4]"]),
+        ("deep", ["strategy.stages=4", "strategy.replicas=[1]"]),
+        (
+            "zbv",
+            ["strategy.schedule=zbv", "strategy.stages=4", "strategy.replicas=[2]", "trainer.profile_pipeline=true"],
+        ),
+    ):
+        out = cli(
+            [*FAST, *layout, "trainer.max_steps=8", f"ckpt_path={step4[0]}", f"hydra.run.dir={tmp_path / name}"],
+            tmp_path,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         got = losses(tmp_path / name)
         assert sorted(got) == [s for s in sorted(ref) if s >= 4]  # logged step = optimizer steps before it
@@ -152,18 +202,33 @@ def test_checkpoint_from_another_model_is_refused(tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("args", [
-    ["model=bert", "model.preset=tiny", "strategy.stages=4", "strategy.replicas=[1]"],
-    ["model=vgg19", "model.preset=tiny", "model.width_divisor=16", "model.fc_width=32", "strategy.schedule=gpipe"],
-    ["logger=wandb_disabled"],
-    ["logger=wandb"],
-    ["logger=none"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model=bert", "model.preset=tiny", "strategy.stages=4", "strategy.replicas=[1]"],
+        ["model=vgg19", "model.preset=tiny", "model.width_divisor=16", "model.fc_width=32", "strategy.schedule=gpipe"],
+        ["logger=wandb_disabled"],
+        ["logger=wandb"],
+        ["logger=none"],
+    ],
+)
 def test_shipped_configs_run_a_few_steps(tmp_path, args):
     extra = [] if any(a.startswith("model=") for a in args) else TINY_GPT
-    out = cli([*extra, *args, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2", "trainer.progress_bar=false",
-               "data.num_train=64", "data.num_val=16", "trainer.limit_val_batches=1", f"hydra.run.dir={tmp_path}/run"],
-              tmp_path, env={"WANDB_MODE": "offline"} if "logger=wandb" in args else None)
+    out = cli(
+        [
+            *extra,
+            *args,
+            "trainer.max_steps=2",
+            "trainer.checkpoint_every_n_steps=2",
+            "trainer.progress_bar=false",
+            "data.num_train=64",
+            "data.num_val=16",
+            "trainer.limit_val_batches=1",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        tmp_path,
+        env={"WANDB_MODE": "offline"} if "logger=wandb" in args else None,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert find_checkpoints(tmp_path / "run" / "checkpoints")
     if "logger=wandb" in args:
@@ -175,8 +240,19 @@ BERT48 = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles" /
 
 @pytest.mark.slow
 def test_plan_any_model_from_a_profile_file_with_auto(tmp_path):
-    out = cli(["model=from_profile", f"model.profile={BERT48}", "model.profile_batch_size=2", "cluster=v100x16",
-               "global_batch_size=128", "strategy=auto", "dry_run=true", f"hydra.run.dir={tmp_path}/p"], tmp_path)
+    out = cli(
+        [
+            "model=from_profile",
+            f"model.profile={BERT48}",
+            "model.profile_batch_size=2",
+            "cluster=v100x16",
+            "global_batch_size=128",
+            "strategy=auto",
+            "dry_run=true",
+            f"hydra.run.dir={tmp_path}/p",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     plan = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert plan["stages"][0]["layer_names"][0] == "node1"  # the profile's node ids
@@ -199,8 +275,18 @@ def test_resolved_config_shows_the_plan(tmp_path):
 def test_malformed_profile_names_line_and_reason(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text(BERT48.read_text().replace("forward_compute_time=2.69", "forward_compute_time=fast", 1))
-    out = cli(["model=from_profile", f"model.profile={bad}", "model.profile_batch_size=2", "cluster=v100x16",
-               "global_batch_size=128", "dry_run=true", f"hydra.run.dir={tmp_path}/p"], tmp_path)
+    out = cli(
+        [
+            "model=from_profile",
+            f"model.profile={bad}",
+            "model.profile_batch_size=2",
+            "cluster=v100x16",
+            "global_batch_size=128",
+            "dry_run=true",
+            f"hydra.run.dir={tmp_path}/p",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 2 and "bad.txt:5" in out.stderr and "not a number" in out.stderr
 
 
@@ -209,18 +295,38 @@ def test_multirun_sweep_runs_locally_with_submitit_local(tmp_path):
     """The sweep users send to Slurm as an array runs on this machine with hydra/launcher=submitit_local:
     every point trains with its own override and leaves its plan and a checkpoint."""
     sweep = tmp_path / "sweep"
-    out = cli(["-m", "hydra/launcher=submitit_local", *TINY_GPT, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2",
-               "trainer.progress_bar=false", "strategy.num_micro_batches=2,4", f"hydra.sweep.dir={sweep}"], tmp_path)
+    out = cli(
+        [
+            "-m",
+            "hydra/launcher=submitit_local",
+            *TINY_GPT,
+            "trainer.max_steps=2",
+            "trainer.checkpoint_every_n_steps=2",
+            "trainer.progress_bar=false",
+            "strategy.num_micro_batches=2,4",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for point, m in ((0, 2), (1, 4)):
         assert json.loads((sweep / str(point) / "plan.json").read_text())["num_micro_batches"] == m
         assert [p.name for p in find_checkpoints(sweep / str(point) / "checkpoints")] == ["step000002.ckpt"]
 
 
-CUSTOM = ["model=custom", "model.target=tests.custom_models.skipnet:build", "model.args={hidden:16,layers:4,seq_len:8}",
-          "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1",
-          "trainer.lr_decay_steps=8", "trainer.warmup_steps=2", "trainer.progress_bar=false", "data.num_train=256",
-          "data.num_val=32"]
+CUSTOM = [
+    "model=custom",
+    "model.target=tests.custom_models.skipnet:build",
+    "model.args={hidden:16,layers:4,seq_len:8}",
+    "trainer.val_check_interval=4",
+    "trainer.limit_val_batches=1",
+    "trainer.log_every_n_steps=1",
+    "trainer.lr_decay_steps=8",
+    "trainer.warmup_steps=2",
+    "trainer.progress_bar=false",
+    "data.num_train=256",
+    "data.num_val=32",
+]
 
 
 @pytest.mark.multiprocess
@@ -236,8 +342,17 @@ def test_a_custom_model_trains_and_resumes_on_another_layout(tmp_path):
     step4 = next(p for p in find_checkpoints(straight / "checkpoints") if p.name == "step000004.ckpt")
     state, _ = read_shards(step4)
     assert "layers.0.token.weight" in state and "layers.5.out.weight" not in state  # the tied weight, once
-    out = cli([*CUSTOM, "strategy.stages=3", "strategy.replicas=[2,1,1]", "trainer.max_steps=8",
-               f"ckpt_path={step4}", f"hydra.run.dir={tmp_path / 'other'}"], root)
+    out = cli(
+        [
+            *CUSTOM,
+            "strategy.stages=3",
+            "strategy.replicas=[2,1,1]",
+            "trainer.max_steps=8",
+            f"ckpt_path={step4}",
+            f"hydra.run.dir={tmp_path / 'other'}",
+        ],
+        root,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     got = losses(tmp_path / "other")
     assert sorted(got) == [s for s in sorted(ref) if s >= 4]
@@ -248,11 +363,21 @@ def test_a_custom_model_trains_and_resumes_on_another_layout(tmp_path):
 @pytest.mark.slow
 def test_a_custom_model_that_cannot_be_built_is_refused(tmp_path):
     root = Path(__file__).resolve().parent.parent
-    for target, needle in (("no_such_module:build", "cannot import no_such_module"),
-                           ("tests.custom_models.skipnet:nothing", "has no callable 'nothing'"),
-                           ("tests.custom_models.skipnet", "must name a factory as PACKAGE.MODULE:CALLABLE")):
+    for target, needle in (
+        ("no_such_module:build", "cannot import no_such_module"),
+        ("tests.custom_models.skipnet:nothing", "has no callable 'nothing'"),
+        ("tests.custom_models.skipnet", "must name a factory as PACKAGE.MODULE:CALLABLE"),
+    ):
         out = cli(["model=custom", f"model.target={target}", "dry_run=true", f"hydra.run.dir={tmp_path}/x"], root)
         assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
-    out = cli(["model=custom", "model.target=tests.custom_models.skipnet:build", "+model.args.colour=3", "dry_run=true",
-               f"hydra.run.dir={tmp_path}/x"], root)
+    out = cli(
+        [
+            "model=custom",
+            "model.target=tests.custom_models.skipnet:build",
+            "+model.args.colour=3",
+            "dry_run=true",
+            f"hydra.run.dir={tmp_path}/x",
+        ],
+        root,
+    )
     assert out.returncode == 2 and "refused model.args={'colour': 3}" in out.stderr, out.stderr

@@ -1,4 +1,5 @@
 """One process: every shipped config composes and plans; bad keys fail with their full path."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,15 +11,34 @@ from dapple_launch.plan_config import plan_from_config
 
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
-GPU_FIXED = {"v100x16": ["strategy=fixed", "strategy.replicas=[8]", "global_batch_size=128", "strategy.num_micro_batches=8"],
-             "v100-16x1": ["strategy=fixed", "strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
-                           "strategy.num_micro_batches=8"],
-             "v100-16x1-10g": ["strategy=fixed", "strategy.stages=4", "strategy.replicas=[4]", "global_batch_size=128",
-                               "strategy.num_micro_batches=8"],
-             "a100x64": ["strategy=fixed", "strategy.stages=4", "strategy.replicas=[16]", "global_batch_size=512",
-                         "strategy.num_micro_batches=8"],
-             "h100x8": ["strategy=fixed", "strategy.replicas=[4]", "global_batch_size=64", "strategy.num_micro_batches=8"],
-             "local": [], "slurm-dev": [], "from_slurm": []}
+GPU_FIXED = {
+    "v100x16": ["strategy=fixed", "strategy.replicas=[8]", "global_batch_size=128", "strategy.num_micro_batches=8"],
+    "v100-16x1": [
+        "strategy=fixed",
+        "strategy.stages=4",
+        "strategy.replicas=[4]",
+        "global_batch_size=128",
+        "strategy.num_micro_batches=8",
+    ],
+    "v100-16x1-10g": [
+        "strategy=fixed",
+        "strategy.stages=4",
+        "strategy.replicas=[4]",
+        "global_batch_size=128",
+        "strategy.num_micro_batches=8",
+    ],
+    "a100x64": [
+        "strategy=fixed",
+        "strategy.stages=4",
+        "strategy.replicas=[16]",
+        "global_batch_size=512",
+        "strategy.num_micro_batches=8",
+    ],
+    "h100x8": ["strategy=fixed", "strategy.replicas=[4]", "global_batch_size=64", "strategy.num_micro_batches=8"],
+    "local": [],
+    "slurm-dev": [],
+    "from_slurm": [],
+}
 # what cluster=from_slurm reads inside an allocation of 2 nodes × 2 CPU tasks
 ALLOCATION = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
 PROFILE = ["model.profile=bert-48-pbs-2"]  # a shipped profile, by name
@@ -38,6 +58,7 @@ def test_every_model_on_every_cluster_plans(compose_cfg, model, cluster, monkeyp
     extra = PROFILE if model == "from_profile" else []
     if model == "hf":  # a tiny Llama directory, as save_pretrained writes it
         from .hf_models import save
+
         root = tmp_path_factory.getbasetemp() / "hf-config"
         where = root / "llama" if (root / "llama").is_dir() else save("llama", root)
         extra = [f"model.config={where}", "model.init=random", "model.seq_len=16"]
@@ -57,12 +78,15 @@ def test_every_model_on_every_cluster_plans(compose_cfg, model, cluster, monkeyp
     assert plan.micro_batch_size * plan.num_micro_batches == cfg.global_batch_size
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("model.hiden=3", "model.hiden"),
-    ("+model.hiden=3", "hiden"),
-    ("trainer.max_steps=many", "trainer.max_steps"),
-    ("strategy.replicas=two", "strategy.replicas"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("model.hiden=3", "model.hiden"),
+        ("+model.hiden=3", "hiden"),
+        ("trainer.max_steps=many", "trainer.max_steps"),
+        ("strategy.replicas=two", "strategy.replicas"),
+    ],
+)
 def test_misspelled_or_mistyped_key_names_full_path(compose_cfg, override, needle):
     with pytest.raises((ConfigCompositionException, OmegaConfBaseException)) as e:
         cfg = compose_cfg([override])
@@ -74,6 +98,7 @@ def test_misspelled_or_mistyped_key_names_full_path(compose_cfg, override, needl
 @pytest.mark.parametrize("group,name", [("model", "gtp"), ("cluster", "v100x99"), ("strategy", "magic")])
 def test_unknown_group_option_lists_valid_ones(group, name):
     from dapple_launch.cli import Refusal, check
+
     with pytest.raises(Refusal, match=f"{group}={name} is not an option of {group}.*valid: "):
         check([f"{group}={name}"])
 
@@ -81,9 +106,16 @@ def test_unknown_group_option_lists_valid_ones(group, name):
 @pytest.mark.multiprocess  # the links are measured between 4 real gloo processes
 def test_auto_plans_the_local_job_from_measured_layers_and_links(compose_cfg, tmp_path, monkeypatch):
     import json
+
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
-    overrides = ["strategy=auto", "strategy.profile_source=measured", "model.num_layers=2", "model.hidden=32",
-                 "model.heads=2", "model.seq_len=16"]
+    overrides = [
+        "strategy=auto",
+        "strategy.profile_source=measured",
+        "model.num_layers=2",
+        "model.hidden=32",
+        "model.heads=2",
+        "model.seq_len=16",
+    ]
     cfg = compose_cfg(overrides)
     plan = plan_from_config(cfg)
     assert plan.planner.startswith("auto") and plan.world_size <= 4
@@ -102,8 +134,14 @@ def test_auto_plans_the_local_job_from_measured_layers_and_links(compose_cfg, tm
     stated = plan_from_config(compose_cfg([*overrides, "cluster.action_overhead_us=250"]))
     assert [c["action_s"] for c in stated.estimate.stage_costs] == pytest.approx([250e-6] * len(stated.stages))
     # a custom model whose layers pass tuples is measured as well (the links are cached by now)
-    custom = compose_cfg(["strategy=auto", "strategy.profile_source=measured", "model=custom",
-                          "model.target=tests.custom_models.skipnet:build"])
+    custom = compose_cfg(
+        [
+            "strategy=auto",
+            "strategy.profile_source=measured",
+            "model=custom",
+            "model.target=tests.custom_models.skipnet:build",
+        ]
+    )
     assert plan_from_config(custom).num_layers == 6
 
 
@@ -112,7 +150,12 @@ def test_action_cost_fit_recovers_the_cost_per_action():
     the measured time is the one that produced it; none when the pipeline is no slower than its layers."""
     from dapple_launch.runtime.action_cost import fit_action_cost
     from dapple_launch.schedule import StageCosts, build_schedule, simulate
-    for world, f, b, send, a in [(2, 1e-5, 2e-5, 1.3e-4, 6e-4), (4, 3e-5, 5e-5, 1e-4, 1.1e-3), (1, 1e-5, 1e-5, 0.0, 7e-5)]:
+
+    for world, f, b, send, a in [
+        (2, 1e-5, 2e-5, 1.3e-4, 6e-4),
+        (4, 3e-5, 5e-5, 1e-4, 1.1e-3),
+        (1, 1e-5, 1e-5, 0.0, 7e-5),
+    ]:
         costs = [StageCosts(f, b, send if s < world - 1 else 0.0, send if s else 0.0, action_s=a) for s in range(world)]
         took = simulate(build_schedule("1f1b", world, 2 * world), costs, record=False).iteration_s
         assert fit_action_cost(world, took, f, b, send) == pytest.approx(a, rel=1e-6)
@@ -121,6 +164,7 @@ def test_action_cost_fit_recovers_the_cost_per_action():
 
 def test_links_fit_recovers_latency_and_bandwidth():
     from dapple_launch.profile.links import LARGE, SMALL, _fit
+
     for fixed, bw, scale in [(3e-4, 2e9, 1.0), (5e-3, 9e8, 1.5)]:
         got = _fit(fixed + scale * SMALL / bw, fixed + scale * LARGE / bw, scale)
         assert got == pytest.approx((fixed, bw), rel=1e-9)
@@ -128,5 +172,8 @@ def test_links_fit_recovers_latency_and_bandwidth():
 
 def test_unknown_profile_source():
     from dapple_launch.cli import Refusal, check
-    with pytest.raises(Refusal, match="strategy.profile_source=guess is not a valid choice: expected one of analytic, measured"):
+
+    with pytest.raises(
+        Refusal, match="strategy.profile_source=guess is not a valid choice: expected one of analytic, measured"
+    ):
         check(["strategy.profile_source=guess"])

@@ -1,4 +1,5 @@
 """One process: the data every stage reads, epoch by epoch, and where a resumed run continues."""
+
 from __future__ import annotations
 
 from lightning.fabric.utilities.data import _set_sampler_epoch
@@ -54,8 +55,9 @@ BYTE_GPT = ["model.num_layers=2", "model.hidden=32", "model.heads=2", "model.seq
 
 
 def data_cfg(kind, path, **kw):
-    return OmegaConf.create({"kind": kind, "path": str(path), "seq_len": None, "val_fraction": 0.05,
-                             "dtype": "uint16", **kw})
+    return OmegaConf.create(
+        {"kind": kind, "path": str(path), "seq_len": None, "val_fraction": 0.05, "dtype": "uint16", **kw}
+    )
 
 
 def test_text_windows_are_the_file_bytes_with_next_token_targets():
@@ -67,13 +69,16 @@ def test_text_windows_are_the_file_bytes_with_next_token_targets():
     x, y = train[3]
     assert bytes(x.tolist()) == raw[96:128] and bytes(y.tolist()) == raw[97:129]
     vx, _ = val[0]  # the held-out tail follows the training windows
-    assert bytes(vx.tolist()) == raw[len(train) * 32: len(train) * 32 + 32]
+    assert bytes(vx.tolist()) == raw[len(train) * 32 : len(train) * 32 + 32]
 
 
 def test_a_prepared_token_file_gives_the_same_windows(tmp_path):
     out = tmp_path / "license.bin"
     assert prepare(LICENSE, out, "uint16") == LICENSE.stat().st_size
-    assert np.fromfile(out, dtype=np.uint16).tobytes() == np.frombuffer(LICENSE.read_bytes(), np.uint8).astype(np.uint16).tobytes()
+    assert (
+        np.fromfile(out, dtype=np.uint16).tobytes()
+        == np.frombuffer(LICENSE.read_bytes(), np.uint8).astype(np.uint16).tobytes()
+    )
     model = build_model("gpt", "tiny", seq_len=16, vocab_size=256)
     a, _ = files.datasets(data_cfg("text_file", LICENSE), model, seed=1)
     b, _ = files.datasets(data_cfg("tokens", out), model, seed=1)
@@ -88,24 +93,33 @@ def test_bert_masks_file_windows_the_same_way_on_every_read():
     assert torch.equal(x1, x2) and torch.equal(y1, y2) and (x1 == 0).any() and (y1 != -100).sum() == (x1 == 0).sum()
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("missing", "does not exist"),
-    ("empty", "is empty: it holds no tokens"),
-    ("short", "fewer than one window of data.seq_len + 1 = 33"),
-    ("vocab", "holds token id 122 but model gpt has vocab_size 64"),
-    ("few", "fewer than one global batch of 16"),
-    ("empty_dir", "is a directory with no files"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("missing", "does not exist"),
+        ("empty", "is empty: it holds no tokens"),
+        ("short", "fewer than one window of data.seq_len + 1 = 33"),
+        ("vocab", "holds token id 122 but model gpt has vocab_size 64"),
+        ("few", "fewer than one global batch of 16"),
+        ("empty_dir", "is a directory with no files"),
+    ],
+)
 @pytest.mark.slow
 def test_bad_data_is_refused_before_any_process_starts(tmp_path, case, needle):
-    path = {"missing": tmp_path / "nope.txt", "empty": tmp_path / "empty.txt", "short": tmp_path / "short.txt",
-            "vocab": LICENSE, "few": tmp_path / "few.txt", "empty_dir": tmp_path / "d"}[case]
+    path = {
+        "missing": tmp_path / "nope.txt",
+        "empty": tmp_path / "empty.txt",
+        "short": tmp_path / "short.txt",
+        "vocab": LICENSE,
+        "few": tmp_path / "few.txt",
+        "empty_dir": tmp_path / "d",
+    }[case]
     if case == "empty":
         path.write_bytes(b"")
     if case == "short":
         path.write_text("too short")
     if case == "few":
-        path.write_bytes(LICENSE.read_bytes()[:33 * 12])
+        path.write_bytes(LICENSE.read_bytes()[: 33 * 12])
     if case == "empty_dir":
         path.mkdir()
     args = [*BYTE_GPT, "data=text_file", f"data.path={path}", f"hydra.run.dir={tmp_path}/run"]
@@ -121,20 +135,28 @@ def test_bad_data_is_refused_before_any_process_starts(tmp_path, case, needle):
 def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
     ids = tmp_path / "ids.bin"
     np.array([1, 2, 3, 70_000 % 65536, 5] * 400, dtype=np.uint16).tofile(ids)
-    out = cli([*BYTE_GPT, "data=tokens", f"data.path={ids}", f"hydra.run.dir={tmp_path}/r"],
-              tmp_path)
+    out = cli([*BYTE_GPT, "data=tokens", f"data.path={ids}", f"hydra.run.dir={tmp_path}/r"], tmp_path)
     assert out.returncode == 2 and "holds token id 4464 but model gpt has vocab_size 256" in out.stderr, out.stderr
 
 
 def _metrics(run: Path, key: str) -> dict[int, float]:
     import csv
+
     (metrics,) = run.rglob("metrics.csv")
     return {int(r["step"]): float(r[key]) for r in csv.DictReader(metrics.open()) if r.get(key)}
 
 
-FILE_RUN = [*BYTE_GPT, "trainer.val_check_interval=6", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1",
-            "trainer.lr_decay_steps=12", "trainer.warmup_steps=2", "trainer.progress_bar=false",
-            "trainer.checkpoint_every_n_steps=6", "trainer.lr=1e-2"]
+FILE_RUN = [
+    *BYTE_GPT,
+    "trainer.val_check_interval=6",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.lr_decay_steps=12",
+    "trainer.warmup_steps=2",
+    "trainer.progress_bar=false",
+    "trainer.checkpoint_every_n_steps=6",
+    "trainer.lr=1e-2",
+]
 
 
 @pytest.mark.multiprocess
@@ -142,6 +164,7 @@ def test_training_on_a_text_file_learns_and_resumes_exactly(tmp_path):
     """2 stages × 2 replicas on the license text: the validation loss falls; 6 steps, stop, resume
     to 12 ends with the weights of 12 steps straight."""
     from dapple_launch.runtime.checkpoint import find_checkpoints, read_shards
+
     straight, split_run = tmp_path / "straight", tmp_path / "split"
     data = ["data=text_file", f"data.path={LICENSE}"]
     out = cli([*FILE_RUN, *data, "trainer.max_steps=12", f"hydra.run.dir={straight}"], tmp_path)
@@ -165,8 +188,17 @@ def test_training_on_a_prepared_token_file(tmp_path):
     out = cli([], tmp_path, module=["dapple_launch.data.prepare", str(LICENSE), str(ids)])
     assert out.returncode == 0 and "data=tokens" in out.stdout, out.stderr
     run = tmp_path / "run"
-    out = cli([*FILE_RUN, "data=tokens", f"data.path={ids}", "data.dtype=uint16", "trainer.max_steps=6",
-               f"hydra.run.dir={run}"], tmp_path)
+    out = cli(
+        [
+            *FILE_RUN,
+            "data=tokens",
+            f"data.path={ids}",
+            "data.dtype=uint16",
+            "trainer.max_steps=6",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads((run / "plan.json").read_text())["stages"][0]["replicas"] == 2
     losses = _metrics(run, "train_loss")

@@ -1,6 +1,7 @@
 """Pure tier: the time-memory frontier (TensorOpt's FT) equals exhaustive enumeration on small
 instances, exactly and within its stated bound when bucketed; every point is a valid plan; the
 objectives and the budget choose as documented; devices=auto picks the cheapest allocation."""
+
 from __future__ import annotations
 
 import itertools
@@ -74,8 +75,9 @@ def _instance(seed):
     G = rng.choice([4, 8])
     roomy = exhaustive_points(profile, topo, G, math.inf)
     memory = sorted(m for _, m in roomy)[len(roomy) * 3 // 4]
-    topo = Topology("t", nodes, per_node, memory / 0.9, 10, 20e9, topo.inter_node_bandwidth,
-                    inter_node_allreduce_bandwidth=3e9)
+    topo = Topology(
+        "t", nodes, per_node, memory / 0.9, 10, 20e9, topo.inter_node_bandwidth, inter_node_allreduce_bandwidth=3e9
+    )
     return profile, topo, G
 
 
@@ -101,11 +103,15 @@ def test_a_bucketed_frontier_is_within_its_stated_bound(seed):
     """step e: every exact point (t*, m*) is dominated by a returned point no slower with memory below
     m* / (1 - e); the returned points are real plans of the space, never fewer than one."""
     profile, topo, G = _instance(seed)
-    exact = [(p.estimate.iteration_s, max(p.estimate.peak_memory_bytes))
-             for p in frontier(profile, topo, G, _limits(), step=0.0)[0]]
+    exact = [
+        (p.estimate.iteration_s, max(p.estimate.peak_memory_bytes))
+        for p in frontier(profile, topo, G, _limits(), step=0.0)[0]
+    ]
     for step in (0.1, 0.3):
-        got = [(p.estimate.iteration_s, max(p.estimate.peak_memory_bytes))
-               for p in frontier(profile, topo, G, _limits(), step=step)[0]]
+        got = [
+            (p.estimate.iteration_s, max(p.estimate.peak_memory_bytes))
+            for p in frontier(profile, topo, G, _limits(), step=step)[0]
+        ]
         assert 1 <= len(got) <= len(exact)
         for t, m in exact:
             assert any(tg <= t * (1 + 1e-9) and mg < m / (1 - step) for tg, mg in got), (step, (t, m), got)
@@ -134,7 +140,9 @@ def test_non_dominated_keeps_the_lower_left_staircase():
 
         class P:
             estimate = E
+
         return P
+
     pts = [plan(1, 5), plan(2, 3), plan(2, 4), plan(3, 3), plan(1, 6), plan(4, 1)]
     got = [(p.estimate.iteration_s, p.estimate.peak_memory_bytes[0]) for p in non_dominated(pts)]
     assert got == [(1, 5), (2, 3), (4, 1)]

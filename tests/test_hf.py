@@ -1,6 +1,7 @@
 """model=hf through the product's own command: training on a local HF directory (sharded safetensors),
 export back to a Hugging Face directory that `from_pretrained` reads to the pipeline's logits, and
 bad input refused in one line before any process starts."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,20 @@ from .conftest import cli
 from .hf_models import save
 
 pytestmark = pytest.mark.multiprocess
-BASE = ["model=hf", "model.seq_len=8", "cluster=local", "cluster.devices_per_node=3", "strategy=fixed",
-        "strategy.stages=2", "strategy.replicas=[2,1]", "strategy.num_micro_batches=2", "global_batch_size=6",
-        "trainer.max_steps=4", "trainer.progress_bar=false", "trainer.checkpoint_every_n_steps=4"]
+BASE = [
+    "model=hf",
+    "model.seq_len=8",
+    "cluster=local",
+    "cluster.devices_per_node=3",
+    "strategy=fixed",
+    "strategy.stages=2",
+    "strategy.replicas=[2,1]",
+    "strategy.num_micro_batches=2",
+    "global_batch_size=6",
+    "trainer.max_steps=4",
+    "trainer.progress_bar=false",
+    "trainer.checkpoint_every_n_steps=4",
+]
 RUN = [*BASE, "data.num_train=64", "data.num_val=8"]
 
 
@@ -26,6 +38,7 @@ def pipeline_logits(run_dir, ids):
     from dapple_launch.models.contract import build_layer, run_layers
     from dapple_launch.plan_config import model_from_config
     from dapple_launch.runtime.checkpoint import find_checkpoints, read_shards
+
     model = model_from_config(OmegaConf.load(run_dir / "config.yaml").model)
     layers = [build_layer(s, i, 0) for i, s in enumerate(model.layers())]
     state, _ = read_shards(find_checkpoints(run_dir / "checkpoints")[-1])
@@ -45,6 +58,7 @@ def pipeline_logits(run_dir, ids):
 @pytest.mark.parametrize("family", ["gpt2", "llama-tied"])
 def test_an_hf_model_trains_on_an_uneven_layout_and_exports_to_what_from_pretrained_reads(tmp_path, family):
     import transformers
+
     src = save(family, tmp_path / "src", shard="20KB")  # sharded: an index and several files
     assert (src / "model.safetensors.index.json").is_file()
     run = tmp_path / "run"
@@ -70,11 +84,21 @@ def test_a_random_init_from_a_config_only_directory_trains_and_logs_to_tensorboa
     src = save("llama", tmp_path / "src")
     (src / "model.safetensors").unlink()
     run = tmp_path / "run"
-    out = cli([*RUN, f"model.config={src}", "model.init=random", "logger=tensorboard", "trainer.log_every_n_steps=1",
-               f"hydra.run.dir={run}"], tmp_path)
+    out = cli(
+        [
+            *RUN,
+            f"model.config={src}",
+            "model.init=random",
+            "logger=tensorboard",
+            "trainer.log_every_n_steps=1",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # logger=tensorboard: event files with the losses, the config and the plan among the hyperparameters
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run / "logs" / "tensorboard"))
     acc.Reload()
     assert "train_loss" in acc.Tags()["scalars"], acc.Tags()
@@ -91,6 +115,7 @@ def _refusal(out) -> str:
 
 def test_bad_hf_input_is_one_line_before_any_process(tmp_path):
     from safetensors.torch import load_file, save_file
+
     empty = tmp_path / "empty"
     empty.mkdir()
     dry = ["dry_run=true"]
@@ -108,10 +133,12 @@ def test_bad_hf_input_is_one_line_before_any_process(tmp_path):
     assert "model.layers.1.mlp.up_proj.weight has shape [3, 3]" in line
     # an encoder-decoder is not embed → layers → norm + head
     import transformers
+
     t5 = tmp_path / "t5"
     transformers.T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2).save_pretrained(t5)
-    line = _refusal(cli([*RUN, *dry, f"model.config={t5}", "model.init=random", f"hydra.run.dir={tmp_path / 'r4'}"],
-                        tmp_path))
+    line = _refusal(
+        cli([*RUN, *dry, f"model.config={t5}", "model.init=random", f"hydra.run.dir={tmp_path / 'r4'}"], tmp_path)
+    )
     assert "T5" in line, line
     assert json.loads((src / "config.json").read_text())["model_type"] == "llama"
 
@@ -119,10 +146,15 @@ def test_bad_hf_input_is_one_line_before_any_process(tmp_path):
 def make_tokenizer(where, text: str, vocab: int):
     """A byte-level BPE trained on `text` (the tokenizers package), saved as tokenizer.json."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=vocab, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     where.mkdir(parents=True, exist_ok=True)
     tok.save(str(where / "tokenizer.json"))
     return tok
@@ -133,24 +165,54 @@ TEXT = "the quick brown fox jumps over the lazy dog. " * 40 + "a stitch in time 
 
 def test_text_through_the_models_tokenizer_trains_and_prepares(tmp_path):
     import numpy as np
+
     src = save("llama", tmp_path / "src")  # vocabulary of 61... too small for a byte-level BPE
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)
     big = tmp_path / "tok-big"
     tok = make_tokenizer(big, TEXT, 300)
-    line = _refusal(cli([*BASE, "dry_run=true", f"model.path={src}", "data=text_file", f"data.path={corpus}",
-                         f"data.tokenizer={big}", f"hydra.run.dir={tmp_path / 'r0'}"], tmp_path))
+    line = _refusal(
+        cli(
+            [
+                *BASE,
+                "dry_run=true",
+                f"model.path={src}",
+                "data=text_file",
+                f"data.path={corpus}",
+                f"data.tokenizer={big}",
+                f"hydra.run.dir={tmp_path / 'r0'}",
+            ],
+            tmp_path,
+        )
+    )
     assert f"has {tok.get_vocab_size()} tokens but model hf has vocab_size 61" in line, line
     # a model whose embedding holds the tokenizer's ids trains on the encoded text
     import transformers
-    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=64)
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     fit = tmp_path / "fit"
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(fit)
     run = tmp_path / "run"
-    out = cli([*BASE, f"model.path={fit}", "data=text_file", f"data.path={corpus}", f"data.tokenizer={big}",
-               "data.val_fraction=0.2", f"hydra.run.dir={run}"], tmp_path)
+    out = cli(
+        [
+            *BASE,
+            f"model.path={fit}",
+            "data=text_file",
+            f"data.path={corpus}",
+            f"data.tokenizer={big}",
+            "data.val_fraction=0.2",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # prepare writes the same ids as a token file
     tokens = tmp_path / "corpus.bin"
@@ -165,9 +227,17 @@ def test_model_llama_exports_to_what_hfs_llama_reads_with_the_same_logits(tmp_pa
     exports to a directory LlamaForCausalLM reads to the pipeline's logits (grouped-query attention,
     tied embeddings, rotary positions)."""
     import transformers
+
     run = tmp_path / "run"
-    shape = ["model.num_layers=3", "model.hidden=32", "model.heads=4", "model.kv_heads=2", "model.ffn_hidden=48",
-             "model.seq_len=8", "model.vocab_size=61"]
+    shape = [
+        "model.num_layers=3",
+        "model.hidden=32",
+        "model.heads=4",
+        "model.kv_heads=2",
+        "model.ffn_hidden=48",
+        "model.seq_len=8",
+        "model.vocab_size=61",
+    ]
     out = cli(["model=llama", *shape, *RUN[2:], f"hydra.run.dir={run}"], tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     exported = tmp_path / "exported"

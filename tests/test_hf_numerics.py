@@ -2,6 +2,7 @@
 (`model(input_ids, labels=...)`) and every gradient of HF's own model on the same batch: GPT-2 and
 Llama (tied and untied), on 1, 2 and 4 stages and with uneven replicas; Gemma-2 (sliding and full
 layers mixed, soft-capped logits) and Qwen-2 on 2 stages."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,6 +28,7 @@ def _hf_compare(rank, world, path, replicas, schedule, num_micro_batches, batch_
     from dapple_launch.runtime.p2p import PointToPoint
     from dapple_launch.runtime.precision import MixedPrecision
     from dapple_launch.runtime.tied import TiedSync, local_tied_parameters, tied_groups
+
     plan = Plan.from_json(plan_json)
     model = HFCausalLM(path=path, seq_len=SEQ)
     grid = ProcessGrid.from_plan(plan)
@@ -45,11 +47,23 @@ def _hf_compare(rank, world, path, replicas, schedule, num_micro_batches, batch_
     ties = tied_groups(model, [s.layers for s in plan.stages])
     for g in ties:
         g.group = dist.new_group(sorted({r for s in g.stages for r in grid.stage_ranks(s)}))
-    sync = GradientSync(params, groups[stage], grid.replicas[stage],
-                        [list(layer.parameters()) for layer in local.local_stack()], bucket_bytes=1)
+    sync = GradientSync(
+        params,
+        groups[stage],
+        grid.replicas[stage],
+        [list(layer.parameters()) for layer in local.local_stack()],
+        bucket_bytes=1,
+    )
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
-    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       on_last_backward=sync.start, before_last_backward=sync.arm, precision=MixedPrecision("32"))
+    ex = StageExecutor(
+        local.local_stack(),
+        model.loss,
+        PointToPoint(grid, stage, replica),
+        grid.num_stages,
+        on_last_backward=sync.start,
+        before_last_backward=sync.arm,
+        precision=MixedPrecision("32"),
+    )
     result = ex.run(plan.build_schedule(), (x, y))
     sync.finish()
     tied.sync()
@@ -64,17 +78,28 @@ def _hf_compare(rank, world, path, replicas, schedule, num_micro_batches, batch_
         r = ref_grads[hf]
         worst = max(worst, (p.grad - r).abs().max().item() / (r.abs().max().item() + 1e-12))
         compared.append(hf)
-    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst": worst, "compared": compared,
-            "all": sorted(ref_grads)}
+    return {
+        "loss": loss.item(),
+        "ref_loss": ref_loss.item(),
+        "worst": worst,
+        "compared": compared,
+        "all": sorted(ref_grads),
+    }
 
 
 CASES = [  # (family, replicas per stage, schedule, micro-batches, batch)
-    ("gpt2", (1,), "1f1b", 2, 4), ("gpt2", (1, 1), "1f1b", 2, 4), ("gpt2", (1, 1, 1, 1), "1f1b", 4, 8),
+    ("gpt2", (1,), "1f1b", 2, 4),
+    ("gpt2", (1, 1), "1f1b", 2, 4),
+    ("gpt2", (1, 1, 1, 1), "1f1b", 4, 8),
     ("gpt2", (2, 1), "1f1b", 2, 6),
-    ("llama", (1,), "1f1b", 2, 4), ("llama", (1, 1), "zb_h1", 3, 6), ("llama", (1, 1, 1, 1), "1f1b", 4, 8),
+    ("llama", (1,), "1f1b", 2, 4),
+    ("llama", (1, 1), "zb_h1", 3, 6),
+    ("llama", (1, 1, 1, 1), "1f1b", 4, 8),
     ("llama", (1, 2), "gpipe", 2, 6),
-    ("llama-tied", (1, 1, 1, 1), "1f1b", 4, 8), ("llama-tied", (2, 1), "1f1b", 2, 6),
-    ("gemma2", (1, 1), "1f1b", 2, 4), ("qwen2", (1, 1), "1f1b", 2, 4),
+    ("llama-tied", (1, 1, 1, 1), "1f1b", 4, 8),
+    ("llama-tied", (2, 1), "1f1b", 2, 6),
+    ("gemma2", (1, 1), "1f1b", 2, 4),
+    ("qwen2", (1, 1), "1f1b", 2, 4),
 ]
 
 
@@ -84,6 +109,7 @@ def _many(rank, world, cases):
 
 def test_pipelined_hf_models_give_hfs_own_loss_and_gradients(tmp_path):
     from dapple_launch.models.hf import HFCausalLM
+
     dirs = {name: str(save(name, tmp_path)) for name in {c[0] for c in CASES}}
     by_world: dict[int, list] = {}
     for family, replicas, schedule, m, n in CASES:

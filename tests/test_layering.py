@@ -1,6 +1,7 @@
 """The dependency rule of ARCHITECTURE.md, checked rather than trusted: schedule, planner and profile
 are pure (no torch at import) and import nothing from the runtime or the launcher, so planning a
 profile file never loads torch and the planner can be reused by an outside tool."""
+
 from __future__ import annotations
 
 import ast
@@ -29,18 +30,22 @@ def _pure_modules() -> list[str]:
 
 def test_pure_packages_import_without_torch():
     mods = _pure_modules()
-    code = ("import sys, importlib\n"
-            f"for m in {mods!r}: importlib.import_module('dapple_launch.' + m)\n"
-            "heavy = sorted(k for k in ('torch', 'lightning', 'numpy.testing') if k in sys.modules)\n"
-            "print(','.join(heavy))")
+    code = (
+        "import sys, importlib\n"
+        f"for m in {mods!r}: importlib.import_module('dapple_launch.' + m)\n"
+        "heavy = sorted(k for k in ('torch', 'lightning', 'numpy.testing') if k in sys.modules)\n"
+        "print(','.join(heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "torch" not in out.stdout.strip().split(","), (
-        f"importing {len(mods)} pure modules loaded: {out.stdout.strip()}")
+        f"importing {len(mods)} pure modules loaded: {out.stdout.strip()}"
+    )
 
 
 def test_profile_sources_that_need_torch_still_load_on_first_use():
     from dapple_launch import profile
+
     assert callable(profile.analytic_profile) and callable(profile.measure_profile)
     with pytest.raises(AttributeError):
         profile.no_such_source  # noqa: B018
@@ -62,12 +67,13 @@ def test_pure_modules_never_import_upstream(module):
                 base = package[: len(package) - (node.level - 1)]
                 target = ".".join([*base, target]) if target else ".".join(base)
             elif target.startswith("dapple_launch."):
-                target = target[len("dapple_launch."):]
+                target = target[len("dapple_launch.") :]
             else:
                 continue
             if target.split(".")[0] in UPSTREAM:
                 bad.append(target)
         elif isinstance(node, ast.Import):
-            bad += [a.name for a in node.names
-                    if a.name.startswith("dapple_launch.") and a.name.split(".")[1] in UPSTREAM]
+            bad += [
+                a.name for a in node.names if a.name.startswith("dapple_launch.") and a.name.split(".")[1] in UPSTREAM
+            ]
     assert not bad, f"{module} imports upstream {bad}: dependencies must point runtime → planner, never back"

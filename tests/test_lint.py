@@ -1,5 +1,6 @@
 """Lint in the fast tier: ruff's rules (pyproject [tool.ruff]) on the package, tests and benchmarks,
 and the import-linter contracts that keep the layers one way (pyproject [tool.importlinter])."""
+
 from __future__ import annotations
 
 import shutil
@@ -21,8 +22,22 @@ def tool(name: str) -> str:
 
 
 def test_ruff_finds_nothing():
-    out = subprocess.run([tool("ruff"), "check", "--output-format", "concise", "dapple_launch", "tests", "benchmarks"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [tool("ruff"), "check", "--output-format", "concise", "dapple_launch", "tests", "benchmarks"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_ruff_format_leaves_everything_as_it_is():
+    out = subprocess.run(
+        [tool("ruff"), "format", "--check", "dapple_launch", "tests", "benchmarks"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 

@@ -7,6 +7,7 @@ and waits — passes the model for every family, while loss and every gradient e
 single-process reference with each pair's traffic on one group and one tag (gloo then matches in
 order, as NCCL does).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,6 +34,7 @@ def _programs(x, replicas, rows=8, align=True):
 
 
 # ---- the model itself ------------------------------------------------------------------------------
+
 
 def test_two_ranks_that_both_send_first_hang_and_are_named():
     a = [Issue("ab", (Op(1, True, "x"),)), Issue("ab", (Op(1, False, "y"),)), Wait(1)]
@@ -72,6 +74,7 @@ def test_separate_streams_per_pair_do_not_block_each_other():
 
 # ---- the lowering, every family ----------------------------------------------------------------------
 
+
 def _sweep():
     """(name, rank schedule, replicas per device group) over P 2-8, M 1-16: stage families even and
     uneven, chunked, copies, token slices, evaluation."""
@@ -96,7 +99,11 @@ def _sweep():
             yield f"1f1b_rr P{P} M{M}", round_robin("1f1b_rr", copies, M), [1] * sum(copies)
             yield f"zb_h1_rr P{P} M{M}", round_robin("zb_h1_rr", copies, M), [1] * sum(copies)
         if M <= 4:
-            yield f"terapipe P{P} M{M}", from_stages(build_schedule("terapipe", P, M, token_slices=(3, 2, 2, 1))), uneven
+            yield (
+                f"terapipe P{P} M{M}",
+                from_stages(build_schedule("terapipe", P, M, token_slices=(3, 2, 2, 1))),
+                uneven,
+            )
         x = build_rank_schedule("zbv", P, M)
         yield f"eval zbv P{P} M{M}", forward_only_orders(x.placement, x.num_ranks, M), [1] * P
 
@@ -142,6 +149,7 @@ def test_every_plan_is_checked_before_it_runs():
     from dapple_launch.models import build_model
     from dapple_launch.planner import Limits, fixed_plan
     from dapple_launch.profile import analytic_profile
+
     model = build_model("gpt", "tiny", num_layers=4, hidden=32, heads=2, seq_len=8, vocab_size=40)
     topo = Topology("test", 1, 4, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     plan = fixed_plan(analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 12, 2, [3, 1], 4, Limits())

@@ -1,6 +1,7 @@
 """The multi-node tier (`pytest -m nodes`): the product's own command on a Slurm of two nodes, each a
 Linux network and UTS namespace with its own hostname and address (slurm/dev-cluster.sh start
 --nodes 2). Skipped, with the reason, where no such cluster is up."""
+
 from __future__ import annotations
 
 import json
@@ -28,14 +29,30 @@ def _nodes_up() -> int:
     return sum(1 for line in out if line.split()[1:2] and line.split()[1] in ("idle", "mixed", "allocated"))
 
 
-pytestmark = [pytest.mark.nodes, pytest.mark.skipif(_nodes_up() < 2, reason="no Slurm of two nodes is up "
-                                                     "(slurm/dev-cluster.sh start --nodes 2, as root)")]
+pytestmark = [
+    pytest.mark.nodes,
+    pytest.mark.skipif(
+        _nodes_up() < 2, reason="no Slurm of two nodes is up (slurm/dev-cluster.sh start --nodes 2, as root)"
+    ),
+]
 
 LAYOUT = ["strategy=fixed", "strategy.stages=2", "strategy.replicas=[2,2]", "strategy.num_micro_batches=4"]
-JOB = [*TINY_GPT, "cluster=slurm-dev", "cluster.nodes=2", "cluster.devices_per_node=2", "global_batch_size=16",
-       "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.val_check_interval=10",
-       "trainer.limit_val_batches=1", "data.num_train=512", "data.num_val=32", "trainer.lr_decay_steps=100",
-       "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=6"]
+JOB = [
+    *TINY_GPT,
+    "cluster=slurm-dev",
+    "cluster.nodes=2",
+    "cluster.devices_per_node=2",
+    "global_batch_size=16",
+    "trainer.progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=10",
+    "trainer.limit_val_batches=1",
+    "data.num_train=512",
+    "data.num_val=32",
+    "trainer.lr_decay_steps=100",
+    "trainer.max_steps=12",
+    "trainer.checkpoint_every_n_steps=6",
+]
 
 
 def test_a_job_across_two_nodes_trains_as_local_processes_do(tmp_path):
@@ -50,19 +67,41 @@ def test_a_job_across_two_nodes_trains_as_local_processes_do(tmp_path):
     plan["stages"][0]["devices"], plan["stages"][1]["devices"] = [0, 2], [1, 3]
     (dry / "plan.json").write_text(json.dumps(plan))
     across = tmp_path / "across"
-    out = cli([*JOB, "strategy=file", f"strategy.plan_file={dry / 'plan.json'}", "launcher.wait=true",
-               f"hydra.run.dir={across}"], tmp_path)
+    out = cli(
+        [
+            *JOB,
+            "strategy=file",
+            f"strategy.plan_file={dry / 'plan.json'}",
+            "launcher.wait=true",
+            f"hydra.run.dir={across}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     logs = "".join(p.read_text() for p in (across / "slurm").glob("*_log.*"))
-    nodes = {int(m.group(1)): (m.group(2), m.group(3)) for m in
-             re.finditer(r"rank (\d) \(stage \d, replica \d\) on node (dapple-n\d)(?:, interface (\w+))?", logs)}
+    nodes = {
+        int(m.group(1)): (m.group(2), m.group(3))
+        for m in re.finditer(r"rank (\d) \(stage \d, replica \d\) on node (dapple-n\d)(?:, interface (\w+))?", logs)
+    }
     # as placed: devices 0, 1 on the first node, 2, 3 on the second; every rank bound the bridge's interface
-    assert {r: n for r, (n, _) in nodes.items()} == {0: "dapple-n1", 1: "dapple-n1", 2: "dapple-n2",
-                                                     3: "dapple-n2"}, logs[-3000:]
+    assert {r: n for r, (n, _) in nodes.items()} == {0: "dapple-n1", 1: "dapple-n1", 2: "dapple-n2", 3: "dapple-n2"}, (
+        logs[-3000:]
+    )
     assert {i for _, i in nodes.values()} == {"eth0"}, nodes
     local = tmp_path / "local"
-    out = cli([*JOB, "cluster=local", "cluster.nodes=2", "cluster.devices_per_node=2", "strategy=file",
-               f"strategy.plan_file={dry / 'plan.json'}", "launcher=local", f"hydra.run.dir={local}"], tmp_path)
+    out = cli(
+        [
+            *JOB,
+            "cluster=local",
+            "cluster.nodes=2",
+            "cluster.devices_per_node=2",
+            "strategy=file",
+            f"strategy.plan_file={dry / 'plan.json'}",
+            "launcher=local",
+            f"hydra.run.dir={local}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert losses(across) == losses(local)
     a, _ = read_shards(find_checkpoints(across / "checkpoints")[-1])
@@ -75,10 +114,21 @@ def test_a_job_across_two_nodes_trains_as_local_processes_do(tmp_path):
 
 # ---- a node lost mid-run ------------------------------------------------------------------------
 DEV = str(Path(__file__).resolve().parents[1] / "slurm" / "dev-cluster.sh")
-LONG = [*TINY_GPT, "cluster=slurm-dev", "cluster.nodes=2", "cluster.devices_per_node=2", "global_batch_size=16",
-        "trainer.progress_bar=false", "trainer.val_check_interval=1000", "data.num_train=512",
-        "trainer.lr_decay_steps=1000", "trainer.timeout_s=10", "trainer.checkpoint_every_n_steps=20",
-        "trainer.max_steps=300", "trainer.keep_checkpoints=100"]
+LONG = [
+    *TINY_GPT,
+    "cluster=slurm-dev",
+    "cluster.nodes=2",
+    "cluster.devices_per_node=2",
+    "global_batch_size=16",
+    "trainer.progress_bar=false",
+    "trainer.val_check_interval=1000",
+    "data.num_train=512",
+    "trainer.lr_decay_steps=1000",
+    "trainer.timeout_s=10",
+    "trainer.checkpoint_every_n_steps=20",
+    "trainer.max_steps=300",
+    "trainer.keep_checkpoints=100",
+]
 AUTO = ["strategy=auto", "strategy.profile_source=analytic"]
 
 
@@ -118,8 +168,14 @@ def _fate(run: Path, job: str) -> dict | None:
 
 def _follow(args, tmp_path) -> subprocess.Popen:
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "dapple_launch", *args, "launcher.wait=true"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dapple_launch", *args, "launcher.wait=true"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 def _first_job(run: Path) -> str:
@@ -147,8 +203,15 @@ def test_a_killed_node_is_named_and_the_job_resumes_re_planned_on_the_node_left(
         assert detected_s < 10 + 10, detected_s  # within trainer.timeout_s plus a few seconds (here: far within)
         successor = fate["successor"]
         # never a pile: the lost job leaves the queue (cancelled, not requeued beside its successor)
-        _wait(lambda: not subprocess.run(["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True,
-                                         text=True).stdout.strip(), 90, every=1)
+        _wait(
+            lambda: (
+                not subprocess.run(
+                    ["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True, text=True
+                ).stdout.strip()
+            ),
+            90,
+            every=1,
+        )
         out, _ = launcher.communicate(timeout=400)
     finally:
         if launcher.poll() is None:
@@ -162,16 +225,29 @@ def test_a_killed_node_is_named_and_the_job_resumes_re_planned_on_the_node_left(
     assert f"resuming from {run / 'checkpoints' / fate['checkpoint']}" in logs, logs[-3000:]
     # exactly where a run of the new layout from that checkpoint goes
     local = tmp_path / "local"
-    out = cli([*LONG, "cluster=local", "cluster.nodes=1", "cluster.devices_per_node=2", "strategy=file",
-               f"strategy.plan_file={run / 'plan.json'}", f"ckpt_path={run / 'checkpoints' / fate['checkpoint']}",
-               "launcher=local", f"hydra.run.dir={local}"], tmp_path)
+    out = cli(
+        [
+            *LONG,
+            "cluster=local",
+            "cluster.nodes=1",
+            "cluster.devices_per_node=2",
+            "strategy=file",
+            f"strategy.plan_file={run / 'plan.json'}",
+            f"ckpt_path={run / 'checkpoints' / fate['checkpoint']}",
+            "launcher=local",
+            f"hydra.run.dir={local}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     a, _ = read_shards(find_checkpoints(run / "checkpoints")[-1])
     b, _ = read_shards(find_checkpoints(local / "checkpoints")[-1])
     assert find_checkpoints(run / "checkpoints")[-1].name == "step000300.ckpt"
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    print(f"\nnode killed: detected in {detected_s:.1f} s; lost steps {fate['checkpoint']}..{fate['step']}; "
-          f"{fate['line']}")
+    print(
+        f"\nnode killed: detected in {detected_s:.1f} s; lost steps {fate['checkpoint']}..{fate['step']}; "
+        f"{fate['line']}"
+    )
 
 
 def test_a_cut_link_under_a_fixed_layout_stops_the_job_with_one_line_naming_the_node(tmp_path, node_two_returns):
@@ -196,8 +272,11 @@ def test_a_cut_link_under_a_fixed_layout_stops_the_job_with_one_line_naming_the_
     assert "needs 2 nodes and 1 are left, so the job stops" in fate["line"], fate["line"]
     assert 10 <= detected_s < 10 + 10, detected_s  # the receive's timeout, then a few seconds to name the node
     assert launcher.returncode == 1 and f"job {first} stopped: node dapple-n2 lost" in out, out[-3000:]
-    assert not subprocess.run(["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True, text=True).stdout.strip() \
-        or _wait(lambda: not subprocess.run(["squeue", "-h", "-j", first], capture_output=True, text=True).stdout.strip(), 60)
+    assert not subprocess.run(
+        ["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip() or _wait(
+        lambda: not subprocess.run(["squeue", "-h", "-j", first], capture_output=True, text=True).stdout.strip(), 60
+    )
     print(f"\nlink cut: detected in {detected_s:.1f} s; {fate['line']}")
 
 
@@ -206,20 +285,39 @@ def test_inside_an_allocation_cluster_from_slurm_plans_for_it_and_runs_as_a_step
     says what it read, the plan is for 2 × 2, and the ranks start as one srun step across both nodes,
     to the losses of the same plan run as local processes."""
     run = tmp_path / "run"
-    args = [*TINY_GPT, "cluster=from_slurm", *LAYOUT, "global_batch_size=16", "trainer.progress_bar=false",
-            "trainer.log_every_n_steps=1", "trainer.val_check_interval=1000", "data.num_train=512",
-            "trainer.lr_decay_steps=100", "trainer.max_steps=8", f"hydra.run.dir={run}"]
-    out = subprocess.run(["salloc", "-N2", "--ntasks-per-node=2", sys.executable, "-m", "dapple_launch", *args],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "WANDB_MODE": "disabled"})
+    args = [
+        *TINY_GPT,
+        "cluster=from_slurm",
+        *LAYOUT,
+        "global_batch_size=16",
+        "trainer.progress_bar=false",
+        "trainer.log_every_n_steps=1",
+        "trainer.val_check_interval=1000",
+        "data.num_train=512",
+        "trainer.lr_decay_steps=100",
+        "trainer.max_steps=8",
+        f"hydra.run.dir={run}",
+    ]
+    out = subprocess.run(
+        ["salloc", "-N2", "--ntasks-per-node=2", sys.executable, "-m", "dapple_launch", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
-    assert re.search(r"cluster=from_slurm read job \d+: 2 node\(s\) \(dapple-n1,dapple-n2\) × 2 CPU tasks per node", text)
+    assert re.search(
+        r"cluster=from_slurm read job \d+: 2 node\(s\) \(dapple-n1,dapple-n2\) × 2 CPU tasks per node", text
+    )
     assert sum(len(st["devices"]) for st in json.loads((run / "plan.json").read_text())["stages"]) == 4
     nodes = set(re.findall(r"rank \d \(stage \d, replica \d\) on node (dapple-n\d)", text))
     assert nodes == {"dapple-n1", "dapple-n2"}, text[-3000:]
     local = tmp_path / "local"
-    out = cli([*args[:-1], "cluster=local", "cluster.nodes=2", "cluster.devices_per_node=2", f"hydra.run.dir={local}"],
-              tmp_path)
+    out = cli(
+        [*args[:-1], "cluster=local", "cluster.nodes=2", "cluster.devices_per_node=2", f"hydra.run.dir={local}"],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert losses(run) == losses(local)

@@ -1,5 +1,6 @@
 """What a person reads: the tool's own --help, one line per refusal with exit code 2, Slurm's
 refusals with their likely cause, the schedule re-base warning, checkpoint rotation and `last`."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,43 +13,67 @@ from .conftest import cli
 def test_help_is_the_tools_own(tmp_path):
     out = cli(["--help"], tmp_path)
     assert out.returncode == 0
-    for needle in ("Config groups", "model ", "custom", "strategy", "+recipe", "trainer.precision", "dry_run=true",
-                   "Examples:", "ckpt_path=last"):
+    for needle in (
+        "Config groups",
+        "model ",
+        "custom",
+        "strategy",
+        "+recipe",
+        "trainer.precision",
+        "dry_run=true",
+        "Examples:",
+        "ckpt_path=last",
+    ):
         assert needle in out.stdout, needle
     assert "_schema" not in out.stdout and "Powered by Hydra" not in out.stdout
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["trainer.max_steps=-3"], "trainer.max_steps=-3: must be >= 1"),
-    (["trainer.max_steps=0"], "trainer.max_steps=0: must be >= 1"),
-    (["trainer.timeout_s=-5"], "trainer.timeout_s=-5.0: must be > 0"),
-    (["trainer.lr=-1"], "trainer.lr=-1.0: must be a number > 0"),
-    (["strategy.stages=0"], "strategy.stages=0: must be >= 1"),
-    (["strategy.num_micro_batches=0"], "strategy.num_micro_batches=0: must be >= 1"),
-    (["global_batch_size=0"], "global_batch_size=0: must be >= 1"),
-    (["trainer.checkpoint_every_n_steps=0"], "trainer.checkpoint_every_n_steps=0: must be >= 1"),
-    (["strategy.replicas=[2,0]"], "every replica count must be >= 1"),
-    (["cluster.device_memory_gib=0"], "cluster.device_memory_gib=0.0: must be a number > 0"),
-    (["data.num_workers=-1"], "data.num_workers=-1: must be >= 0"),
-    (["cluster.action_overhead_us=-20"], "cluster.action_overhead_us=-20.0: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["trainer.max_steps=-3"], "trainer.max_steps=-3: must be >= 1"),
+        (["trainer.max_steps=0"], "trainer.max_steps=0: must be >= 1"),
+        (["trainer.timeout_s=-5"], "trainer.timeout_s=-5.0: must be > 0"),
+        (["trainer.lr=-1"], "trainer.lr=-1.0: must be a number > 0"),
+        (["strategy.stages=0"], "strategy.stages=0: must be >= 1"),
+        (["strategy.num_micro_batches=0"], "strategy.num_micro_batches=0: must be >= 1"),
+        (["global_batch_size=0"], "global_batch_size=0: must be >= 1"),
+        (["trainer.checkpoint_every_n_steps=0"], "trainer.checkpoint_every_n_steps=0: must be >= 1"),
+        (["strategy.replicas=[2,0]"], "every replica count must be >= 1"),
+        (["cluster.device_memory_gib=0"], "cluster.device_memory_gib=0.0: must be a number > 0"),
+        (["data.num_workers=-1"], "data.num_workers=-1: must be >= 0"),
+        (["cluster.action_overhead_us=-20"], "cluster.action_overhead_us=-20.0: must be >= 0"),
+    ],
+)
 def test_every_value_is_checked_before_anything_starts(overrides, needle):
     with pytest.raises(Refusal) as e:
         check(overrides)
     assert needle in str(e.value)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["data.num_train=3"], "data.num_train=3 is fewer samples than one global batch"),
-    (["data.num_val=1"], "data.num_val=1 cannot be split across the 2 replicas of a stage"),
-    (["ckpt_path=/no/such/checkpoint"], "ckpt_path=/no/such/checkpoint does not exist"),
-    (["trainer.max_steps=many"], "trainer.max_steps=many: expected integer"),
-    (["model.hidn=3"], "did you mean model.hidden"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["data.num_train=3"], "data.num_train=3 is fewer samples than one global batch"),
+        (["data.num_val=1"], "data.num_val=1 cannot be split across the 2 replicas of a stage"),
+        (["ckpt_path=/no/such/checkpoint"], "ckpt_path=/no/such/checkpoint does not exist"),
+        (["trainer.max_steps=many"], "trainer.max_steps=many: expected integer"),
+        (["model.hidn=3"], "did you mean model.hidden"),
+    ],
+)
 @pytest.mark.slow
 def test_refusals_are_one_line_with_exit_code_2(tmp_path, args, needle):
-    out = cli(["model.num_layers=2", "model.hidden=32", "model.heads=2", "model.seq_len=16", *args,
-               f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    out = cli(
+        [
+            "model.num_layers=2",
+            "model.hidden=32",
+            "model.heads=2",
+            "model.seq_len=16",
+            *args,
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 2 and needle in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "logs").exists()
@@ -56,10 +81,12 @@ def test_refusals_are_one_line_with_exit_code_2(tmp_path, args, needle):
 
 def test_slurm_refusals_say_the_likely_cause():
     from dapple_launch.launch.slurm import slurm_refusal
+
     text = slurm_refusal("sbatch: error: Invalid generic resource (gres) specification")
     assert "Invalid generic resource" in text and "cluster.device_kind=cpu" in text
-    assert "slurm/dev-cluster.sh start" in slurm_refusal("sbatch: error: Batch job submission failed: Unable to "
-                                                         "contact slurm controller (connect failure)")
+    assert "slurm/dev-cluster.sh start" in slurm_refusal(
+        "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
+    )
 
 
 def test_a_longer_run_without_a_decay_horizon_warns_that_the_schedule_is_rebased(capsys):
@@ -67,6 +94,7 @@ def test_a_longer_run_without_a_decay_horizon_warns_that_the_schedule_is_rebased
 
     from dapple_launch.log import setup
     from dapple_launch.run_dir import warn_if_schedule_rebased
+
     setup()
     meta = {"global_step": 600, "lr_schedule": {"decay_steps": 600, "warmup_steps": 10}}
     cfg = OmegaConf.create({"trainer": {"lr": 3e-3, "max_steps": 1200, "lr_decay_steps": None}})
@@ -82,6 +110,7 @@ def test_rotation_counts_the_checkpoint_a_run_resumed_from_and_last_follows_the_
     from dapple_launch.runtime.checkpointing import Checkpointing
 
     from .test_checkpoint_files import save
+
     save(tmp_path, 4)  # the run resumed from this one
     keeper = Checkpointing(tmp_path, every_n_steps=2, keep=2)
     save(tmp_path, 6)
@@ -99,6 +128,7 @@ def test_the_closing_summary_says_why_a_guessed_estimate_is_off_and_how_to_measu
     import json
 
     from dapple_launch.launch.job import closing_summary, guessed_estimate
+
     guessed = guessed_estimate(compose_cfg([]))  # the embedded default: local, fixed, analytic
     assert guessed is not None and "strategy.profile_source=measured" in guessed and "device_tflops=0.05" in guessed
     assert guessed_estimate(compose_cfg(["strategy.profile_source=measured"])) is None

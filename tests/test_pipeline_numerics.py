@@ -1,4 +1,5 @@
 """Several gloo processes: pipelined loss and every gradient equal a single-process reference."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,11 +31,13 @@ def tiny_model(name="gpt"):
     if name == "skipnet":  # a user's model from outside the package: tuple carries, a tied weight
         return build_skipnet(vocab=24, hidden=16, layers=4, seq_len=6)
     if name == "llama":  # grouped-query attention (4 query heads on 2 key/value heads), tied embeddings
-        return build_model("llama", "tiny", num_layers=3, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, seq_len=8,
-                           vocab_size=40)
+        return build_model(
+            "llama", "tiny", num_layers=3, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, seq_len=8, vocab_size=40
+        )
     if name == "gpt-untied":
-        return build_model("gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40,
-                           tie_embeddings=False)
+        return build_model(
+            "gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40, tie_embeddings=False
+        )
     return build_model(name, "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40)
 
 
@@ -42,8 +45,17 @@ def make_plan(model, replicas, schedule, num_micro_batches, global_batch, device
     """`limits`: more Limits fields (recompute=..., recompute_counts=...)."""
     topo = Topology("test", 1, sum(replicas), 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
-    return fixed_plan(profile, topo, global_batch, len(replicas), list(replicas), num_micro_batches,
-                      Limits(schedule=schedule, **limits), devices=devices, warmup_depth=warmup_depth)
+    return fixed_plan(
+        profile,
+        topo,
+        global_batch,
+        len(replicas),
+        list(replicas),
+        num_micro_batches,
+        Limits(schedule=schedule, **limits),
+        devices=devices,
+        warmup_depth=warmup_depth,
+    )
 
 
 def reference(model, batch, precision="32"):
@@ -65,11 +77,13 @@ def worst_grad_rel(local, ref_grads) -> float:
     return worst
 
 
-def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32",
-             hand_made=None):
+def _compare(
+    rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32", hand_made=None
+):
     """This rank's stage run through the runtime's parts (executor, p2p, gradient and tied-weight
     sync) against every layer in one process on the whole batch (the same precision)."""
     from dapple_launch.planner import Plan
+
     plan = Plan.from_json(plan_json)
     model = tiny_model(model_name)
     grid = ProcessGrid.from_plan(plan)
@@ -85,37 +99,70 @@ def _compare(rank, world, model_name, replicas, schedule, num_micro_batches, bat
     for g in ties:  # every rank creates every group, in order, as DappleStrategy does
         g.group = dist.new_group(sorted({r for s in g.stages for r in grid.stage_ranks(s)}))
     # one bucket per layer: each all-reduced while the last backward still runs the layers below it
-    sync = GradientSync(params, groups[stage], grid.replicas[stage],
-                        [list(layer.parameters()) for layer in local.local_stack()], bucket_bytes=1)
+    sync = GradientSync(
+        params,
+        groups[stage],
+        grid.replicas[stage],
+        [list(layer.parameters()) for layer in local.local_stack()],
+        bucket_bytes=1,
+    )
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
-    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       on_last_backward=sync.start, before_last_backward=sync.arm, precision=MixedPrecision(precision),
-                       recompute=[i - a for i in plan.stages[stage].recompute_layers],
-                       slice_loss_fn=getattr(model, "slice_loss", None))
+    ex = StageExecutor(
+        local.local_stack(),
+        model.loss,
+        PointToPoint(grid, stage, replica),
+        grid.num_stages,
+        on_last_backward=sync.start,
+        before_last_backward=sync.arm,
+        precision=MixedPrecision(precision),
+        recompute=[i - a for i in plan.stages[stage].recompute_layers],
+        slice_loss_fn=getattr(model, "slice_loss", None),
+    )
     result = ex.run(hand_made or plan.build_schedule(), batch)
     sync.finish()
     tied.sync()
     loss = result.loss_sum.clone()
     dist.all_reduce(loss)
-    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst_grad_rel(local, ref_grads),
-            "names": sorted(n for n, _ in local.named_parameters(remove_duplicate=False)),
-            "saved_peak": ex.saved_peak, "stage": stage,
-            "wire": sorted({str(wire) for layout in ex.p2p.sent_layouts.values() for _, wire, _ in layout})}
+    return {
+        "loss": loss.item(),
+        "ref_loss": ref_loss.item(),
+        "worst_grad_rel": worst_grad_rel(local, ref_grads),
+        "names": sorted(n for n, _ in local.named_parameters(remove_duplicate=False)),
+        "saved_peak": ex.saved_peak,
+        "stage": stage,
+        "wire": sorted({str(wire) for layout in ex.p2p.sent_layouts.values() for _, wire, _ in layout}),
+    }
 
 
 CASES = [
     # (replicas per stage, schedule, micro-batches, batch size)
-    ((1,), "1f1b", 1, 4), ((1,), "gpipe", 3, 7),
-    ((1, 1), "1f1b", 2, 4), ((1, 1), "gpipe", 1, 4), ((1, 1), "1f1b", 5, 11),
-    ((2, 2), "1f1b", 2, 8), ((2, 2), "gpipe", 3, 13), ((2,), "1f1b", 4, 8),
-    ((1, 1, 1, 1), "1f1b", 4, 8), ((1, 1, 1, 1), "1f1b", 8, 8), ((1, 1, 1, 1), "gpipe", 1, 4),
-    ((1, 1, 1, 1), "gpipe", 6, 13), ((1, 1, 1, 1), "1f1b", 7, 15),
+    ((1,), "1f1b", 1, 4),
+    ((1,), "gpipe", 3, 7),
+    ((1, 1), "1f1b", 2, 4),
+    ((1, 1), "gpipe", 1, 4),
+    ((1, 1), "1f1b", 5, 11),
+    ((2, 2), "1f1b", 2, 8),
+    ((2, 2), "gpipe", 3, 13),
+    ((2,), "1f1b", 4, 8),
+    ((1, 1, 1, 1), "1f1b", 4, 8),
+    ((1, 1, 1, 1), "1f1b", 8, 8),
+    ((1, 1, 1, 1), "gpipe", 1, 4),
+    ((1, 1, 1, 1), "gpipe", 6, 13),
+    ((1, 1, 1, 1), "1f1b", 7, 15),
     # uneven replication: activations and gradients re-split many-to-many between stages
-    ((3, 1), "1f1b", 2, 7), ((1, 2), "gpipe", 2, 5), ((2, 1, 1), "1f1b", 3, 9),
+    ((3, 1), "1f1b", 2, 7),
+    ((1, 2), "gpipe", 2, 5),
+    ((2, 1, 1), "1f1b", 3, 9),
     # zero bubble (ZB-H1): the backward split into I and W, W's held back; M from S to 4S
-    ((1,), "zb_h1", 2, 5), ((1, 1), "zb_h1", 2, 4), ((1, 1), "zb_h1", 8, 17), ((2, 2), "zb_h1", 3, 13),
-    ((1, 1, 1, 1), "zb_h1", 4, 8), ((1, 1, 1, 1), "zb_h1", 9, 19), ((1, 1, 1, 1), "zb_h1", 16, 16),
-    ((3, 1), "zb_h1", 2, 7), ((2, 1, 1), "zb_h1", 5, 11),
+    ((1,), "zb_h1", 2, 5),
+    ((1, 1), "zb_h1", 2, 4),
+    ((1, 1), "zb_h1", 8, 17),
+    ((2, 2), "zb_h1", 3, 13),
+    ((1, 1, 1, 1), "zb_h1", 4, 8),
+    ((1, 1, 1, 1), "zb_h1", 9, 19),
+    ((1, 1, 1, 1), "zb_h1", 16, 16),
+    ((3, 1), "zb_h1", 2, 7),
+    ((2, 1, 1), "zb_h1", 5, 11),
 ]
 
 
@@ -143,17 +190,21 @@ def run_cases(cases: list[tuple], tmp_path) -> list[list[dict]]:
 # (the tiny GPT has 8 tokens), data parallelism inside stages; with CASES to share their processes.
 LIMITED = [
     # (replicas, schedule, micro-batches, batch size, more Limits fields)
-    ((1, 1), "1f1b", 4, 9, {"recompute": "full"}), ((1, 1), "1f1b", 4, 9, {"recompute": "selective",
-                                                                           "recompute_counts": (1,)}),
+    ((1, 1), "1f1b", 4, 9, {"recompute": "full"}),
+    ((1, 1), "1f1b", 4, 9, {"recompute": "selective", "recompute_counts": (1,)}),
     ((1, 1), "1f1b", 4, 9, {"recompute": "selective", "recompute_layers": (1, 3)}),
     ((1, 1, 1, 1), "1f1b", 4, 9, {"recompute": "full"}),
     ((1, 1, 1, 1), "1f1b", 4, 9, {"recompute": "selective", "recompute_counts": (1, 0, 1, 1)}),
     ((2, 2), "1f1b", 4, 9, {"recompute": "full"}),
     ((2, 1, 1), "1f1b", 4, 9, {"recompute": "selective", "recompute_counts": (2, 1, 0)}),
-    ((1, 1), "gpipe", 1, 2, {"token_slices": (4, 4)}), ((1, 1), "gpipe", 2, 4, {"token_slices": (3, 5)}),
-    ((1, 1), "gpipe", 4, 8, {"token_slices": (2, 2, 2, 2)}), ((1, 1, 1, 1), "gpipe", 1, 3, {"token_slices": (1, 3, 4)}),
-    ((1, 1, 1, 1), "gpipe", 3, 6, {"token_slices": (4, 2, 2)}), ((1, 1, 1, 1), "gpipe", 2, 4, {"token_slices": (8,)}),
-    ((2, 2), "gpipe", 2, 8, {"token_slices": (5, 3)}), ((2, 1, 1), "gpipe", 2, 5, {"token_slices": (2, 6)}),
+    ((1, 1), "gpipe", 1, 2, {"token_slices": (4, 4)}),
+    ((1, 1), "gpipe", 2, 4, {"token_slices": (3, 5)}),
+    ((1, 1), "gpipe", 4, 8, {"token_slices": (2, 2, 2, 2)}),
+    ((1, 1, 1, 1), "gpipe", 1, 3, {"token_slices": (1, 3, 4)}),
+    ((1, 1, 1, 1), "gpipe", 3, 6, {"token_slices": (4, 2, 2)}),
+    ((1, 1, 1, 1), "gpipe", 2, 4, {"token_slices": (8,)}),
+    ((2, 2), "gpipe", 2, 8, {"token_slices": (5, 3)}),
+    ((2, 1, 1), "gpipe", 2, 5, {"token_slices": (2, 6)}),
 ]
 
 
@@ -179,13 +230,15 @@ def test_pipelined_equals_reference(tmp_path):
         assert names == everything, case
 
 
-@pytest.mark.parametrize("replicas,warmup_depth,schedule", [((1, 1, 1, 1), 2, "1f1b"), ((2, 1, 1), 3, "1f1b"),
-                                                         ((1, 1, 1, 1), 2, "zb_h1")])
+@pytest.mark.parametrize(
+    "replicas,warmup_depth,schedule", [((1, 1, 1, 1), 2, "1f1b"), ((2, 1, 1), 3, "1f1b"), ((1, 1, 1, 1), 2, "zb_h1")]
+)
 def test_a_deeper_warmup_equals_reference_and_keeps_what_it_planned(tmp_path, replicas, warmup_depth, schedule):
     """A plan with a deeper warm-up (k × DAPPLE's in-flight micro-batches per stage) runs as written:
     same loss and gradients, and each stage keeps exactly what the cost model charges it (1F1B:
     min(M, warm-up + 1); ZB-H1: min(M, warm-up + 1 + s), its held-back W's)."""
     from dapple_launch.planner.cost import in_flight
+
     model = tiny_model()
     plan = make_plan(model, replicas, schedule, 8, 8 * max(replicas), warmup_depth=warmup_depth)
     S = len(replicas)
@@ -213,8 +266,10 @@ def test_ranks_follow_the_planned_devices(tmp_path):
 def test_other_models_pipelined(tmp_path):
     """BERT, VGG-19 (convolutions, pooling) and an untied GPT under 1F1B and ZB-H1."""
     grid = [(name, schedule) for name in ("bert", "vgg19", "gpt-untied") for schedule in ("1f1b", "zb_h1")]
-    cases = [(name, (1, 1), schedule, 2, 6, make_plan(tiny_model(name), (1, 1), schedule, 2, 4).to_json())
-             for name, schedule in grid]
+    cases = [
+        (name, (1, 1), schedule, 2, 6, make_plan(tiny_model(name), (1, 1), schedule, 2, 4).to_json())
+        for name, schedule in grid
+    ]
     for case, results in zip(grid, run_cases(cases, tmp_path)):
         for r in results:
             assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5), case
@@ -226,13 +281,25 @@ def test_llama_pipelined_with_slices_and_recomputation(tmp_path):
     1F1B, ZB-H1 on uneven replicas, token slices (rotary positions absolute under a slice) and full
     and selective recomputation, each against the single-process reference."""
     model = tiny_model("llama")
-    grid = [((1, 1), "1f1b", 2, 5, {}), ((2, 1), "zb_h1", 2, 7, {}),
-            ((1, 1), "gpipe", 2, 4, {"token_slices": (3, 5)}), ((1, 1, 1, 1), "gpipe", 1, 3, {"token_slices": (2, 2, 4)}),
-            ((1, 1, 1), "1f1b", 3, 7, {"recompute": "full"}),
-            ((1, 1), "1f1b", 2, 5, {"recompute": "selective", "recompute_counts": (1,)})]
-    cases = [("llama", replicas, make_plan(model, replicas, schedule, m, m * max(replicas), **limits).schedule, m, n,
-              make_plan(model, replicas, schedule, m, m * max(replicas), **limits).to_json())
-             for replicas, schedule, m, n, limits in grid]
+    grid = [
+        ((1, 1), "1f1b", 2, 5, {}),
+        ((2, 1), "zb_h1", 2, 7, {}),
+        ((1, 1), "gpipe", 2, 4, {"token_slices": (3, 5)}),
+        ((1, 1, 1, 1), "gpipe", 1, 3, {"token_slices": (2, 2, 4)}),
+        ((1, 1, 1), "1f1b", 3, 7, {"recompute": "full"}),
+        ((1, 1), "1f1b", 2, 5, {"recompute": "selective", "recompute_counts": (1,)}),
+    ]
+    cases = [
+        (
+            "llama",
+            replicas,
+            make_plan(model, replicas, schedule, m, m * max(replicas), **limits).schedule,
+            m,
+            n,
+            make_plan(model, replicas, schedule, m, m * max(replicas), **limits).to_json(),
+        )
+        for replicas, schedule, m, n, limits in grid
+    ]
     everything = {n for n, _ in PipelineModule(model).materialize().named_parameters(remove_duplicate=False)}
     for case, results in zip(grid, run_cases(cases, tmp_path)):
         for r in results:
@@ -245,16 +312,19 @@ def test_a_hand_made_schedule_the_validator_accepts_runs_and_equals_reference(tm
     """Every stage runs its backwards last micro-batch first: valid (transfers stay in send order),
     and the runtime runs it to the reference's loss and gradients."""
     from .test_schedule import reversed_backwards
+
     model = tiny_model()
     plan = make_plan(model, (1, 1, 1), "gpipe", 4, 4)
-    for r in run_ranks(3, _compare, ("gpt", (1, 1, 1), "gpipe", 4, 9, plan.to_json(), "32",
-                                     reversed_backwards(3, 4)), tmp_path):
+    for r in run_ranks(
+        3, _compare, ("gpt", (1, 1, 1), "gpipe", 4, 9, plan.to_json(), "32", reversed_backwards(3, 4)), tmp_path
+    ):
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
         assert r["worst_grad_rel"] < 1e-4
 
 
 def _run_out_of_order(rank, world, plan_json):
     from dapple_launch.planner import Plan
+
     plan = Plan.from_json(plan_json)
     model = tiny_model()
     grid = ProcessGrid.from_plan(plan)
@@ -262,9 +332,12 @@ def _run_out_of_order(rank, world, plan_json):
     schedule = plan.build_schedule()
     if stage == 1:  # receive (and run) micro-batch 1 before 0: what the validator refuses
         acts = list(schedule.stage_actions[1])
-        swap = {Action(Kind.RECV_ACTIVATION, 0): Action(Kind.RECV_ACTIVATION, 1),
-                Action(Kind.RECV_ACTIVATION, 1): Action(Kind.RECV_ACTIVATION, 0),
-                Action(Kind.FORWARD, 0): Action(Kind.FORWARD, 1), Action(Kind.FORWARD, 1): Action(Kind.FORWARD, 0)}
+        swap = {
+            Action(Kind.RECV_ACTIVATION, 0): Action(Kind.RECV_ACTIVATION, 1),
+            Action(Kind.RECV_ACTIVATION, 1): Action(Kind.RECV_ACTIVATION, 0),
+            Action(Kind.FORWARD, 0): Action(Kind.FORWARD, 1),
+            Action(Kind.FORWARD, 1): Action(Kind.FORWARD, 0),
+        }
         schedule = Schedule(schedule.name, 2, 2, (schedule.stage_actions[0], tuple(swap.get(a, a) for a in acts)))
     a, b = plan.stages[stage].layers
     local = PipelineModule(model).materialize(list(range(a, b)))
@@ -287,10 +360,18 @@ def test_the_runtime_cannot_run_what_the_validator_refuses(tmp_path, monkeypatch
 
 CUSTOM_CASES = [
     # (replicas per stage, schedule, micro-batches, batch size): 1, 2 and 4 stages, uneven replication
-    ((1,), "1f1b", 2, 5), ((2,), "gpipe", 2, 6),
-    ((1, 1), "1f1b", 3, 7), ((1, 1), "gpipe", 2, 4), ((3, 1), "1f1b", 2, 7), ((1, 2), "gpipe", 3, 9),
-    ((1, 1, 1, 1), "1f1b", 4, 9), ((1, 1, 1, 1), "gpipe", 5, 10), ((1, 2, 1), "1f1b", 3, 8),
-    ((1, 1), "zb_h1", 3, 7), ((1, 2, 1), "zb_h1", 4, 9), ((1, 1, 1, 1), "zb_h1", 6, 13),
+    ((1,), "1f1b", 2, 5),
+    ((2,), "gpipe", 2, 6),
+    ((1, 1), "1f1b", 3, 7),
+    ((1, 1), "gpipe", 2, 4),
+    ((3, 1), "1f1b", 2, 7),
+    ((1, 2), "gpipe", 3, 9),
+    ((1, 1, 1, 1), "1f1b", 4, 9),
+    ((1, 1, 1, 1), "gpipe", 5, 10),
+    ((1, 2, 1), "1f1b", 3, 8),
+    ((1, 1), "zb_h1", 3, 7),
+    ((1, 2, 1), "zb_h1", 4, 9),
+    ((1, 1, 1, 1), "zb_h1", 6, 13),
 ]
 
 
@@ -300,9 +381,10 @@ def test_custom_model_with_tuples_and_tied_weights_equals_reference(tmp_path):
     loss and every gradient, the tied copies included, equal one process's, for every case of
     CUSTOM_CASES (1, 2 and 4 stages, uneven replication, both schedules)."""
     model = tiny_model("skipnet")
-    cases = [("skipnet", replicas, schedule, m, n,
-              make_plan(model, replicas, schedule, m, m * max(replicas)).to_json())
-             for replicas, schedule, m, n in CUSTOM_CASES]
+    cases = [
+        ("skipnet", replicas, schedule, m, n, make_plan(model, replicas, schedule, m, m * max(replicas)).to_json())
+        for replicas, schedule, m, n in CUSTOM_CASES
+    ]
     for case, results in zip(CUSTOM_CASES, run_cases(cases, tmp_path)):
         names = set()
         for r in results:
@@ -316,9 +398,18 @@ def test_bf16_mixed_pipelined_equals_a_bf16_reference(tmp_path):
     """bf16 autocast in every stage, activations and gradients on the wire in bf16: loss and every
     gradient equal one process under the same autocast, within bf16's precision."""
     grid = [("gpt", (1, 1), "1f1b"), ("gpt", (2, 1, 1), "1f1b"), ("skipnet", (1, 2), "1f1b"), ("gpt", (1, 1), "zb_h1")]
-    cases = [(name, replicas, schedule, 4, 4 * max(replicas) + 1,
-              make_plan(tiny_model(name), replicas, schedule, 4, 4 * max(replicas)).to_json(), "bf16-mixed")
-             for name, replicas, schedule in grid]
+    cases = [
+        (
+            name,
+            replicas,
+            schedule,
+            4,
+            4 * max(replicas) + 1,
+            make_plan(tiny_model(name), replicas, schedule, 4, 4 * max(replicas)).to_json(),
+            "bf16-mixed",
+        )
+        for name, replicas, schedule in grid
+    ]
     for case, results in zip(grid, run_cases(cases, tmp_path)):
         for r in results:
             assert r["loss"] == pytest.approx(r["ref_loss"], rel=2e-2), case
@@ -328,6 +419,7 @@ def test_bf16_mixed_pipelined_equals_a_bf16_reference(tmp_path):
 
 def _stalled_peer(rank, world, plan_json):
     from dapple_launch.planner import Plan
+
     plan = Plan.from_json(plan_json)
     model = tiny_model()
     grid = ProcessGrid.from_plan(plan)
@@ -339,6 +431,7 @@ def _stalled_peer(rank, world, plan_json):
     ex.run(build_schedule("1f1b", 2, 2), batch)  # one iteration together
     if rank == 1:
         import time
+
         time.sleep(6)  # then the last stage stalls: stage 0 must not wait forever
         return "stalled"
     try:
@@ -359,6 +452,7 @@ def test_a_stalled_peer_ends_the_run_with_stage_rank_and_action(tmp_path, monkey
 def rank_stage(rank, plan_json):
     """In a worker: (plan, tiny GPT, grid, stage, replica, the stage's layers materialised) for this rank."""
     from dapple_launch.planner import Plan
+
     plan = Plan.from_json(plan_json)
     model = tiny_model()
     grid = ProcessGrid.from_plan(plan)
@@ -372,6 +466,7 @@ def stage_input(model, start: int, x, earlier: PipelineModule | None = None) -> 
     the earlier layers' output, detached, its floating members needing a gradient (x itself at 0).
     `earlier`: those layers already built, when calls must share them (token slices share a cache)."""
     from dapple_launch.models.contract import as_tuple, run_layers
+
     if start == 0:
         return as_tuple(x)
     with torch.no_grad():
@@ -384,6 +479,7 @@ def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
     """This stage's peak saved bytes over one iteration, what one micro-batch's forward saves, and
     what of that a split backward's I frees."""
     from dapple_launch.models.contract import as_tuple, run_layers
+
     plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
     layers = local.local_stack()
     n = 2 * num_micro_batches
@@ -394,6 +490,7 @@ def _saved_bytes(rank, world, schedule_name, num_micro_batches, plan_json):
     def forward():  # one micro-batch's forward as the executor runs it (a later stage's input needs a gradient)
         y = run_layers(layers, x)
         return model.loss(y, batch[1][:2]).sum() if last else y
+
     per_micro_batch, freed_at_input = saved_and_freed_at_input(forward, x, local.parameters(), last)
     counter = SavedBytes(local.parameters())
     ex = StageExecutor(layers, model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
@@ -418,8 +515,12 @@ def test_peak_saved_bytes_per_stage_equal_the_simulators(tmp_path):
     for k, (case, plan) in enumerate(zip(grid, plans)):
         results = sorted((rank[k] for rank in per_rank), key=lambda r: r["stage"])
         split = case[0] == "zb_h1"
-        costs = [StageCosts(1.0, 2.0, activation_bytes=r["per_micro_batch"],
-                            input_only_bytes=r["freed_at_input"] if split else 0.0) for r in results]
+        costs = [
+            StageCosts(
+                1.0, 2.0, activation_bytes=r["per_micro_batch"], input_only_bytes=r["freed_at_input"] if split else 0.0
+            )
+            for r in results
+        ]
         sim = simulate(plan.build_schedule(), costs)
         assert not split or results[-1]["freed_at_input"] > 0  # the loss's saved input goes at I
         for r in results:

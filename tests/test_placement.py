@@ -1,4 +1,5 @@
 """Placement (pure): ranks follow planned devices; a plan the cluster cannot run is refused."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +19,13 @@ TOPO = Topology("two-by-four", 2, 4, 16e9, 10.0, 100e9, 10e9)
 
 def plan_with(devices, layers=((0, 2), (2, 4)), dpn=4):
     from dapple_launch.planner.plan import Estimate
-    stages = tuple(StagePlan(lr, tuple(f"l{i}" for i in range(*lr)), len(ds), tuple(ds)) for lr, ds in zip(layers, devices))
-    return Plan("m", "two-by-four", 8, 4, 2, "1f1b", stages, Estimate(1.0, 8.0, (0.0,) * len(stages)),
-                devices_per_node=dpn)
+
+    stages = tuple(
+        StagePlan(lr, tuple(f"l{i}" for i in range(*lr)), len(ds), tuple(ds)) for lr, ds in zip(layers, devices)
+    )
+    return Plan(
+        "m", "two-by-four", 8, 4, 2, "1f1b", stages, Estimate(1.0, 8.0, (0.0,) * len(stages)), devices_per_node=dpn
+    )
 
 
 def test_ranks_follow_device_ids_and_place_on_node_and_local_device():
@@ -36,12 +41,15 @@ def test_ranks_follow_device_ids_and_place_on_node_and_local_device():
     assert idle_devices(plan, 4) == [1, 2]
 
 
-@pytest.mark.parametrize("devices,layers,dpn,words", [
-    ([[0, 1], [8]], ((0, 2), (2, 4)), 4, ["device(s) [8]", "ids 0..7", "cluster.nodes"]),
-    ([[0, 1], [1, 2]], ((0, 2), (2, 4)), 4, ["device 1 is given to stages [0, 1]", "its own device"]),
-    ([[0], [1]], ((0, 2), (3, 4)), 4, ["stage 1 covers layers [3, 4)", "must start at 2"]),
-    ([[0], [1]], ((0, 2), (2, 4)), 8, ["made for 8 devices per node", "cluster.devices_per_node=4"]),
-])
+@pytest.mark.parametrize(
+    "devices,layers,dpn,words",
+    [
+        ([[0, 1], [8]], ((0, 2), (2, 4)), 4, ["device(s) [8]", "ids 0..7", "cluster.nodes"]),
+        ([[0, 1], [1, 2]], ((0, 2), (2, 4)), 4, ["device 1 is given to stages [0, 1]", "its own device"]),
+        ([[0], [1]], ((0, 2), (3, 4)), 4, ["stage 1 covers layers [3, 4)", "must start at 2"]),
+        ([[0], [1]], ((0, 2), (2, 4)), 8, ["made for 8 devices per node", "cluster.devices_per_node=4"]),
+    ],
+)
 def test_a_plan_the_cluster_cannot_run_is_refused_with_the_numbers(devices, layers, dpn, words):
     with pytest.raises(ValueError) as err:
         check_plan_runs_on(plan_with(devices, layers, dpn), TOPO, num_layers=4)
@@ -62,8 +70,16 @@ def test_a_plan_file_runs_as_written_or_is_refused_before_anything_starts(tmp_pa
     assert out.returncode == 0, out.stderr
     made = json.loads((tmp_path / "a" / "plan.json").read_text())
     # the same plan, read back through strategy=file, is accepted unchanged
-    ok = cli(["dry_run=true", "strategy=file", f"strategy.plan_file={tmp_path / 'a' / 'plan.json'}",
-              f"hydra.run.dir={tmp_path / 'b'}", *TINY_GPT], tmp_path)
+    ok = cli(
+        [
+            "dry_run=true",
+            "strategy=file",
+            f"strategy.plan_file={tmp_path / 'a' / 'plan.json'}",
+            f"hydra.run.dir={tmp_path / 'b'}",
+            *TINY_GPT,
+        ],
+        tmp_path,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "b" / "plan.json").read_text())["stages"] == made["stages"]
     # edited so two stages share device 0: refused, nothing started, the numbers and the fix named
@@ -80,6 +96,7 @@ def test_a_plan_holding_nan_or_infinity_is_refused_where_it_is_read(tmp_path):
     """json reads NaN and Infinity as numbers: a plan.json with one is refused, with the fix, rather
     than printing a NaN estimate or failing inside the runtime."""
     from dapple_launch.plan_config import plan_from_file
+
     plan = plan_with([[0], [1]])
     for field, value in (("iteration_s", "NaN"), ("samples_per_s", "Infinity")):
         text = plan.to_json().replace(f'"{field}": {getattr(plan.estimate, field)!r}', f'"{field}": {value}')
@@ -107,11 +124,14 @@ def test_each_rank_binds_the_gpu_the_plan_placed_it_on(monkeypatch):
 
     from dapple_launch.runtime.placement import PlannedEnvironment
     from dapple_launch.runtime.strategy import DappleStrategy
+
     plan = plan_with([[4, 5, 6], [0]])
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     env = PlannedEnvironment(plan, 4)
-    strategy = DappleStrategy(plan, cluster_environment=env, parallel_devices=[torch.device("cuda", i) for i in range(4)])
+    strategy = DappleStrategy(
+        plan, cluster_environment=env, parallel_devices=[torch.device("cuda", i) for i in range(4)]
+    )
     assert (env.global_rank(), env.node_rank(), env.local_rank()) == (3, 1, 2)
     assert strategy.root_device == torch.device("cuda", 2)
     # a task that sees only its own GPU (CUDA_VISIBLE_DEVICES per task, --gpus-per-task): that one
@@ -137,14 +157,25 @@ CHUNKED_FIXED = {
 
 
 @pytest.mark.parametrize("schedule", sorted(CHUNKED_FIXED))
-def test_a_plan_whose_device_groups_hold_several_stages_runs_from_its_file_and_on_slurm(schedule, compose_cfg, tmp_path):
+def test_a_plan_whose_device_groups_hold_several_stages_runs_from_its_file_and_on_slurm(
+    schedule, compose_cfg, tmp_path
+):
     """Interleaved, ZB-V and Chimera put several stages on one device group: the checks that Slurm
     submission and strategy=file run accept such a plan as planned (they refused every shared
     device, so `python -m dapple_launch model=bert cluster=v100x16` stopped after planning a ZB-V
     plan), and refuse a group whose stages disagree on its devices, or a device in two groups."""
     from dapple_launch.plan_config import plan_from_config, plan_from_file, topology_from_config
-    cfg = compose_cfg(["model=from_profile", "model.profile=bert-48-pbs-2", "cluster=v100x16", "strategy=fixed",
-                       f"strategy.schedule={schedule}", *CHUNKED_FIXED[schedule]])  # (a profile file: no model to trace)
+
+    cfg = compose_cfg(
+        [
+            "model=from_profile",
+            "model.profile=bert-48-pbs-2",
+            "cluster=v100x16",
+            "strategy=fixed",
+            f"strategy.schedule={schedule}",
+            *CHUNKED_FIXED[schedule],
+        ]
+    )  # (a profile file: no model to trace)
     plan, topo = plan_from_config(cfg), topology_from_config(cfg.cluster)
     assert len({d for s in plan.stages for d in s.devices}) < sum(s.replicas for s in plan.stages)  # shared
     check_plan_runs_on(plan, topo, plan.num_layers)
@@ -153,9 +184,10 @@ def test_a_plan_whose_device_groups_hold_several_stages_runs_from_its_file_and_o
     assert plan_from_file(str(path), topo, plan.num_layers, plan.global_batch_size) == Plan.load(path)
     last = plan.stages[-1]  # shares a group with stage 0 (ZB-V, Chimera) or with a middle stage
     for devices, words in (
-            (tuple(reversed(last.devices)), "list the same devices in the same order"),
-            ((plan.stages[1].devices[0], *last.devices[1:]), "same devices in the same order"),
-            ((last.devices[0],) * last.replicas, "more than once")):
+        (tuple(reversed(last.devices)), "list the same devices in the same order"),
+        ((plan.stages[1].devices[0], *last.devices[1:]), "same devices in the same order"),
+        ((last.devices[0],) * last.replicas, "more than once"),
+    ):
         edited = dataclasses.replace(plan, stages=(*plan.stages[:-1], dataclasses.replace(last, devices=devices)))
         with pytest.raises(ValueError, match=words):
             check_plan_runs_on(edited, topo, plan.num_layers)
@@ -165,6 +197,7 @@ def test_the_headline_plan_passes_the_submission_checks(compose_cfg):
     """`python -m dapple_launch model=bert cluster=v100x16`: whatever schedule the planner picks,
     the plan it prints is one the cluster's checks accept."""
     from dapple_launch.plan_config import plan_from_config, topology_from_config
+
     cfg = compose_cfg(["model=bert", "cluster=v100x16"])
     plan = plan_from_config(cfg)
     check_plan_runs_on(plan, topology_from_config(cfg.cluster), plan.num_layers)

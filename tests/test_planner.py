@@ -1,4 +1,5 @@
 """Pure tier: the planner is optimal under its cost model, deterministic, and never worse than the baselines."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,17 @@ def random_profile(rng: random.Random, layers: int):
     for i in range(layers):
         f, b = rng.uniform(1e-3, 5e-3), rng.uniform(2e-3, 1e-2)
         per_call = rng.choice([0.0, 0.0, 0.3, 0.8])  # the share of a call that does not scale with samples
-        out.append(LayerProfile(f"l{i}", f, b, rng.choice([1e5, 1e6, 1e7, 4e7]), rng.choice([0.0, 1e6, 2e7, 2e8]),
-                                forward_fixed_s=f * per_call, backward_fixed_s=b * per_call))
+        out.append(
+            LayerProfile(
+                f"l{i}",
+                f,
+                b,
+                rng.choice([1e5, 1e6, 1e7, 4e7]),
+                rng.choice([0.0, 1e6, 2e7, 2e8]),
+                forward_fixed_s=f * per_call,
+                backward_fixed_s=b * per_call,
+            )
+        )
     return chain("rand", out, batch_size=4)
 
 
@@ -33,11 +43,19 @@ def random_stage_costs(rng: random.Random, S: int, weight_shares: bool = False):
     """Random per-stage costs with transfers and all-reduces (some zero); `weight_shares`: random
     weight-gradient times too (for split backwards)."""
     from dapple_launch.schedule import StageCosts
+
     sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
-    return [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
-                       rng.choice([0.0, rng.uniform(0, 5)]),
-                       weight_grad_s=rng.choice([None, 0.0, rng.uniform(0, 0.1)]) if weight_shares else None)
-            for s in range(S)]
+    return [
+        StageCosts(
+            rng.uniform(0.1, 2),
+            rng.uniform(0.1, 3),
+            sends[s],
+            sends[s - 1] if s else 0.0,
+            rng.choice([0.0, rng.uniform(0, 5)]),
+            weight_grad_s=rng.choice([None, 0.0, rng.uniform(0, 0.1)]) if weight_shares else None,
+        )
+        for s in range(S)
+    ]
 
 
 def all_layouts(profile, topology, b, max_stages):
@@ -57,6 +75,7 @@ def all_layouts(profile, topology, b, max_stages):
                     break
                 for z in range(i + 1, L + 1):
                     yield from layouts(z, start + r, [*acc, StageSpec(i, z, tuple(range(start, start + r)))], b)
+
     return layouts(0, 0, [], b)
 
 
@@ -86,8 +105,16 @@ def test_search_finds_the_exhaustive_optimum(seed):
     rng = random.Random(seed)
     layers = rng.choice([3, 4, 5, 6])
     nodes, per_node = rng.choice([(1, 4), (2, 2), (2, 3), (3, 2), (1, 6)])
-    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
-                    inter_node_allreduce_bandwidth=3e9)
+    topo = Topology(
+        "t",
+        nodes,
+        per_node,
+        rng.choice([2e9, 8e9]),
+        10,
+        20e9,
+        rng.choice([1e9, 5e9]),
+        inter_node_allreduce_bandwidth=3e9,
+    )
     profile = random_profile(rng, layers)
     G = rng.choice([6, 8, 12])
     limits = Limits(schedule=rng.choice(["1f1b", "gpipe"]), max_warmup_depth=rng.choice([1, 2, 4]))
@@ -119,14 +146,21 @@ def test_vgg_large_batch_beats_dapples_published_plan_with_uneven_replicas():
     shape) at least as fast, simulated, as DAPPLE's published one (cut after Conv2d_5_2, 15:1);
     allowed deeper warm-ups, it finds a faster one, and the simulator agrees with its estimate."""
     from dapple_launch.planner.cost import evaluate, simulate_costed
+
     p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32, device_tflops=125)
     dapple = plan(p, V100X16, 1024, Limits(max_warmup_depth=1))
     assert dapple.stages[0].replicas > dapple.stages[1].replicas  # uneven, VGG's famous shape
     assert "optimal under the cost model (" in dapple.planner
     cut = [x.name for x in p.layers].index("node19") + 1
     for b in (32, 64, 128):
-        published = evaluate(p, V100X16, (StageSpec(0, cut, tuple(range(15))), StageSpec(cut, p.num_layers, (15,))),
-                             b, 1024 // b, Limits(max_warmup_depth=1))
+        published = evaluate(
+            p,
+            V100X16,
+            (StageSpec(0, cut, tuple(range(15))), StageSpec(cut, p.num_layers, (15,))),
+            b,
+            1024 // b,
+            Limits(max_warmup_depth=1),
+        )
         assert dapple.estimate.iteration_s <= published.iteration_s
     best, _, _, stats = search(p, V100X16, 1024, Limits())
     assert stats.proven_optimal and best.warmup_depth > 1
@@ -155,8 +189,10 @@ def test_plan_never_exceeds_memory():
     assert max(chosen.estimate.peak_memory_bytes) <= small.device_memory_bytes * 0.9
     assert chosen.num_stages > 1  # BERT-48 does not fit one 4 GiB device with Adam state
     # the budget ran out here: the plan says so, with the gap it did prove, instead of claiming optimality
-    assert "of the optimum under the cost model over layouts, micro-batches and 1F1B warm-ups ×1-×4, proven; the " \
-           "budget of 1000 scored candidates ended" in chosen.planner
+    assert (
+        "of the optimum under the cost model over layouts, micro-batches and 1F1B warm-ups ×1-×4, proven; the "
+        "budget of 1000 scored candidates ended" in chosen.planner
+    )
     assert plan(p, small, 16, Limits(search_nodes=1000)) == chosen  # a node budget keeps it deterministic
 
 
@@ -182,6 +218,7 @@ def test_a_first_pass_with_a_gap_alone_is_within_the_gap(seed):
     from dapple_launch.planner.branch import BranchAndBound as _Search
     from dapple_launch.planner.branch import SearchStats
     from dapple_launch.planner.search import _sweep, micro_batch_sizes
+
     rng = random.Random(100 + seed)
     profile = random_profile(rng, rng.choice([5, 6]))
     topo = Topology("t", 2, 2, 2e9, 10.0, 100e9, 10e9)
@@ -204,8 +241,16 @@ def test_a_budget_cut_search_proves_a_true_gap(seed):
     (exhaustive) optimum: the lower bounds of everything left unexplored are valid."""
     rng = random.Random(500 + seed)
     profile = random_profile(rng, rng.choice([5, 6, 7]))
-    topo = Topology("t", 2, rng.choice([2, 3]), rng.choice([2e9, 8e9]), 10.0, 100e9, rng.choice([1e9, 10e9]),
-                    inter_node_allreduce_bandwidth=3e9)
+    topo = Topology(
+        "t",
+        2,
+        rng.choice([2, 3]),
+        rng.choice([2e9, 8e9]),
+        10.0,
+        100e9,
+        rng.choice([1e9, 10e9]),
+        inter_node_allreduce_bandwidth=3e9,
+    )
     limits = Limits(schedule=rng.choice(["1f1b", "gpipe"]), search_nodes=rng.choice([5, 20, 60]))
     optimum = brute_force(profile, topo, 12, limits)
     best, _, _, stats = search(profile, topo, 12, limits)
@@ -223,13 +268,22 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
     from dapple_launch.planner.schedules import ZeroBubbleSearch
     from dapple_launch.planner.schedules import depths as zb_depths
     from dapple_launch.planner.warmup import DeepWarmupSearch
+
     zb = deep == "zb_h1"
     rng = random.Random(900 + seed)
     profile = random_profile(rng, rng.choice([4, 5]))
-    topo = Topology("t", 2, rng.choice([2, 3]), rng.choice([2e9, 8e9]), 10.0, 100e9, rng.choice([1e9, 10e9]),
-                    inter_node_allreduce_bandwidth=3e9,
-                    intra_node_allreduce_latency_s=rng.choice([None, 1e-4]),  # as measured links set them
-                    inter_node_allreduce_latency_s=rng.choice([None, 1e-3]))
+    topo = Topology(
+        "t",
+        2,
+        rng.choice([2, 3]),
+        rng.choice([2e9, 8e9]),
+        10.0,
+        100e9,
+        rng.choice([1e9, 10e9]),
+        inter_node_allreduce_bandwidth=3e9,
+        intra_node_allreduce_latency_s=rng.choice([None, 1e-4]),  # as measured links set them
+        inter_node_allreduce_latency_s=rng.choice([None, 1e-3]),
+    )
     limits = Limits(schedule="1f1b" if deep else rng.choice(["1f1b", "gpipe"]))
     G = 16 if deep else 8
     for b in (1, 2, 4):
@@ -245,11 +299,23 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
             if i == x.L:
                 layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
                 if MIN_MICRO_BATCHES[limits.schedule](len(layout)) <= M:
-                    depths = [d for d, _ in zb_depths(len(layout), M, Limits())] if zb else \
-                        [1] + [d for d, _ in deeper_depths(len(layout), M, limits)] if deep else [1]
+                    depths = (
+                        [d for d, _ in zb_depths(len(layout), M, Limits())]
+                        if zb
+                        else [1] + [d for d, _ in deeper_depths(len(layout), M, limits)]
+                        if deep
+                        else [1]
+                    )
                     for depth in depths:
-                        c = evaluate(profile, topo, layout, b, M, replace(limits, schedule="zb_h1") if zb else limits,
-                                     warmup_depth=depth)
+                        c = evaluate(
+                            profile,
+                            topo,
+                            layout,
+                            b,
+                            M,
+                            replace(limits, schedule="zb_h1") if zb else limits,
+                            warmup_depth=depth,
+                        )
                         if c.fits:
                             leaves.append((placed.stages, c.iteration_s))
                 return
@@ -262,7 +328,7 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
         assert leaves or b == 1
         for i, d, placed in nodes:
             done = placed.stages if placed is not None else ()
-            completions = [t for stages, t in leaves if stages[:len(done)] == done]
+            completions = [t for stages, t in leaves if stages[: len(done)] == done]
             if completions:
                 assert x._lower_bound(i, d, placed) <= min(completions) * (1 + 1e-12)
 
@@ -272,6 +338,7 @@ def test_the_warmup_bound_is_below_the_simulated_time(seed):
     """warmup.warmup_bound never exceeds the simulator's time of the same stage costs, for every
     warm-up depth (transfers, all-reduces and fewer micro-batches than stages included)."""
     from dapple_launch.planner.warmup import warmup_bound
+
     tight = 0
     for costs, M, warmup, simulated in _simulated_at_every_depth(random.Random(40 + seed), "1f1b", 150, 5):
         bound = warmup_bound(costs, M, warmup)
@@ -285,6 +352,7 @@ def _simulated_at_every_depth(rng, schedule, cases, depths):
     at warm-up depths 1..depths: (costs, M, warm-up, the simulator's time)."""
     from dapple_launch.schedule import build_schedule, simulate
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
     for _ in range(cases):
         S, M = rng.randint(1, 6), rng.randint(1, 12)
         costs = random_stage_costs(rng, S, weight_shares=schedule == "zb_h1")
@@ -299,6 +367,7 @@ def test_the_split_bound_is_below_zb_h1s_simulated_time_where_1f1bs_is_not(seed)
     warm-up depth and weight-gradient share, and is attained; 1F1B's bound exceeds ZB-H1's time
     on some of the same cases (it must not screen ZB-H1)."""
     from dapple_launch.planner.warmup import split_bound, warmup_bound
+
     tight = over = 0
     for costs, M, warmup, simulated in _simulated_at_every_depth(random.Random(60 + seed), "zb_h1", 120, 4):
         bound = split_bound(costs, M, warmup)
@@ -319,6 +388,7 @@ def test_the_planner_deepens_the_warmup_when_links_sit_on_the_steady_cycle():
     picks the deeper warm-up, its estimate is the simulator's, and its memory counts the extra
     micro-batches in flight; without the option (max_warmup_depth=1) it is never chosen."""
     from dapple_launch.planner.cost import simulate_costed
+
     profile = chain("links", [LayerProfile(f"l{i}", 1e-3, 2e-3, 2.5e6, 2e8) for i in range(4)], batch_size=4)
     topo = Topology("t", 4, 1, 8e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=1e9)
     best, _, _, _ = search(profile, topo, 64, Limits())
@@ -338,11 +408,13 @@ def test_the_planner_deepens_the_warmup_when_links_sit_on_the_steady_cycle():
 
 def test_a_tiny_proven_gap_never_reads_as_zero():
     from dapple_launch.planner.explain import human_gap
+
     assert human_gap(0.00034) == "0.034%" and human_gap(0.0025) == "0.2%" and human_gap(0.357) == "35.7%"
 
 
 def _shipped_cluster(name: str) -> Topology:
     from dapple_launch.plan_config import shipped_topology
+
     return shipped_topology(name)  # at trainer.precision=auto's speed: fp16 on V100, the profiles' 125 TFLOPS
 
 
@@ -370,6 +442,7 @@ def test_local_search_under_a_deeper_warmup_ends_at_a_local_optimum_within_its_b
     from dapple_launch.planner.branch import CELLS_PER_NODE
     from dapple_launch.planner.cost import simulate_costed
     from dapple_launch.planner.polish import descend
+
     profile = chain("links", [LayerProfile(f"l{i}", 1e-3, 2e-3, 2.5e6, 2e8) for i in range(8)], batch_size=4)
     topo = Topology("t", 4, 1, 8e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=1e9)
     G, limits = 64, Limits()
@@ -393,18 +466,23 @@ def test_the_deeper_warmup_tables_hold_the_round_trip_no_warmup_hides():
     stage. With few micro-batches the round trip R_p binds: without it the bound was M t_p only."""
     from dapple_launch.planner.branch import BranchAndBound
     from dapple_launch.planner.cost import stage_costs
+
     stronger = 0
     for seed in range(6):
         rng = random.Random(40 + seed)
         profile = random_profile(rng, 5)
         L = profile.num_layers
-        topo = Topology("free-links", 2, 2, 1e15, 10.0, 1e30, 1e30, 0.0, 0.0,
-                        inter_node_allreduce_bandwidth=rng.choice([1e9, 3e9]))
+        topo = Topology(
+            "free-links", 2, 2, 1e15, 10.0, 1e30, 1e30, 0.0, 0.0, inter_node_allreduce_bandwidth=rng.choice([1e9, 3e9])
+        )
         G, b = 8, 2
         M = G // b
         x = BranchAndBound(profile, topo, G, Limits(), b, math.inf)
-        ways = [(StageSpec(L - 2, L, (2,)),), (StageSpec(L - 2, L, (2, 3)),),
-                (StageSpec(L - 2, L - 1, (2,)), StageSpec(L - 1, L, (3,)))]
+        ways = [
+            (StageSpec(L - 2, L, (2,)),),
+            (StageSpec(L - 2, L, (2, 3)),),
+            (StageSpec(L - 2, L - 1, (2,)), StageSpec(L - 1, L, (3,))),
+        ]
         reach, round_, old = [], [], []
         for layout in ways:
             costs = stage_costs(profile, topo, layout, b)
@@ -433,6 +511,7 @@ def test_a_deeper_warmup_is_screened_before_it_is_simulated():
     from dapple_launch.planner.cost import stage_costs
     from dapple_launch.planner.warmup import warmup_bound, worth_simulating
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
     rng = random.Random(77)
     topo = Topology("t", 2, 2, 2e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=3e9)
     limits, capacity = Limits(), 2e9 * (1 - Limits().memory_headroom)
@@ -457,6 +536,7 @@ def test_one_f_one_b_branches_stop_at_as_many_stages_as_micro_batches():
     """1F1B needs M >= S: with M = 2 micro-batches the tree stops at two stages (GPipe's does not),
     and the search still equals the exhaustive optimum over every layout."""
     from dapple_launch.planner.branch import BranchAndBound
+
     rng = random.Random(3)
     profile = random_profile(rng, 6)
     topo = Topology("t", 2, 4, 8e9, 10, 20e9, 2e9, inter_node_allreduce_bandwidth=3e9)
@@ -473,12 +553,14 @@ def test_best_first_over_layouts_and_micro_batches_equals_the_full_sweep(seed):
     passes the best: the same (layout, micro-batch count) as simulating every one, ties to the
     earlier layout and the fewer micro-batches, under memory caps that rule some out."""
     from dapple_launch.planner.baselines import fastest
+
     rng = random.Random(70 + seed)
     profile = random_profile(rng, 7)
     for _ in range(6):
         topo = Topology("t", rng.choice([1, 2]), 4, rng.choice([2e9, 8e9, 32e9]), 1.0, 5e10, rng.choice([1e9, 1e10]))
-        layouts = [(layout, rng.choice([1, len(layout)])) for layout in
-                   rng.sample(list(all_layouts(profile, topo, 4, 4)), 12)]
+        layouts = [
+            (layout, rng.choice([1, len(layout)])) for layout in rng.sample(list(all_layouts(profile, topo, 4, 4)), 12)
+        ]
         G = rng.choice([16, 32, 48])
         for limits in (Limits(), Limits(recompute="auto"), Limits(schedule="gpipe"), Limits(schedule="zb_h1")):
             full = None
@@ -504,6 +586,7 @@ def test_the_compute_floor_baselines_skip_by_stays_below_the_simulator(seed):
     recomputation and each action's own overhead."""
     from dapple_launch.planner.baselines import compute_floor
     from dapple_launch.planner.cost import speed_ratio
+
     rng = random.Random(90 + seed)
     profile = random_profile(rng, 7)
     topo = Topology("t", 2, 4, 32e9, 1.0, 5e10, 1e9, action_overhead_s=rng.choice([0.0, 1e-4]))
@@ -522,6 +605,7 @@ def test_the_screen_never_drops_a_candidate_that_fits_and_beats():
     not screen it.)"""
     from dapple_launch.planner.cost import stage_costs
     from dapple_launch.planner.warmup import worth_simulating
+
     rng = random.Random(78)
     topo = Topology("t", 2, 2, 2e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=3e9)
     capacity = 2e9 * (1 - Limits().memory_headroom)
@@ -547,8 +631,11 @@ def test_the_runtimes_cost_per_action_is_planned_for():
     micro-batches) against paying that cost more often: with a large enough cost it picks fewer."""
     from dapple_launch.planner.cost import simulate_costed
     from dapple_launch.profile.model_profile import ModelProfile
-    layers = tuple(LayerProfile(f"l{i}", 0.010, 0.020, 4096.0, 2e8, inputs=(i - 1,) if i else (), saved_bytes=8192.0)
-                   for i in range(4))
+
+    layers = tuple(
+        LayerProfile(f"l{i}", 0.010, 0.020, 4096.0, 2e8, inputs=(i - 1,) if i else (), saved_bytes=8192.0)
+        for i in range(4)
+    )
     profile = ModelProfile("four", layers, batch_size=1, source="test", device="cpu")
     topo = Topology("cpu4", 1, 4, 8e9, 1.0, 1e9, 1e9, device_kind="cpu")
     limits = Limits(schedules=("1f1b",), optimizer_factor=1.0)
@@ -563,7 +650,9 @@ def test_the_runtimes_cost_per_action_is_planned_for():
 
 
 @pytest.mark.slow  # (two searches at twice the default budget: about 3 s)
-@pytest.mark.parametrize("model,cluster", [("vgg-19-pbs-32.txt", "a100x64"), ("gnmt-32-pbs-64-simplified.txt", "v100x16")])
+@pytest.mark.parametrize(
+    "model,cluster", [("vgg-19-pbs-32.txt", "a100x64"), ("gnmt-32-pbs-64-simplified.txt", "v100x16")]
+)
 def test_a_larger_budget_never_returns_a_slower_plan_than_the_default(model, cluster):
     """The passes share strategy.search_nodes in proportion, so a larger budget walks other paths; it
     starts from the default budget's plans (search._default_budget_plans), so raising the budget
@@ -572,6 +661,8 @@ def test_a_larger_budget_never_returns_a_slower_plan_than_the_default(model, clu
     p = read_profile_file(PROFILES / model, pbs, device_tflops=125.0)
     limits = Limits(schedules=("1f1b", "zb_h1"))
     default = search(p, _shipped_cluster(cluster), 128, limits)[0]
-    larger, _, _, stats = search(p, _shipped_cluster(cluster), 128, replace(limits, search_nodes=2 * limits.search_nodes))
+    larger, _, _, stats = search(
+        p, _shipped_cluster(cluster), 128, replace(limits, search_nodes=2 * limits.search_nodes)
+    )
     assert larger.iteration_s <= default.iteration_s * (1 + 1e-12)
     assert stats.nodes > limits.search_nodes  # (the default's work is counted in the larger search's)

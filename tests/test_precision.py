@@ -1,5 +1,6 @@
 """Mixed precision: which precision a cluster gets, the loss scale every rank shares, the skipped
 step, the compute dtype on the wire and in the planner's bytes."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,9 @@ from .multiproc import run_ranks
 from .test_cli import losses
 
 
-@pytest.mark.parametrize("device,bf16,expected", [("cpu", False, "32"), ("gpu", True, "bf16-mixed"),
-                                                  ("gpu", False, "16-mixed")])
+@pytest.mark.parametrize(
+    "device,bf16,expected", [("cpu", False, "32"), ("gpu", True, "bf16-mixed"), ("gpu", False, "16-mixed")]
+)
 def test_auto_precision_follows_the_cluster(device, bf16, expected):
     cfg = OmegaConf.create({"trainer": {"precision": "auto"}, "cluster": {"device_kind": device, "bf16": bf16}})
     assert run_precision(cfg) == expected
@@ -74,8 +76,13 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path):
 
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = ["trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=1",
-       "data.num_train=256", "data.num_val=32"]
+RUN = [
+    "trainer.progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.limit_val_batches=1",
+    "data.num_train=256",
+    "data.num_val=32",
+]
 
 
 @pytest.mark.multiprocess
@@ -83,10 +90,23 @@ def test_16_mixed_skips_every_overflowing_step_on_every_rank_and_keeps_the_weigh
     """A model whose fp16 forward overflows, on 2 stages: each step's inf/NaN is seen by every
     rank, the weights stay as built, each step still counts, the loss scale halves each time."""
     run = tmp_path / "run"
-    out = cli(["model=custom", "model.target=tests.custom_models.overflow:build", "trainer.precision=16-mixed",
-               "cluster.devices_per_node=2", "strategy.replicas=[1]", "strategy.num_micro_batches=2",
-               "global_batch_size=4", "trainer.max_steps=3", "trainer.checkpoint_every_n_steps=3",
-               "trainer.val_check_interval=3", f"hydra.run.dir={run}", *RUN], ROOT)
+    out = cli(
+        [
+            "model=custom",
+            "model.target=tests.custom_models.overflow:build",
+            "trainer.precision=16-mixed",
+            "cluster.devices_per_node=2",
+            "strategy.replicas=[1]",
+            "strategy.num_micro_batches=2",
+            "global_batch_size=4",
+            "trainer.max_steps=3",
+            "trainer.checkpoint_every_n_steps=3",
+            "trainer.val_check_interval=3",
+            f"hydra.run.dir={run}",
+            *RUN,
+        ],
+        ROOT,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     (ckpt,) = find_checkpoints(run / "checkpoints")
     state, _ = read_shards(ckpt)
@@ -103,11 +123,24 @@ def test_16_mixed_skips_every_overflowing_step_on_every_rank_and_keeps_the_weigh
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_trains_the_default_job(tmp_path, precision):
     run = tmp_path / "run"
-    out = cli([*TINY_GPT, f"trainer.precision={precision}", "trainer.max_steps=12", "trainer.val_check_interval=12",
-               "trainer.checkpoint_every_n_steps=12", "trainer.lr_decay_steps=12", "trainer.warmup_steps=2",
-               f"hydra.run.dir={run}", *RUN], tmp_path)
+    out = cli(
+        [
+            *TINY_GPT,
+            f"trainer.precision={precision}",
+            "trainer.max_steps=12",
+            "trainer.val_check_interval=12",
+            "trainer.checkpoint_every_n_steps=12",
+            "trainer.lr_decay_steps=12",
+            "trainer.warmup_steps=2",
+            f"hydra.run.dir={run}",
+            *RUN,
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     got = losses(run)
     assert got[max(got)] < got[min(got)] - 0.5, got  # half a nat in 12 steps
     meta = torch.load(find_checkpoints(run / "checkpoints")[-1] / "meta.pt", weights_only=False)
-    assert meta["loss_scaler"]["skipped"] == 0 and (meta["loss_scaler"]["scale"] == 2.0**16) == (precision == "16-mixed")
+    assert meta["loss_scaler"]["skipped"] == 0 and (meta["loss_scaler"]["scale"] == 2.0**16) == (
+        precision == "16-mixed"
+    )

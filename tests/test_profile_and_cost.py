@@ -1,4 +1,5 @@
 """Pure tier: profile files, analytic profiles, the cost model and fixed plans."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,12 @@ from dapple_launch.profile import (
 
 PROFILES = Path(__file__).resolve().parent.parent / "dapple_launch" / "profiles"
 V100X16 = Topology("v100x16", 2, 8, 16 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
-SHIPPED = [("bert-48-pbs-2.txt", 2), ("vgg-19-pbs-32.txt", 32), ("amoeba-36-pbs-1.txt", 1),
-           ("gnmt-32-pbs-64-simplified.txt", 64)]
+SHIPPED = [
+    ("bert-48-pbs-2.txt", 2),
+    ("vgg-19-pbs-32.txt", 32),
+    ("amoeba-36-pbs-1.txt", 1),
+    ("gnmt-32-pbs-64-simplified.txt", 64),
+]
 
 
 @pytest.mark.parametrize("name,pbs", SHIPPED)
@@ -44,31 +49,48 @@ def test_gnmt_back_edge_is_sorted():
 
 
 def test_cut_carries_skip_edges():
-    text = ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=10, parameter_size=0\n"
-            "node2 -- b -- forward_compute_time=1, backward_compute_time=1, activation_size=[20; 5], parameter_size=4\n"
-            "node3 -- c -- forward_compute_time=1, backward_compute_time=1, activation_size=40, parameter_size=0\n"
-            "\tnode1 -- node2\n\tnode2 -- node3\n\tnode1 -- node3\n")
+    text = (
+        "node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=10, parameter_size=0\n"
+        "node2 -- b -- forward_compute_time=1, backward_compute_time=1, activation_size=[20; 5], parameter_size=4\n"
+        "node3 -- c -- forward_compute_time=1, backward_compute_time=1, activation_size=40, parameter_size=0\n"
+        "\tnode1 -- node2\n\tnode2 -- node3\n\tnode1 -- node3\n"
+    )
     p = parse_graph_text(text, "skip", 1)
     assert p.cut_bytes == (10.0, 25.0 + 10.0)  # after b, both a's and b's outputs feed c
 
 
-@pytest.mark.parametrize("text,reason", [
-    ("", "no nodes"),
-    ("node1 -- a -- forward_compute_time=x, backward_compute_time=1, activation_size=1, parameter_size=0", "not a number"),
-    ("garbage line", "expected 'nodeK"),
-    ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0\n"
-     "node2 -- b -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0\n"
-     "\tnode1 -- node2\n\tnode2 -- node1", "cycle"),
-    ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=1\n", "lacks"),
-    ("node1 -- a -- forward_compute_time=nan, backward_compute_time=1, activation_size=1, parameter_size=0",
-     "'nan' is not a finite number"),
-    ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=inf, parameter_size=0",
-     "'inf' is not a finite number"),
-    ("node1 -- a -- forward_compute_time=0, backward_compute_time=0.0, activation_size=1, parameter_size=0\n"
-     "node2 -- b -- forward_compute_time=0, backward_compute_time=0, activation_size=1, parameter_size=8\n",
-     "profile 'bad': all 2 layers have forward and backward time 0; give each layer its measured time "
-     r"\(forward_compute_time, backward_compute_time\)"),
-])
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("", "no nodes"),
+        (
+            "node1 -- a -- forward_compute_time=x, backward_compute_time=1, activation_size=1, parameter_size=0",
+            "not a number",
+        ),
+        ("garbage line", "expected 'nodeK"),
+        (
+            "node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0\n"
+            "node2 -- b -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0\n"
+            "\tnode1 -- node2\n\tnode2 -- node1",
+            "cycle",
+        ),
+        ("node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=1\n", "lacks"),
+        (
+            "node1 -- a -- forward_compute_time=nan, backward_compute_time=1, activation_size=1, parameter_size=0",
+            "'nan' is not a finite number",
+        ),
+        (
+            "node1 -- a -- forward_compute_time=1, backward_compute_time=1, activation_size=inf, parameter_size=0",
+            "'inf' is not a finite number",
+        ),
+        (
+            "node1 -- a -- forward_compute_time=0, backward_compute_time=0.0, activation_size=1, parameter_size=0\n"
+            "node2 -- b -- forward_compute_time=0, backward_compute_time=0, activation_size=1, parameter_size=8\n",
+            "profile 'bad': all 2 layers have forward and backward time 0; give each layer its measured time "
+            r"\(forward_compute_time, backward_compute_time\)",
+        ),
+    ],
+)
 def test_bad_profile_files_name_line_and_reason(text, reason):
     with pytest.raises(ProfileFileError, match=reason) as e:
         parse_graph_text(text, "bad", 1, source="bad.txt")
@@ -78,8 +100,11 @@ def test_bad_profile_files_name_line_and_reason(text, reason):
 def test_a_profile_file_of_bad_bytes_is_named_with_the_offset_and_what_a_profile_is(tmp_path):
     bad = tmp_path / "model-pbs-4.txt"
     bad.write_bytes(b"node1 -- a -- forward_compute_time=1\xff")
-    with pytest.raises(ProfileFileError, match=r"model-pbs-4.txt: byte 0xff at offset 36 is not UTF-8 text; "
-                                               r"a profile is the text"):
+    with pytest.raises(
+        ProfileFileError,
+        match=r"model-pbs-4.txt: byte 0xff at offset 36 is not UTF-8 text; "
+        r"a profile is the text",
+    ):
         read_profile_file(bad, 4)
 
 
@@ -94,6 +119,7 @@ def test_a_damaged_cache_entry_is_measured_again_and_overwritten_not_fatal(tmp_p
     from dapple_launch.log import get_logger
     from dapple_launch.profile import measure_profile
     from dapple_launch.profile.cache import cache_dir
+
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path / "cache"))
     lines: list[str] = []
     handler = logging.Handler(logging.WARNING)
@@ -140,8 +166,13 @@ def test_a_candidates_time_is_the_full_simulators(name, pbs, schedule):
     implied) equals the simulator of the schedule it would run, communication actions and all."""
     p = read_profile_file(PROFILES / name, pbs, device_tflops=125)
     L = p.num_layers
-    for layout in [(StageSpec(0, L // 2, tuple(range(8))), StageSpec(L // 2, L, tuple(range(8, 16)))),
-                   tuple(StageSpec(a, b, (d,)) for d, (a, b) in enumerate(zip(range(0, L, L // 4), [*range(L // 4, L, L // 4)][:3] + [L])))]:
+    for layout in [
+        (StageSpec(0, L // 2, tuple(range(8))), StageSpec(L // 2, L, tuple(range(8, 16)))),
+        tuple(
+            StageSpec(a, b, (d,))
+            for d, (a, b) in enumerate(zip(range(0, L, L // 4), [*range(L // 4, L, L // 4)][:3] + [L]))
+        ),
+    ]:
         c = evaluate(p, V100X16, layout, 16, 8, Limits(schedule=schedule))
         assert c.iteration_s == pytest.approx(simulate_costed(c).iteration_s, rel=1e-12), c.summary()
 
@@ -157,13 +188,16 @@ def test_plan_round_trips_json_and_yaml():
     assert set(d["estimate"]) >= {"iteration_s", "samples_per_s", "peak_memory_bytes", "speedup_over_data_parallel"}
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(num_stages=2, replicas=[3], num_micro_batches=4), "uses 6 devices but cluster"),
-    (dict(num_stages=60, replicas=[1], num_micro_batches=60), "only 53 layers"),
-    (dict(num_stages=2, replicas=[8], num_micro_batches=5), "not divisible"),
-    (dict(num_stages=2, replicas=[8], num_micro_batches=32), "cannot be split across 8 replicas"),
-    (dict(num_stages=16, replicas=[1], num_micro_batches=8), "needs at least 16 micro-batches"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(num_stages=2, replicas=[3], num_micro_batches=4), "uses 6 devices but cluster"),
+        (dict(num_stages=60, replicas=[1], num_micro_batches=60), "only 53 layers"),
+        (dict(num_stages=2, replicas=[8], num_micro_batches=5), "not divisible"),
+        (dict(num_stages=2, replicas=[8], num_micro_batches=32), "cannot be split across 8 replicas"),
+        (dict(num_stages=16, replicas=[1], num_micro_batches=8), "needs at least 16 micro-batches"),
+    ],
+)
 def test_fixed_plan_bad_input(kwargs, message):
     p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2)
     with pytest.raises(ValueError, match=message):
@@ -183,8 +217,11 @@ def test_zero_device_cluster_is_refused():
 
 def test_a_layer_costs_its_fixed_part_once_and_the_rest_per_sample():
     from dapple_launch.profile.measure import per_call
-    layers = [LayerProfile("a", 3e-3, 5e-3, 1e6, 1e6, forward_fixed_s=1e-3, backward_fixed_s=1e-3),
-              LayerProfile("b", 2e-3, 4e-3, 1e6, 1e6)]
+
+    layers = [
+        LayerProfile("a", 3e-3, 5e-3, 1e6, 1e6, forward_fixed_s=1e-3, backward_fixed_s=1e-3),
+        LayerProfile("b", 2e-3, 4e-3, 1e6, 1e6),
+    ]
     p = chain("m", layers, batch_size=2)
     assert p.seconds(0, 2, 2) == pytest.approx((5e-3, 9e-3))  # at the profile batch: the profile's times
     assert p.seconds(0, 2, 8) == pytest.approx((1e-3 + 2e-3 * 4 + 2e-3 * 4, 1e-3 + 4e-3 * 4 + 4e-3 * 4))
@@ -194,6 +231,7 @@ def test_a_layer_costs_its_fixed_part_once_and_the_rest_per_sample():
 
 def test_measured_profile_is_real_and_cached(tmp_path, monkeypatch):
     from dapple_launch.profile import measure_profile
+
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
     model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=16)
     p = measure_profile(model, 4, repeats=2)
@@ -212,6 +250,7 @@ class _Busy(torch.nn.Module):
     """A layer whose forward sleeps `_Busy.sleep_s(n)` on its n-th call: other work on the machine,
     slowing every repetition of one whole pass of the profiler (6 calls at repeats=2: 3 repetitions,
     1 warm-up, two forwards each)."""
+
     calls = 0
     sleep_s = staticmethod(lambda n: 0.002)
 
@@ -221,6 +260,7 @@ class _Busy(torch.nn.Module):
 
     def forward(self, x):
         import time
+
         time.sleep(_Busy.sleep_s(_Busy.calls))
         _Busy.calls += 1
         return self.lin(x)
@@ -230,8 +270,11 @@ class _BusyModel(PipelineModel):
     name = "busy"
 
     def layers(self):
-        return [LayerSpec("in", lambda: torch.nn.Linear(8, 8)), LayerSpec("busy", _Busy),
-                LayerSpec("out", lambda: torch.nn.Linear(8, 1))]
+        return [
+            LayerSpec("in", lambda: torch.nn.Linear(8, 8)),
+            LayerSpec("busy", _Busy),
+            LayerSpec("out", lambda: torch.nn.Linear(8, 1)),
+        ]
 
     def loss(self, output, target):
         return (output.squeeze(-1) - target) ** 2
@@ -244,6 +287,7 @@ class _BusyModel(PipelineModel):
 def _named_layers(line: str) -> list[int]:
     """The layers an unsettled-profile warning names ("... on layers [0, 1] ...")."""
     import re
+
     found = re.search(r"on layers \[([0-9, ]*)\]", line)
     return [int(x) for x in found.group(1).split(",") if x.strip()] if found else []
 
@@ -253,6 +297,7 @@ def test_a_pass_slowed_throughout_by_other_work_is_outvoted_by_later_passes(tmp_
 
     from dapple_launch.log import get_logger
     from dapple_launch.profile import measure_profile
+
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
     lines: list[str] = []
     handler = logging.Handler(logging.WARNING)
@@ -280,6 +325,7 @@ def test_a_pass_slowed_throughout_by_other_work_is_outvoted_by_later_passes(tmp_
 
 def test_passes_agree_by_layer_and_combine_by_median():
     from dapple_launch.profile.measure import combine_passes, unsettled
+
     row = lambda f, b, w=0.0: ("x", f, b, 10.0, 20.0, 30.0, w)
     one, two = [row(1e-3, 2e-3), row(5e-3, 9e-3, 4e-3)], [row(1.1e-3, 2.1e-3), row(2e-3, 4e-3, 2e-3)]
     assert unsettled([one, two]) == [1]  # layer 0 within 20 %, layer 1 2.5x apart
@@ -293,7 +339,13 @@ def test_a_profile_whose_layers_all_take_no_time_is_refused_wherever_it_comes_fr
     """The planner balances stages by time and states plans as shares of it: a profile of zero time
     (a model's own profile_layers, a hand-built chain) is refused with the fix, not divided by."""
     from dapple_launch.profile import LayerProfile, chain
-    with pytest.raises(ValueError, match=r"profile 'idle': all 2 layers have forward and backward time 0; give each "
-                                         r"layer its measured time"):
+
+    with pytest.raises(
+        ValueError,
+        match=r"profile 'idle': all 2 layers have forward and backward time 0; give each "
+        r"layer its measured time",
+    ):
         chain("idle", [LayerProfile("a", 0.0, 0.0, 1.0, 0.0), LayerProfile("b", 0.0, 0.0, 1.0, 8.0)], batch_size=1)
-    assert chain("one", [LayerProfile("a", 0.0, 0.0, 1.0, 0.0), LayerProfile("b", 0.0, 1e-3, 1.0, 8.0)], 1).num_layers == 2
+    assert (
+        chain("one", [LayerProfile("a", 0.0, 0.0, 1.0, 0.0), LayerProfile("b", 0.0, 1e-3, 1.0, 8.0)], 1).num_layers == 2
+    )

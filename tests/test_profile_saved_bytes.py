@@ -1,6 +1,7 @@
 """The analytic profile's saved bytes per layer are the bytes a real run keeps for backward, counted
 exactly with saved-tensor hooks (the loss's included on the last layer): the planner's memory
 estimate rests on them (benchmarks/models.py compares whole stages through the runtime)."""
+
 from __future__ import annotations
 
 import pytest

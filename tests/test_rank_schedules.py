@@ -1,5 +1,6 @@
 """Pure tier: schedules whose ranks hold several stages (interleaved 1F1B, ZB-V, Chimera) as rank
 orders — generators, validator, simulator — and the stage-per-rank schedules in the same format."""
+
 from __future__ import annotations
 
 import json
@@ -34,19 +35,27 @@ def _unit(x: RankSchedule, chunk_share: float):
     return 1 - x.num_micro_batches * 3 / sim.iteration_s, sim
 
 
-@pytest.mark.parametrize("name, make, share, bubble, peaks", [
-    ("gpipe", lambda: from_stages(build_schedule("gpipe", P, M)), 1, 0.273, [8, 8, 8, 8]),
-    ("1f1b", lambda: from_stages(build_schedule("1f1b", P, M)), 1, 0.273, [4, 3, 2, 1]),
-    ("zb_h1", lambda: from_stages(build_schedule("zb_h1", P, M)), 1, 0.111, [4, 4, 4, 4]),
-    # rank 0: (v - 1) P + 2 (P - 1) + 1 = 11 half-stage micro-batches = P + (P - 1) / v stages' worth
-    ("interleaved v=2", lambda: interleaved_1f1b(P, M, 2), 0.5, 0.158, [11, 9, 7, 5]),
-    # torch's InterleavedZeroBubble (ZB1P): interleaved's order at one warm-up forward per hop, W's filling
-    # its waits, rank r holding back r of them: (v - 1) P + (P - 1 - r) + 1 + r = v P on every rank
-    ("interleaved zero bubble v=2", lambda: build_rank_schedule("interleaved_zb", P, M, 2), 0.5, 0.059,
-     [8, 8, 8, 8]),
-    ("zbv", lambda: zbv(P, M), 0.5, 0.059, [8, 8, 8, 8]),  # P half-stage pairs on every rank: balanced
-    ("chimera", lambda: chimera(P, M), 1, 0.200, [3, 4, 4, 3]),  # D/2 + 1 … D
-])
+@pytest.mark.parametrize(
+    "name, make, share, bubble, peaks",
+    [
+        ("gpipe", lambda: from_stages(build_schedule("gpipe", P, M)), 1, 0.273, [8, 8, 8, 8]),
+        ("1f1b", lambda: from_stages(build_schedule("1f1b", P, M)), 1, 0.273, [4, 3, 2, 1]),
+        ("zb_h1", lambda: from_stages(build_schedule("zb_h1", P, M)), 1, 0.111, [4, 4, 4, 4]),
+        # rank 0: (v - 1) P + 2 (P - 1) + 1 = 11 half-stage micro-batches = P + (P - 1) / v stages' worth
+        ("interleaved v=2", lambda: interleaved_1f1b(P, M, 2), 0.5, 0.158, [11, 9, 7, 5]),
+        # torch's InterleavedZeroBubble (ZB1P): interleaved's order at one warm-up forward per hop, W's filling
+        # its waits, rank r holding back r of them: (v - 1) P + (P - 1 - r) + 1 + r = v P on every rank
+        (
+            "interleaved zero bubble v=2",
+            lambda: build_rank_schedule("interleaved_zb", P, M, 2),
+            0.5,
+            0.059,
+            [8, 8, 8, 8],
+        ),
+        ("zbv", lambda: zbv(P, M), 0.5, 0.059, [8, 8, 8, 8]),  # P half-stage pairs on every rank: balanced
+        ("chimera", lambda: chimera(P, M), 1, 0.200, [3, 4, 4, 3]),  # D/2 + 1 … D
+    ],
+)
 def test_unit_time_bubbles_and_memory_match_the_published_table(name, make, share, bubble, peaks):
     """SCHEDULES.md's measured bubble fractions (P = 4, M = 8, T_F = 1, T_I + T_W = 2, no
     communication), reproduced by generator + simulator, with each rank's peak in-flight count."""
@@ -64,11 +73,26 @@ def test_one_stage_per_rank_simulates_as_the_stage_simulator():
     for _ in range(200):
         S, m = rng.randint(1, 6), rng.randint(1, 10)
         sched = build_schedule(rng.choice(["1f1b", "gpipe", "zb_h1"]), S, m)
-        costs = [StageCosts(rng.uniform(.1, 2), rng.uniform(.1, 4), rng.uniform(0, 1), rng.uniform(0, 1),
-                            rng.uniform(0, 3), rng.uniform(1, 5), recompute_bytes=rng.choice([0.0, 2.0]))
-                 for _ in range(S)]
-        costs = [replace(c, allreduce_after_b_s=rng.uniform(0, c.allreduce_s), allreduce_after_w_s=rng.uniform(
-            0, c.allreduce_s)) if rng.random() < 0.5 else c for c in costs]  # buckets overlapping the last B or W
+        costs = [
+            StageCosts(
+                rng.uniform(0.1, 2),
+                rng.uniform(0.1, 4),
+                rng.uniform(0, 1),
+                rng.uniform(0, 1),
+                rng.uniform(0, 3),
+                rng.uniform(1, 5),
+                recompute_bytes=rng.choice([0.0, 2.0]),
+            )
+            for _ in range(S)
+        ]
+        costs = [
+            replace(
+                c, allreduce_after_b_s=rng.uniform(0, c.allreduce_s), allreduce_after_w_s=rng.uniform(0, c.allreduce_s)
+            )
+            if rng.random() < 0.5
+            else c
+            for c in costs
+        ]  # buckets overlapping the last B or W
         a, b = simulate(sched, costs), simulate_ranks(from_stages(sched), costs)
         assert b.iteration_s == pytest.approx(a.iteration_s, rel=1e-12)
         assert b.stage_end_s == pytest.approx(a.stage_end_s, rel=1e-12)
@@ -165,14 +189,24 @@ def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
     rng = random.Random(5)
     profile = random_profile(rng, 6)
     topo = Topology("t", 1, 4, 32e9, 10, 20e9, 5e9)
-    for schedules in (("1f1b",), ("zb_h1",), ("gpipe",), ("interleaved_1f1b",), ("interleaved_zb",), ("zbv",),
-                      ("chimera",), ("1f1b_rr",), ("zb_h1_rr",)):
+    for schedules in (
+        ("1f1b",),
+        ("zb_h1",),
+        ("gpipe",),
+        ("interleaved_1f1b",),
+        ("interleaved_zb",),
+        ("zbv",),
+        ("chimera",),
+        ("1f1b_rr",),
+        ("zb_h1_rr",),
+    ):
         p = plan(profile, topo, 16, Limits(schedules=schedules))
         assert p.schedule == schedules[0]
         d = json.loads(json.dumps(p.to_dict()))
         orders = [steps_from_json(o["actions"]) for o in d["orders"]]
-        placement = tuple(tuple(g for g, o in enumerate(orders) if any(a.stage == s for a in o))
-                          for s in range(len(d["stages"])))
+        placement = tuple(
+            tuple(g for g, o in enumerate(orders) if any(a.stage == s for a in o)) for s in range(len(d["stages"]))
+        )
         x = RankSchedule("from plan.json", len(d["stages"]), d["num_micro_batches"], tuple(orders), placement)
         validate_ranks(x)
         costs = [StageCosts(**c) for c in d["estimate"]["stage_costs"]]
@@ -181,24 +215,41 @@ def test_an_outside_tool_re_simulates_a_plan_from_its_orders():
         steps_from_json([["F", 0, 0], ["X", 0, 0]])
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["strategy.stages=5"], "the stages must be a multiple of 2; use 4 or 6"),
-    (["strategy.stages=4", "strategy.num_micro_batches=3"], "3 micro-batches is not a multiple of 2; use 2 or 4"),
-    (["strategy.stages=4", "strategy.replicas=[2,1,1,2]"], "stages [0, 2] share device group 0"),
-    (["strategy.stages=4", "strategy.chunks=1"], "1 is plain 1F1B"),
-    (["strategy.stages=4", "strategy.schedule=zbv", "strategy.chunks=3"], "ZB-V holds exactly 2 stages"),
-    (["strategy.stages=4", "strategy.replicas=[1,1]"], "use 2 devices but cluster local has 4"),
-    (["strategy.stages=4", "strategy.schedule=zbv", "strategy.recompute=full"], "with schedule zbv: a split backward's W"),
-    (["strategy.stages=4", "strategy.schedule=interleaved_zb", "strategy.recompute=selective",
-      "strategy.recompute_counts=[1]"], "with schedule interleaved_zb: a split backward's W"),
-    (["strategy.stages=4", "strategy.token_slices=[32,32]"], "runs without token slices"),
-    # the schedule's rule, not the cluster fill's (4 devices into 3 groups), names what to change
-    (["strategy.stages=3", "strategy.schedule=chimera"], "over an even number of device groups: 3 stages; use 2 or 4"),
-    (["strategy.stages=7"], "the stages must be a multiple of 2; use 6 or 8"),
-    (["strategy.stages=2", "strategy.schedule=chimera", "strategy.replicas=[2,1]"], "mirror them, e.g. [2, 2]"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["strategy.stages=5"], "the stages must be a multiple of 2; use 4 or 6"),
+        (["strategy.stages=4", "strategy.num_micro_batches=3"], "3 micro-batches is not a multiple of 2; use 2 or 4"),
+        (["strategy.stages=4", "strategy.replicas=[2,1,1,2]"], "stages [0, 2] share device group 0"),
+        (["strategy.stages=4", "strategy.chunks=1"], "1 is plain 1F1B"),
+        (["strategy.stages=4", "strategy.schedule=zbv", "strategy.chunks=3"], "ZB-V holds exactly 2 stages"),
+        (["strategy.stages=4", "strategy.replicas=[1,1]"], "use 2 devices but cluster local has 4"),
+        (
+            ["strategy.stages=4", "strategy.schedule=zbv", "strategy.recompute=full"],
+            "with schedule zbv: a split backward's W",
+        ),
+        (
+            [
+                "strategy.stages=4",
+                "strategy.schedule=interleaved_zb",
+                "strategy.recompute=selective",
+                "strategy.recompute_counts=[1]",
+            ],
+            "with schedule interleaved_zb: a split backward's W",
+        ),
+        (["strategy.stages=4", "strategy.token_slices=[32,32]"], "runs without token slices"),
+        # the schedule's rule, not the cluster fill's (4 devices into 3 groups), names what to change
+        (
+            ["strategy.stages=3", "strategy.schedule=chimera"],
+            "over an even number of device groups: 3 stages; use 2 or 4",
+        ),
+        (["strategy.stages=7"], "the stages must be a multiple of 2; use 6 or 8"),
+        (["strategy.stages=2", "strategy.schedule=chimera", "strategy.replicas=[2,1]"], "mirror them, e.g. [2, 2]"),
+    ],
+)
 def test_a_chunked_layout_that_breaks_a_rule_is_refused_with_the_fix(compose_cfg, overrides, needle):
     from dapple_launch.plan_config import plan_from_config
+
     cfg = compose_cfg(["strategy=fixed", "strategy.schedule=interleaved_1f1b", *overrides])
     with pytest.raises(ValueError, match=re.escape(needle)):
         plan_from_config(cfg)
@@ -206,6 +257,7 @@ def test_a_chunked_layout_that_breaks_a_rule_is_refused_with_the_fix(compose_cfg
 
 def test_the_planner_plans_a_chunked_family_alone_and_the_plan_runs_its_rank_orders(compose_cfg):
     from dapple_launch.plan_config import plan_from_config
+
     plan = plan_from_config(compose_cfg(["strategy=auto", "strategy.schedules=[zbv]", "global_batch_size=8"]))
     assert plan.schedule == "zbv" and plan.chunks == 2 and plan.num_stages % 2 == 0
     x = plan.build_schedule()
@@ -220,13 +272,25 @@ def test_recomputation_runs_on_the_families_with_a_whole_backward_and_the_planne
     steps aside instead of refusing the run (a causal model under strategy=auto)."""
     from dapple_launch.plan_config import auto_schedules, plan_from_config
     from dapple_launch.planner.plan import Plan
+
     base = ["strategy=fixed", "strategy.stages=4", "global_batch_size=8"]
     for schedule in ("interleaved_1f1b", "chimera"):
         extra = ["strategy.replicas=[1,1,1,1]"] if schedule == "chimera" else []
         none = plan_from_config(compose_cfg([*base, f"strategy.schedule={schedule}", *extra]))
-        full = plan_from_config(compose_cfg([*base, f"strategy.schedule={schedule}", *extra, "strategy.recompute=full"]))
-        first = plan_from_config(compose_cfg([*base, f"strategy.schedule={schedule}", *extra,
-                                              "strategy.recompute=selective", "strategy.recompute_counts=[1]"]))
+        full = plan_from_config(
+            compose_cfg([*base, f"strategy.schedule={schedule}", *extra, "strategy.recompute=full"])
+        )
+        first = plan_from_config(
+            compose_cfg(
+                [
+                    *base,
+                    f"strategy.schedule={schedule}",
+                    *extra,
+                    "strategy.recompute=selective",
+                    "strategy.recompute_counts=[1]",
+                ]
+            )
+        )
         assert [s.recompute_layers for s in full.stages] == [tuple(range(*s.layers)) for s in full.stages]
         assert [s.recompute_layers for s in first.stages] == [(s.layers[0],) for s in first.stages]
         for c, n in zip(full.estimate.stage_costs, none.estimate.stage_costs):
@@ -251,13 +315,15 @@ def _exhaustive_chunked(profile, topo, G, limits):
     from dapple_launch.planner.baselines import divisors
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import num_stages, shapes
+
     best = math.inf
     L = profile.num_layers
     for family, v, groups, b in shapes(profile, topo, G, limits, sorted(divisors(G), reverse=True)):
         S = num_stages(family, v, groups)
         for cut in itertools.combinations(range(1, L), S - 1):
-            c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), [*cut, L], None),
-                                 b, G // b, limits, family, v)
+            c = evaluate_chunked(
+                profile, topo, chunked_layout(family, list(groups), [*cut, L], None), b, G // b, limits, family, v
+            )
             if c.fits:
                 best = min(best, c.iteration_s)
     return best
@@ -270,12 +336,21 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     bound on some shapes, so they are tested, not idle."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import link_bound, num_stages, shape_bound, shapes, tail_bound
+
     rng = random.Random(7)
     checked = link_decides = tail_decides = 0
     for _ in range(12):
         nodes, per_node = rng.choice([(2, 2), (2, 3), (4, 1), (2, 4)])
-        topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), rng.choice([1e-5, 1e-4]), 20e9,
-                        rng.choice([2e8, 1e9]), inter_node_allreduce_bandwidth=3e9)
+        topo = Topology(
+            "t",
+            nodes,
+            per_node,
+            rng.choice([2e9, 8e9]),
+            rng.choice([1e-5, 1e-4]),
+            20e9,
+            rng.choice([2e8, 1e9]),
+            inter_node_allreduce_bandwidth=3e9,
+        )
         profile = random_profile(rng, rng.choice([6, 8, 10]))
         if rng.random() < 0.5:  # every layer's output alike (a transformer's): the least cut is a real one
             out = rng.choice([1e6, 4e7, 2e8])
@@ -290,8 +365,9 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
             S = num_stages(family, v, groups)
             for _ in range(3):
                 stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
-                c = evaluate_chunked(profile, topo, chunked_layout(family, list(groups), stops, None),
-                                     b, G // b, limits, family, v)
+                c = evaluate_chunked(
+                    profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
+                )
                 assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
                 checked += 1
     assert checked > 500 and link_decides > 20 and tail_decides > 20, (checked, link_decides, tail_decides)
@@ -304,8 +380,16 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
             alike = chain("u", [LayerProfile(f"l{i}", 1.0, 2.0, 1.0, 0.0) for i in range(S)], batch_size=1)
             free = Topology("t", 1, P, 1e12, 10, 1e15, 1e15)
             for M in (P, 2 * P, 4 * P):
-                c = evaluate_chunked(alike, free, chunked_layout(family, [1] * P, list(range(1, S + 1)), None),
-                                     1, M, Limits(schedules=(family,)), family, 2)
+                c = evaluate_chunked(
+                    alike,
+                    free,
+                    chunked_layout(family, [1] * P, list(range(1, S + 1)), None),
+                    1,
+                    M,
+                    Limits(schedules=(family,)),
+                    family,
+                    2,
+                )
                 bound = shape_bound(alike, free, M, (1,) * P, 1, None, family, 2)
                 assert bound <= c.iteration_s, (family, P, M)
                 # (Chimera on two groups: each group's earliest stage is first in one pipeline, no fill)
@@ -320,16 +404,36 @@ def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candid
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import num_stages
     from dapple_launch.schedule import busiest_rank_s
+
     rng = random.Random(11)
-    for family, v in [("interleaved_1f1b", 2), ("interleaved_1f1b", 3), ("interleaved_zb", 2), ("zbv", 2),
-                      ("chimera", 2), ("1f1b", 1), ("zb_h1", 1)]:
+    for family, v in [
+        ("interleaved_1f1b", 2),
+        ("interleaved_1f1b", 3),
+        ("interleaved_zb", 2),
+        ("zbv", 2),
+        ("chimera", 2),
+        ("1f1b", 1),
+        ("zb_h1", 1),
+    ]:
         for R in (2, 4):
-            x = build_rank_schedule(family, R, 2 * R, v) if family not in ("1f1b", "zb_h1") else \
-                from_stages(build_schedule(family, R, 2 * R))
+            x = (
+                build_rank_schedule(family, R, 2 * R, v)
+                if family not in ("1f1b", "zb_h1")
+                else from_stages(build_schedule(family, R, 2 * R))
+            )
             for _ in range(20):
-                costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.2, 4), rng.uniform(0, 1), rng.uniform(0, 1),
-                                    rng.uniform(0, 3), weight_grad_s=None, action_s=rng.uniform(0, 0.1))
-                         for _ in range(x.num_stages)]
+                costs = [
+                    StageCosts(
+                        rng.uniform(0.1, 2),
+                        rng.uniform(0.2, 4),
+                        rng.uniform(0, 1),
+                        rng.uniform(0, 1),
+                        rng.uniform(0, 3),
+                        weight_grad_s=None,
+                        action_s=rng.uniform(0, 0.1),
+                    )
+                    for _ in range(x.num_stages)
+                ]
                 costs = [replace(c, send_gradient_s=0.0) if s == 0 else c for s, c in enumerate(costs)]
                 assert busiest_rank_s(x, costs) <= simulate_ranks(x, costs, record=False).iteration_s * (1 + 1e-12)
     one = from_stages(build_schedule("1f1b", 1, 5))  # a single rank never waits: the bound is its time
@@ -361,10 +465,18 @@ def test_a_simulation_stopped_at_its_cutoff_only_drops_slower_ones():
     compute alone could not (a waiting rank passes the cutoff first)."""
     from dapple_launch.schedule import busiest_rank_s
     from dapple_launch.schedule.round_robin import round_robin
+
     rng = random.Random(5)
     stopped = kept = 0
-    for family, v in [("interleaved_1f1b", 2), ("interleaved_zb", 2), ("zbv", 2), ("chimera", 2), ("1f1b", 1),
-                      ("1f1b_rr", 1), ("zb_h1_rr", 1)]:
+    for family, v in [
+        ("interleaved_1f1b", 2),
+        ("interleaved_zb", 2),
+        ("zbv", 2),
+        ("chimera", 2),
+        ("1f1b", 1),
+        ("1f1b_rr", 1),
+        ("zb_h1_rr", 1),
+    ]:
         for R in (2, 4):
             if family.endswith("_rr"):
                 x = round_robin(family, (R - 1, 1), 3 * R, None)
@@ -373,19 +485,36 @@ def test_a_simulation_stopped_at_its_cutoff_only_drops_slower_ones():
             else:
                 x = build_rank_schedule(family, R, 2 * R, v)
             for _ in range(15):
-                costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.2, 4), rng.uniform(0, 1), rng.uniform(0, 1),
-                                    rng.uniform(0, 3), action_s=rng.uniform(0, 0.1)) for _ in range(x.num_stages)]
+                costs = [
+                    StageCosts(
+                        rng.uniform(0.1, 2),
+                        rng.uniform(0.2, 4),
+                        rng.uniform(0, 1),
+                        rng.uniform(0, 1),
+                        rng.uniform(0, 3),
+                        action_s=rng.uniform(0, 0.1),
+                    )
+                    for _ in range(x.num_stages)
+                ]
                 full = simulate_ranks(x, costs, record=False)
                 floor = busiest_rank_s(x, costs)
-                for cutoff in (floor * 1.001, (floor + full.iteration_s) / 2, full.iteration_s * 0.999,
-                               full.iteration_s, full.iteration_s * 1.5):
+                for cutoff in (
+                    floor * 1.001,
+                    (floor + full.iteration_s) / 2,
+                    full.iteration_s * 0.999,
+                    full.iteration_s,
+                    full.iteration_s * 1.5,
+                ):
                     got = simulate_ranks(x, costs, record=False, cutoff=cutoff)
                     if got is None:
                         assert full.iteration_s > cutoff
                         stopped += floor < cutoff
                     else:
-                        assert got.iteration_s == full.iteration_s and got.peak_activation_bytes == \
-                            full.peak_activation_bytes and got.stage_end_s == full.stage_end_s
+                        assert (
+                            got.iteration_s == full.iteration_s
+                            and got.peak_activation_bytes == full.peak_activation_bytes
+                            and got.stage_end_s == full.stage_end_s
+                        )
                         kept += 1
     assert stopped > 50 and kept > 200, (stopped, kept)
 
@@ -396,6 +525,7 @@ def test_the_chunked_pass_keeps_to_its_share_of_the_budget():
     candidate, whose last check may not count the orders it builds. An exhaustive pass over a shape's
     cuts once ran to twice the budget when its check left the stage costs out."""
     from dapple_launch.planner.chunked_search import SHARE, _cost, _unsimulated_cost, search_chunked
+
     rng = random.Random(5)
     for _ in range(6):
         topo = Topology("t", 2, 4, 8e9, 1e-5, 20e9, 1e9, inter_node_allreduce_bandwidth=3e9)
@@ -410,8 +540,9 @@ def test_the_chunked_pass_keeps_to_its_share_of_the_budget():
     profile = chain("u", [LayerProfile(f"l{i}", 1.0, 2.0, 1.0, 0.0) for i in range(30)], batch_size=1)
     pair = Topology("t", 1, 2, 1e12, 1e-6, 1e12, 1e12)
     assert (_cost(2, 2), _unsimulated_cost(2)) == (1, 1)
-    _, _, scored = search_chunked(profile, pair, 4, Limits(schedules=("chimera",), search_nodes=int(40 / SHARE)),
-                                  [2], math.inf)
+    _, _, scored = search_chunked(
+        profile, pair, 4, Limits(schedules=("chimera",), search_nodes=int(40 / SHARE)), [2], math.inf
+    )
     assert scored <= 40 + 3, scored
 
 
@@ -425,10 +556,19 @@ def test_torch_style_baselines_are_uniform_even_splits_and_the_planner_is_never_
     from dapple_launch.planner.chunked import group_of
     from dapple_launch.planner.search import search
     from dapple_launch.planner.torch_style import TORCH_STYLE, torch_style_baselines
+
     rng = random.Random(90 + seed)
     nodes, per_node = rng.choice([(1, 4), (2, 2), (1, 2)])
-    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
-                    inter_node_allreduce_bandwidth=3e9)
+    topo = Topology(
+        "t",
+        nodes,
+        per_node,
+        rng.choice([2e9, 8e9]),
+        10,
+        20e9,
+        rng.choice([1e9, 5e9]),
+        inter_node_allreduce_bandwidth=3e9,
+    )
     profile = random_profile(rng, rng.choice([4, 6, 8]))
     G, L, D = 8, profile.num_layers, topo.num_devices
     limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
@@ -442,8 +582,15 @@ def test_torch_style_baselines_are_uniform_even_splits_and_the_planner_is_never_
         S = len(c.layout)
         v = c.extra.get("chunks", 1)
         P = S // v
-        assert c.schedule == {"torch 1F1B": "1f1b", "torch interleaved 1F1B": "interleaved_1f1b",
-                              "torch interleaved ZB": "interleaved_zb", "torch ZB-V": "zbv"}[name]
+        assert (
+            c.schedule
+            == {
+                "torch 1F1B": "1f1b",
+                "torch interleaved 1F1B": "interleaved_1f1b",
+                "torch interleaved ZB": "interleaved_zb",
+                "torch ZB-V": "zbv",
+            }[name]
+        )
         assert [st.stop for st in c.layout] == even_stops(L, S)
         assert {st.replicas for st in c.layout} == {D // P} and P * (D // P) == D
         assert all(c.layout[s].devices == c.layout[group_of(c.schedule, s, P)].devices for s in range(S))
@@ -461,6 +608,7 @@ def test_planning_every_family_together_finds_what_each_chunked_family_finds_alo
     from dapple_launch.profile import read_profile_file
 
     from .test_planner import PROFILES
+
     p = read_profile_file(PROFILES / "bert-48-pbs-2.txt", 2, device_tflops=125)
     topo = shipped_topology("a100x64")
     together, _, _, _ = search(p, topo, 128, Limits(schedules=DEFAULT_SCHEDULES))
@@ -478,14 +626,25 @@ def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_six_fami
     from dapple_launch.planner.search import search
 
     from .test_zero_bubble import brute_force_both
+
     rng = random.Random(40 + seed)
     nodes, per_node = rng.choice([(1, 2), (1, 4), (2, 2), (1, 3)])
-    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
-                    inter_node_allreduce_bandwidth=3e9)
+    topo = Topology(
+        "t",
+        nodes,
+        per_node,
+        rng.choice([2e9, 8e9]),
+        10,
+        20e9,
+        rng.choice([1e9, 5e9]),
+        inter_node_allreduce_bandwidth=3e9,
+    )
     profile = random_profile(rng, rng.choice([4, 5, 6]))
     G = rng.choice([4, 8])
-    limits = Limits(schedules=("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera"),
-                    max_warmup_depth=rng.choice([1, 2]))
+    limits = Limits(
+        schedules=("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera"),
+        max_warmup_depth=rng.choice([1, 2]),
+    )
     best, _, _, stats = search(profile, topo, G, limits)
     exhaustive = min(brute_force_both(profile, topo, G, limits), _exhaustive_chunked(profile, topo, G, limits))
     if best is None:

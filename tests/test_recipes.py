@@ -1,5 +1,6 @@
 """Every shipped recipe (`python -m dapple_launch +recipe=NAME`) plans in a dry run; the CPU ones
 train a few steps. A recipe that needs your data gets a file of the kind it names."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ LICENSE = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
 
 
 def test_the_recipes_the_design_names_exist():
-    assert {"cpu-demo", "gpt2-medium-a100x64", "bert-large-v100x16", "vgg19-15-1-v100-16x1",
-            "your-model-your-text", "hf-finetune"} <= set(RECIPES)
+    assert {
+        "cpu-demo",
+        "gpt2-medium-a100x64",
+        "bert-large-v100x16",
+        "vgg19-15-1-v100-16x1",
+        "your-model-your-text",
+        "hf-finetune",
+    } <= set(RECIPES)
     assert (Path(__file__).resolve().parent.parent / "recipes" / "cpu-demo.yaml").is_file()  # the top-level view
 
 
@@ -31,11 +38,18 @@ def data_for(recipe: str, tmp_path: Path) -> list[str]:
     if cfg.model.name == "hf":  # a tiny Llama directory with its own tokenizer, and text for it
         from .hf_models import transformers
         from .test_hf import TEXT, make_tokenizer
+
         where = tmp_path / "hf-model"
         tok = make_tokenizer(where, TEXT, 300)
-        config = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          max_position_embeddings=128)
+        config = transformers.LlamaConfig(
+            vocab_size=tok.get_vocab_size(),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+        )
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(where)
         text = tmp_path / "text.txt"
         text.write_text(TEXT * 4)
@@ -45,6 +59,7 @@ def data_for(recipe: str, tmp_path: Path) -> list[str]:
     if cfg.data.kind == "text_file":
         return [f"data.path={LICENSE}"]
     from dapple_launch.plan_config import model_from_config
+
     model = model_from_config(cfg.model)
     windows = int(cfg.global_batch_size / (1 - cfg.data.val_fraction)) + 4
     ids = np.random.default_rng(0).integers(1, model.vocab_size, windows * model.seq_len + 1, dtype=np.uint16)
@@ -67,6 +82,7 @@ def test_every_recipe_plans_in_a_dry_run(tmp_path, recipe):
     from dapple_launch.plan_config import topology_from_config
     from dapple_launch.planner.plan import Plan
     from dapple_launch.runtime.placement import check_plan_runs_on
+
     written = Plan.load(run / "plan.json")
     check_plan_runs_on(written, topology_from_config(compose([f"+recipe={recipe}"]).cluster), written.num_layers)
 
@@ -86,8 +102,18 @@ CPU_RECIPES = [r for r in RECIPES if compose([f"+recipe={r}"]).cluster.name == "
 @pytest.mark.parametrize("recipe", CPU_RECIPES)
 def test_the_cpu_recipes_train(tmp_path, recipe):
     run = tmp_path / "run"
-    out = cli([f"+recipe={recipe}", *data_for(recipe, tmp_path), "trainer.max_steps=3", "trainer.progress_bar=false",
-               "trainer.val_check_interval=3", "trainer.limit_val_batches=1", "trainer.checkpoint_every_n_steps=3",
-               f"hydra.run.dir={run}"], tmp_path)
+    out = cli(
+        [
+            f"+recipe={recipe}",
+            *data_for(recipe, tmp_path),
+            "trainer.max_steps=3",
+            "trainer.progress_bar=false",
+            "trainer.val_check_interval=3",
+            "trainer.limit_val_batches=1",
+            "trainer.checkpoint_every_n_steps=3",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (run / "checkpoints").is_dir()

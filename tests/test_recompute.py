@@ -1,6 +1,7 @@
 """Activation recomputation: gradients equal the whole backward; what a micro-batch keeps, counted
 exactly, is what the cost model charges; plans carry `recompute_layers`; the planner recomputes
 the fewest layers that fit; the pipelined runs equal the single-process reference."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,11 @@ def test_recomputed_segments_give_the_whole_backwards_gradients(name):
     """Any set of recomputed layers (one segment, several, the stage's first, its last): the same loss
     and every gradient bit for bit, dropout included (the recomputed forward draws the same masks),
     a tied weight and integer members of the carry included."""
-    model = (build_model("gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40, dropout=0.2)
-             if name == "gpt-dropout" else tiny_model(name))
+    model = (
+        build_model("gpt", "tiny", num_layers=3, hidden=32, heads=2, seq_len=8, vocab_size=40, dropout=0.2)
+        if name == "gpt-dropout"
+        else tiny_model(name)
+    )
     module = PipelineModule(model).materialize().train()
     batch = model.batch(4, torch.Generator().manual_seed(1))
     layers = module.local_stack()
@@ -65,6 +69,7 @@ def test_kept_and_backward_bytes_counted_exactly_equal_the_cost_model(name):
     start nor end the model (the last stage also keeps the loss's own saves, which a layer profile does
     not list; the first layer's measured saves differ from its run on a batch by its input's bytes)."""
     from dapple_launch.profile.measure import measure_profile
+
     model = tiny_model(name)
     profile = measure_profile(model, 2, repeats=1, use_cache=False)
     full = PipelineModule(model).materialize()
@@ -100,8 +105,11 @@ def test_fixed_plans_carry_recompute_layers_and_cost_them():
     positions per stage; each recomputed stage keeps less per micro-batch and its backward costs
     its recomputed forward more."""
     none, full = _plan(), _plan("full")
-    counts, one, positions = _plan("selective", recompute_counts=(2, 1)), _plan("selective", recompute_counts=(1,)), \
-        _plan("selective", recompute_layers=(1, 4))
+    counts, one, positions = (
+        _plan("selective", recompute_counts=(2, 1)),
+        _plan("selective", recompute_counts=(1,)),
+        _plan("selective", recompute_layers=(1, 4)),
+    )
     assert [s.recompute_layers for s in none.stages] == [(), ()]
     assert [s.recompute_layers for s in full.stages] == [tuple(range(*s.layers)) for s in full.stages]
     a, b = counts.stages[0].layers[0], counts.stages[1].layers[0]
@@ -123,6 +131,7 @@ def test_fixed_plans_carry_recompute_layers_and_cost_them():
 def test_a_plans_recomputation_reads_in_one_word():
     """The frontier's table and picture say none, full, or each stage's count."""
     from dapple_launch.planner.explain import recomputed_per_stage
+
     assert recomputed_per_stage(_plan()) == "none"
     assert recomputed_per_stage(_plan("full")) == "full"
     assert recomputed_per_stage(_plan("selective", recompute_counts=(2, 0))) == "2+0"
@@ -146,6 +155,7 @@ def test_auto_recomputes_the_fewest_layers_that_fit():
     recompute=auto finds one whose recomputed stages recompute their first layers, the fewest that fit
     (one fewer on a recomputed stage does not fit), and its memory is within the card."""
     from dapple_launch.planner.search import smallest_memory_need
+
     model = build_model("gpt", "tiny", num_layers=6, hidden=64, heads=2, seq_len=256, vocab_size=64)
     probe = Topology("probe", 1, 2, 64e9, 1.0, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, probe.device_tflops, "cpu")
@@ -154,26 +164,43 @@ def test_auto_recomputes_the_fewest_layers_that_fit():
     topo = Topology("small", 1, 2, tight, 1.0, 1e9, 1e9, device_kind="cpu")
     with pytest.raises(NoFeasiblePlan, match="recomputation"):
         auto_plan(profile, topo, 8, limits)
-    fitted = auto_plan(profile, topo, 8, Limits(memory_headroom=0.0, max_warmup_depth=1, schedules=("1f1b",),
-                                                recompute="auto"))
+    fitted = auto_plan(
+        profile, topo, 8, Limits(memory_headroom=0.0, max_warmup_depth=1, schedules=("1f1b",), recompute="auto")
+    )
     assert fitted.recomputes and max(fitted.estimate.peak_memory_bytes) <= tight
     for s, st in enumerate(fitted.stages):
         k = len(st.recompute_layers)
         assert st.recompute_layers == tuple(range(st.layers[0], st.layers[0] + k))
         if k:
-            fewer = fixed_plan(profile, Topology("big", 1, 2, 64e9, 1.0, 1e9, 1e9, device_kind="cpu"), 8,
-                               fitted.num_stages, [x.replicas for x in fitted.stages], fitted.num_micro_batches,
-                               Limits(recompute="selective", recompute_layers=tuple(
-                                   i for j, x in enumerate(fitted.stages) for i in x.recompute_layers
-                                   if j != s or i < x.layers[0] + k - 1)),
-                               boundaries=[x.layers[0] for x in fitted.stages[1:]])
+            fewer = fixed_plan(
+                profile,
+                Topology("big", 1, 2, 64e9, 1.0, 1e9, 1e9, device_kind="cpu"),
+                8,
+                fitted.num_stages,
+                [x.replicas for x in fitted.stages],
+                fitted.num_micro_batches,
+                Limits(
+                    recompute="selective",
+                    recompute_layers=tuple(
+                        i
+                        for j, x in enumerate(fitted.stages)
+                        for i in x.recompute_layers
+                        if j != s or i < x.layers[0] + k - 1
+                    ),
+                ),
+                boundaries=[x.layers[0] for x in fitted.stages[1:]],
+            )
             assert fewer.estimate.peak_memory_bytes[s] > tight, (s, k)
 
 
 def test_simulator_charges_a_backwards_recomputed_activations():
     """Peak bytes: in-flight micro-batches × what each keeps, plus one backward's recomputed segment."""
     from dapple_launch.schedule import build_schedule
-    costs = [StageCosts(1.0, 3.0, activation_bytes=10.0, recompute_bytes=25.0), StageCosts(1.0, 3.0, activation_bytes=4.0)]
+
+    costs = [
+        StageCosts(1.0, 3.0, activation_bytes=10.0, recompute_bytes=25.0),
+        StageCosts(1.0, 3.0, activation_bytes=4.0),
+    ]
     sim = simulate(build_schedule("1f1b", 2, 4), costs)
     assert sim.peak_in_flight == [2, 1]
     assert sim.peak_activation_bytes == [2 * 10.0 + 25.0, 4.0]
@@ -191,6 +218,7 @@ def _peak_with_recompute(rank, world, plan_json):
     from dapple_launch.runtime.p2p import PointToPoint
 
     from .test_pipeline_numerics import rank_stage, stage_input
+
     plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
     a = plan.stages[stage].layers[0]
     marks = [i - a for i in plan.stages[stage].recompute_layers]
@@ -199,13 +227,17 @@ def _peak_with_recompute(rank, world, plan_json):
     x = stage_input(model, a, tuple(t[:2] for t in as_tuple(batch[0])))
     with one.hooks():  # one micro-batch as the executor runs it
         y = run_layers(with_recomputation(local.local_stack(), marks), x if len(x) > 1 else x[0])
-        out = (model.loss(y, batch[1][:2]).sum() if stage == grid.num_stages - 1
-               else sum(t.float().sum() for t in as_tuple(y) if t.is_floating_point()))
+        out = (
+            model.loss(y, batch[1][:2]).sum()
+            if stage == grid.num_stages - 1
+            else sum(t.float().sum() for t in as_tuple(y) if t.is_floating_point())
+        )
         kept = one.live
         out.backward()
     counter = SavedBytes(local.parameters())
-    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       recompute=marks)
+    ex = StageExecutor(
+        local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages, recompute=marks
+    )
     with counter.hooks():
         ex.run(plan.build_schedule(), batch)
     return {"stage": stage, "peak": counter.peak, "kept": kept, "extra": one.peak - kept}
@@ -220,9 +252,14 @@ def test_peak_saved_bytes_with_recomputation_equal_the_simulators(tmp_path):
     """Counted exactly over an iteration on 4 stages (1F1B and GPipe, none / selective / full): each
     stage's peak is the simulator's, fed what one micro-batch keeps and holds above that in its backward."""
     from .multiproc import run_ranks
+
     model = tiny_model()
-    grid = [("1f1b", "none", {}), ("1f1b", "full", {}), ("1f1b", "selective", {"recompute_counts": (1, 1, 0, 1)}),
-            ("gpipe", "full", {})]
+    grid = [
+        ("1f1b", "none", {}),
+        ("1f1b", "full", {}),
+        ("1f1b", "selective", {"recompute_counts": (1, 1, 0, 1)}),
+        ("gpipe", "full", {}),
+    ]
     plans = [make_plan(model, (1, 1, 1, 1), sch, 6, 12, recompute=rc, **kw) for sch, rc, kw in grid]
     per_rank = run_ranks(4, _peaks_many, ([p.to_json() for p in plans],), tmp_path)
     for k, (case, plan) in enumerate(zip(grid, plans)):
@@ -238,8 +275,20 @@ def test_the_planners_prefix_shortcut_equals_the_general_count():
     """first_layers_recomputed (O(1), what recompute=auto scans) equals recompute_bytes and
     recompute_seconds of the same first layers, on every stage and count of a profile with fixed parts."""
     from dapple_launch.profile import LayerProfile, chain
-    layers = [LayerProfile(f"l{i}", 1e-3 * (i + 1), 2e-3, 1e5 * (i % 3 + 1), 1e6, saved_bytes=3e5 * (i % 2 + 1),
-                           forward_fixed_s=1e-4, saved_fixed_bytes=1e4 * i) for i in range(7)]
+
+    layers = [
+        LayerProfile(
+            f"l{i}",
+            1e-3 * (i + 1),
+            2e-3,
+            1e5 * (i % 3 + 1),
+            1e6,
+            saved_bytes=3e5 * (i % 2 + 1),
+            forward_fixed_s=1e-4,
+            saved_fixed_bytes=1e4 * i,
+        )
+        for i in range(7)
+    ]
     profile = chain("p", layers, batch_size=4)
     for a in range(7):
         for z in range(a + 1, 8):

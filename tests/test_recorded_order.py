@@ -10,6 +10,7 @@ run itself is the strict mode: every transfer of a rank pair goes on that pair's
 0, so gloo matches them strictly in order, as NCCL does (asserted below): equal numerics then prove
 nothing was delivered into the wrong buffer.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -51,6 +52,7 @@ def _eval(rank, world, plan_json, batch_n, chunked):
     from dapple_launch.runtime.rank_executor import build_rank_executor
     from dapple_launch.schedule import forward_only
     from dapple_launch.schedule.ranks import forward_only_orders
+
     plan = Plan.from_json(plan_json)
     model = model_of("gpt")
     grid = ProcessGrid.from_plan(plan)
@@ -63,8 +65,15 @@ def _eval(rank, world, plan_json, batch_n, chunked):
     groups = {s: dist.new_group(grid.stage_ranks(s)) for s in range(grid.num_stages)}
     with torch.no_grad():
         if chunked:
-            ex, _ = build_rank_executor(plan, grid, rank, {i: local.layers[str(i)] for i in indices}, model.loss,
-                                        groups, precision=MixedPrecision("32"))
+            ex, _ = build_rank_executor(
+                plan,
+                grid,
+                rank,
+                {i: local.layers[str(i)] for i in indices},
+                model.loss,
+                groups,
+                precision=MixedPrecision("32"),
+            )
             x = plan.build_schedule()
             result = ex.run(forward_only_orders(x.placement, x.num_ranks, plan.num_micro_batches), batch)
         else:
@@ -97,8 +106,11 @@ def _copies(replicas, copies, schedule, m, n):
 
 def _evaluation(groups, schedule, stages, m, n):
     chunked = stages > len(groups)
-    plan = (chunked_plan(model_of("gpt"), groups, schedule, stages, m, m * max(groups)) if chunked else
-            make_plan(model_of("gpt"), groups, schedule, m, m * max(groups)))
+    plan = (
+        chunked_plan(model_of("gpt"), groups, schedule, stages, m, m * max(groups))
+        if chunked
+        else make_plan(model_of("gpt"), groups, schedule, m, m * max(groups))
+    )
     return ("tests.test_recorded_order", "_eval", (plan.to_json(), n, chunked)), sum(groups)
 
 
@@ -156,6 +168,7 @@ def test_the_recorder_sees_a_swap_the_model_refuses(tmp_path):
     out = run_ranks(2, _recorded, ([("tests.test_recorded_order", "_swapped", ())],), tmp_path)
     programs = {r: to_model(out[r][0]["items"], r) for r in range(2)}
     from dapple_launch.schedule.nccl import NcclOrderError
+
     with pytest.raises(NcclOrderError, match="hang"):
         check(programs)
 
@@ -165,6 +178,7 @@ def _swapped(rank, world):
     completes it (its sends are buffered), NCCL may not (each send waits for its receive)."""
     import torch
     import torch.distributed as dist
+
     group = dist.new_group([0, 1])
     x = torch.ones(4)
     peer = 1 - rank

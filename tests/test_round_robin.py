@@ -2,6 +2,7 @@
 grid and hand-broken ones refused, a bad layout is refused with the rule and the fix, the closed
 forms stay below the simulator, and the planner finds copies where a replica count cannot divide
 the micro-batch (VGG-19's convolutions on 16 V100s)."""
+
 from __future__ import annotations
 
 import itertools
@@ -53,8 +54,10 @@ def test_hand_broken_orders_of_copies_are_refused():
     x = round_robin("1f1b_rr", (2, 1), 4)
     orders = [list(o) for o in x.orders]
     # copy 0 of stage 0 runs micro-batch 2's forward before micro-batch 0's: its channel to stage 1 is out of order
-    a, b = orders[0].index(next(s for s in orders[0] if s.micro_batch == 0)), \
-        orders[0].index(next(s for s in orders[0] if s.micro_batch == 2))
+    a, b = (
+        orders[0].index(next(s for s in orders[0] if s.micro_batch == 0)),
+        orders[0].index(next(s for s in orders[0] if s.micro_batch == 2)),
+    )
     orders[0][a], orders[0][b] = orders[0][b], orders[0][a]
     with pytest.raises(ScheduleError):
         validate_ranks(RankSchedule("broken", 2, 4, tuple(map(tuple, orders)), x.placement))
@@ -73,19 +76,35 @@ def test_a_layout_of_copies_that_breaks_a_rule_is_refused_with_the_fix():
     assert "one count per stage" in check_copies(layout, (3,), 8)
     assert "at least 3 micro-batches" in round_robin_constraint((3, 1), 2)
     assert check_copies(layout, (3, 1), 8) == ""
-    assert canonical_copies(8, 1) == 8 and canonical_copies(8, 4) == 2 and canonical_copies(6, 4) == 3 \
+    assert (
+        canonical_copies(8, 1) == 8
+        and canonical_copies(8, 4) == 2
+        and canonical_copies(6, 4) == 3
         and canonical_copies(4, 8) == 1
+    )
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["strategy.schedule=1f1b_rr", "strategy.copies=[2,1]", "strategy.replicas=[3,1]"], "use one of [1, 3]"),
-    (["strategy.schedule=1f1b_rr", "strategy.copies=[4,1]", "strategy.replicas=[3,1]"], "use one of [1, 3]"),
-    (["strategy.schedule=1f1b", "strategy.copies=[2,1]", "strategy.replicas=[2,2]"], "strategy.copies"),
-    (["strategy.schedule=1f1b_rr", "strategy.copies=[3,1]", "strategy.replicas=[3,1]",
-      "strategy.num_micro_batches=2", "global_batch_size=4"], "at least 3 micro-batches"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["strategy.schedule=1f1b_rr", "strategy.copies=[2,1]", "strategy.replicas=[3,1]"], "use one of [1, 3]"),
+        (["strategy.schedule=1f1b_rr", "strategy.copies=[4,1]", "strategy.replicas=[3,1]"], "use one of [1, 3]"),
+        (["strategy.schedule=1f1b", "strategy.copies=[2,1]", "strategy.replicas=[2,2]"], "strategy.copies"),
+        (
+            [
+                "strategy.schedule=1f1b_rr",
+                "strategy.copies=[3,1]",
+                "strategy.replicas=[3,1]",
+                "strategy.num_micro_batches=2",
+                "global_batch_size=4",
+            ],
+            "at least 3 micro-batches",
+        ),
+    ],
+)
 def test_a_fixed_layout_of_copies_that_breaks_a_rule_is_refused_with_the_fix(compose_cfg, overrides, needle):
     from dapple_launch.plan_config import plan_from_config
+
     cfg = compose_cfg(["strategy=fixed", "strategy.stages=2", "global_batch_size=8", *overrides])
     with pytest.raises(ValueError, match=re.escape(needle)):
         plan_from_config(cfg)
@@ -94,9 +113,19 @@ def test_a_fixed_layout_of_copies_that_breaks_a_rule_is_refused_with_the_fix(com
 def test_a_fixed_layout_of_copies_plans_and_round_trips(compose_cfg):
     from dapple_launch.plan_config import plan_from_config
     from dapple_launch.planner.plan import Plan
-    plan = plan_from_config(compose_cfg(["strategy=fixed", "strategy.stages=2", "strategy.replicas=[3,1]",
-                                         "strategy.schedule=zb_h1_rr", "strategy.num_micro_batches=8",
-                                         "global_batch_size=8"]))
+
+    plan = plan_from_config(
+        compose_cfg(
+            [
+                "strategy=fixed",
+                "strategy.stages=2",
+                "strategy.replicas=[3,1]",
+                "strategy.schedule=zb_h1_rr",
+                "strategy.num_micro_batches=8",
+                "global_batch_size=8",
+            ]
+        )
+    )
     assert plan.schedule == "zb_h1_rr" and [s.copies for s in plan.stages] == [3, 1]
     assert Plan.from_json(plan.to_json()) == plan
     assert [o["devices"] for o in plan.to_dict()["orders"]] == [[0], [1], [2], [3]]
@@ -122,8 +151,9 @@ def test_the_closed_forms_of_copies_stay_below_the_simulator():
                 continue
             for family, depth in itertools.product(("1f1b_rr", "zb_h1_rr"), (1, 3)):
                 c = evaluate_rr(profile, topo, layout, copies, b, G // b, Limits(), family, depth)
-                assert compute_floor(profile, topo, G, (*cuts, profile.num_layers), tuple(replicas), b) \
-                    <= c.iteration_s * (1 + 1e-9)
+                assert compute_floor(
+                    profile, topo, G, (*cuts, profile.num_layers), tuple(replicas), b
+                ) <= c.iteration_s * (1 + 1e-9)
                 assert granularity_bound(profile, topo, G, b, {}) <= c.iteration_s * (1 + 1e-9)
                 orders = round_robin(family, copies, G // b, c.warmup)
                 assert busiest_rank_s(orders, c.costs) <= c.iteration_s * (1 + 1e-9)

@@ -1,4 +1,5 @@
 """Pure tier: schedules as data, their validator and their simulator."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -62,9 +63,16 @@ def test_unmatched_send_is_rejected():
 def test_deadlock_is_detected_and_marked():
     # Stage 0 waits for gradient 1 before sending activation 1: both stages wait forever.
     s = one_f_one_b(2, 2)
-    acts = [Action(Kind.FORWARD, 0), Action(Kind.SEND_ACTIVATION, 0), Action(Kind.RECV_GRADIENT, 1),
-            Action(Kind.FORWARD, 1), Action(Kind.RECV_GRADIENT, 0), Action(Kind.BACKWARD, 0),
-            Action(Kind.SEND_ACTIVATION, 1), Action(Kind.BACKWARD, 1)]
+    acts = [
+        Action(Kind.FORWARD, 0),
+        Action(Kind.SEND_ACTIVATION, 0),
+        Action(Kind.RECV_GRADIENT, 1),
+        Action(Kind.FORWARD, 1),
+        Action(Kind.RECV_GRADIENT, 0),
+        Action(Kind.BACKWARD, 0),
+        Action(Kind.SEND_ACTIVATION, 1),
+        Action(Kind.BACKWARD, 1),
+    ]
     with pytest.raises(ScheduleError) as e:
         validate(_break(s, 0, acts))
     assert "deadlocks" in str(e.value) and ">RG1<" in str(e.value)
@@ -105,6 +113,7 @@ def test_communication_delays_the_receiver():
 
 def test_deeper_warmup_keeps_a_multiple_of_dapples_in_flight_count():
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
     assert deeper_warmup(4, 16, 1) == (3, 2, 1, 0)  # DAPPLE's minimum: S - s - 1
     assert deeper_warmup(4, 16, 2) == (7, 5, 3, 0)  # twice the in-flight micro-batches, the last stage as before
     assert deeper_warmup(4, 6, 3) == (5, 5, 5, 0)  # capped: at most every micro-batch in flight
@@ -119,6 +128,7 @@ def test_a_deeper_warmup_hides_a_slow_link_on_the_steady_cycle():
     """With transfers as long as a forward, DAPPLE's minimal warm-up leaves each stage waiting for
     the gradient's round trip; twice the in-flight micro-batches keep it busy (less idle time)."""
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
     costs = [StageCosts(1.0, 2.0, 1.0, 1.0 if s else 0.0) for s in range(4)]
     costs[-1] = StageCosts(1.0, 2.0, 0.0, 1.0)
     minimal = simulate(one_f_one_b(4, 16), costs).iteration_s
@@ -126,9 +136,14 @@ def test_a_deeper_warmup_hides_a_slow_link_on_the_steady_cycle():
     assert deeper < 0.9 * minimal
 
 
-@pytest.mark.parametrize("warmup,rule", [((1, 2, 0), "never fewer than the next stage"),
-                                          ((1, 1, 0), "between min(S - s - 1, M) and M"),
-                                          ((9, 1, 0), "between min(S - s - 1, M) and M")])
+@pytest.mark.parametrize(
+    "warmup,rule",
+    [
+        ((1, 2, 0), "never fewer than the next stage"),
+        ((1, 1, 0), "between min(S - s - 1, M) and M"),
+        ((9, 1, 0), "between min(S - s - 1, M) and M"),
+    ],
+)
 def test_an_invalid_warmup_is_refused_with_the_rule(warmup, rule):
     with pytest.raises(ValueError, match=r"1F1B warm-up .* is not valid for 3 stages and 8 micro-batches") as e:
         one_f_one_b(3, 8, warmup)
@@ -144,15 +159,30 @@ def test_the_planners_iteration_time_equals_the_simulator(seed):
 
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
     from dapple_launch.schedule.simulate import iteration_time
+
     rng = random.Random(seed)
     for _ in range(60):
         S, M = rng.randint(1, 7), rng.randint(1, 14)
         sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
-        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
-                            rng.choice([0.0, rng.uniform(0, 5)])) for s in range(S)]
+        costs = [
+            StageCosts(
+                rng.uniform(0.1, 2),
+                rng.uniform(0.1, 3),
+                sends[s],
+                sends[s - 1] if s else 0.0,
+                rng.choice([0.0, rng.uniform(0, 5)]),
+            )
+            for s in range(S)
+        ]
         costs = [replace(c, weight_grad_s=rng.choice([None, c.backward_s * rng.uniform(0, 1)])) for c in costs]
-        costs = [replace(c, allreduce_after_b_s=rng.uniform(0, c.allreduce_s), allreduce_after_w_s=rng.uniform(
-            0, c.allreduce_s)) if rng.random() < 0.5 else c for c in costs]  # buckets overlapping the last B or W
+        costs = [
+            replace(
+                c, allreduce_after_b_s=rng.uniform(0, c.allreduce_s), allreduce_after_w_s=rng.uniform(0, c.allreduce_s)
+            )
+            if rng.random() < 0.5
+            else c
+            for c in costs
+        ]  # buckets overlapping the last B or W
         schedules = [gpipe(S, M), zb_h1(S, M)] + [one_f_one_b(S, M, deeper_warmup(S, M, d)) for d in (1, 2, 3)]
         for schedule in schedules:
             compute = [[a for a in actions if a.kind.is_compute] for actions in schedule.stage_actions]
@@ -168,13 +198,22 @@ def test_a_cutoff_stops_only_a_candidate_slower_than_it(seed):
     import random
 
     from dapple_launch.schedule.simulate import encode_orders, orders_time
+
     rng = random.Random(seed)
     stopped = 0
     for _ in range(80):
         S, M = rng.randint(1, 6), rng.randint(1, 12)
         sends = [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(S - 1)] + [0.0]
-        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), sends[s], sends[s - 1] if s else 0.0,
-                            rng.choice([0.0, rng.uniform(0, 5)])) for s in range(S)]
+        costs = [
+            StageCosts(
+                rng.uniform(0.1, 2),
+                rng.uniform(0.1, 3),
+                sends[s],
+                sends[s - 1] if s else 0.0,
+                rng.choice([0.0, rng.uniform(0, 5)]),
+            )
+            for s in range(S)
+        ]
         for schedule in (gpipe(S, M), zb_h1(S, M), one_f_one_b(S, M)):
             orders = encode_orders([[a for a in actions if a.kind.is_compute] for actions in schedule.stage_actions])
             exact = orders_time(orders, costs, M)
@@ -189,6 +228,7 @@ def test_a_cutoff_stops_only_a_candidate_slower_than_it(seed):
 
 def test_deeper_warmup_with_fewer_micro_batches_than_stages_is_a_valid_schedule():
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
     for depth in (1, 2, 4):
         validate(one_f_one_b(5, 2, deeper_warmup(5, 2, depth)))  # every stage but the last: all forwards first
 
@@ -214,15 +254,20 @@ def reversed_backwards(stages: int, micro_batches: int) -> Schedule:
     """GPipe whose every stage runs its backwards last micro-batch first: a hand-made order whose
     transfers are still received in the order they are sent (the runtime test runs it)."""
     from dapple_launch.schedule.actions import with_communication
-    compute = [[Action(Kind.FORWARD, m) for m in range(micro_batches)]
-               + [Action(Kind.BACKWARD, m) for m in reversed(range(micro_batches))] for _ in range(stages)]
+
+    compute = [
+        [Action(Kind.FORWARD, m) for m in range(micro_batches)]
+        + [Action(Kind.BACKWARD, m) for m in reversed(range(micro_batches))]
+        for _ in range(stages)
+    ]
     return with_communication("reversed-gpipe", compute, micro_batches)
 
 
 def test_a_hand_made_order_that_keeps_transfers_in_order_is_valid():
     validate(reversed_backwards(3, 4))
     assert simulate(reversed_backwards(3, 4), [StageCosts(1.0, 2.0)] * 3).iteration_s == pytest.approx(
-        simulate(gpipe(3, 4), [StageCosts(1.0, 2.0)] * 3).iteration_s)
+        simulate(gpipe(3, 4), [StageCosts(1.0, 2.0)] * 3).iteration_s
+    )
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb_h1", "interleaved_1f1b", "zbv", "chimera"])
@@ -236,6 +281,7 @@ def test_the_runtimes_cost_per_action_is_paid_once_by_every_compute_action(name)
     from dapple_launch.schedule import SPLIT_BACKWARD, build_rank_schedule, build_schedule
     from dapple_launch.schedule.rank_simulate import simulate_ranks
     from dapple_launch.schedule.simulate import encode_orders, orders_time
+
     rng = random.Random(name)
     split = name in SPLIT_BACKWARD
     for _ in range(10):
@@ -243,14 +289,31 @@ def test_the_runtimes_cost_per_action_is_paid_once_by_every_compute_action(name)
         chunks = 2 if name in ("interleaved_1f1b", "zbv") else 1
         S = P * chunks
         M = P * rng.randint(1, 3)
-        costs = [StageCosts(rng.uniform(0.1, 2), rng.uniform(0.1, 3), rng.uniform(0, 0.3), rng.uniform(0, 0.3),
-                            rng.choice([0.0, rng.uniform(0, 2)]), weight_grad_s=rng.choice([None, 0.4])) for _ in range(S)]
+        costs = [
+            StageCosts(
+                rng.uniform(0.1, 2),
+                rng.uniform(0.1, 3),
+                rng.uniform(0, 0.3),
+                rng.uniform(0, 0.3),
+                rng.choice([0.0, rng.uniform(0, 2)]),
+                weight_grad_s=rng.choice([None, 0.4]),
+            )
+            for _ in range(S)
+        ]
         paid = [replace(c, action_s=a) for c in costs]
-        folded = [replace(c, forward_s=c.forward_s + a, backward_s=c.backward_s + (2 * a if split else a),
-                          weight_grad_s=(c.weight_s + a) if split else c.weight_grad_s) for c in costs]
+        folded = [
+            replace(
+                c,
+                forward_s=c.forward_s + a,
+                backward_s=c.backward_s + (2 * a if split else a),
+                weight_grad_s=(c.weight_s + a) if split else c.weight_grad_s,
+            )
+            for c in costs
+        ]
         ranks = build_rank_schedule(name, P, M, chunks)
         assert simulate_ranks(ranks, paid, record=False).iteration_s == pytest.approx(
-            simulate_ranks(ranks, folded, record=False).iteration_s, rel=1e-12)
+            simulate_ranks(ranks, folded, record=False).iteration_s, rel=1e-12
+        )
         if name in ("gpipe", "1f1b", "zb_h1"):
             schedule = build_schedule(name, S, M)
             orders = encode_orders([[x for x in acts if x.kind.is_compute] for acts in schedule.stage_actions])

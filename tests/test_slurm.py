@@ -2,6 +2,7 @@
 
 Run with `pytest -m slurm` after `slurm/dev-cluster.sh start`; scripts/test.sh does both.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,20 @@ from .conftest import TINY_GPT, cli
 from .test_cli import losses
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(shutil.which("sbatch") is None, reason="no Slurm here")]
-TWO_TASKS = [*TINY_GPT, "cluster=slurm-dev", "cluster.nodes=1", "cluster.devices_per_node=2", "strategy.replicas=[1]",
-             "trainer.progress_bar=false", "trainer.log_every_n_steps=1", "trainer.val_check_interval=10",
-             "trainer.limit_val_batches=1", "data.num_train=512", "data.num_val=32", "trainer.lr_decay_steps=300"]
+TWO_TASKS = [
+    *TINY_GPT,
+    "cluster=slurm-dev",
+    "cluster.nodes=1",
+    "cluster.devices_per_node=2",
+    "strategy.replicas=[1]",
+    "trainer.progress_bar=false",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=10",
+    "trainer.limit_val_batches=1",
+    "data.num_train=512",
+    "data.num_val=32",
+    "trainer.lr_decay_steps=300",
+]
 
 
 def job_id(stdout: str) -> str:
@@ -49,8 +61,16 @@ def wait_gone(job: str, timeout: float) -> None:
 def test_submitted_pipelined_job_trains_and_checkpoints(tmp_path):
     run = tmp_path / "run dir with 'quotes' and spaces"
     quoted = str(run).replace("\\", "\\\\").replace("'", "\\'")  # Hydra's override grammar
-    out = cli([*TWO_TASKS, "trainer.max_steps=20", "trainer.checkpoint_every_n_steps=10", "launcher.wait=true",
-               f"hydra.run.dir='{quoted}'"], tmp_path)
+    out = cli(
+        [
+            *TWO_TASKS,
+            "trainer.max_steps=20",
+            "trainer.checkpoint_every_n_steps=10",
+            "launcher.wait=true",
+            f"hydra.run.dir='{quoted}'",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "finished" in out.stdout
     job = job_id(out.stdout)
@@ -65,9 +85,20 @@ def test_a_plan_whose_device_groups_hold_several_stages_is_submitted_and_trains(
     """ZB-V: four stages on two tasks, each task holding two stages (what the planner picks for
     model=bert cluster=v100x16): submitted as planned, trained, checkpointed."""
     run = tmp_path / "run"
-    out = cli([*TWO_TASKS, "strategy=fixed", "strategy.schedule=zbv", "strategy.stages=4", "strategy.num_micro_batches=4",
-               "trainer.max_steps=20", "trainer.checkpoint_every_n_steps=10", "launcher.wait=true",
-               f"hydra.run.dir={run}"], tmp_path)
+    out = cli(
+        [
+            *TWO_TASKS,
+            "strategy=fixed",
+            "strategy.schedule=zbv",
+            "strategy.stages=4",
+            "strategy.num_micro_batches=4",
+            "trainer.max_steps=20",
+            "trainer.checkpoint_every_n_steps=10",
+            "launcher.wait=true",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "finished" in out.stdout
     assert json.loads((run / "plan.json").read_text())["schedule"] == "zbv"
@@ -113,8 +144,17 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path)
             break
         time.sleep(1)
     straight = tmp_path / "straight"
-    local = cli([*TWO_TASKS, *steps, "cluster=local", "cluster.devices_per_node=2", "launcher=local",
-                 f"hydra.run.dir={straight}"], tmp_path)
+    local = cli(
+        [
+            *TWO_TASKS,
+            *steps,
+            "cluster=local",
+            "cluster.devices_per_node=2",
+            "launcher=local",
+            f"hydra.run.dir={straight}",
+        ],
+        tmp_path,
+    )
     assert local.returncode == 0, local.stdout + local.stderr
     wait_gone(job, 420)
     log = "".join(p.read_text() for p in (run / "slurm").glob(f"{job}_0_log.*"))
@@ -131,9 +171,19 @@ def test_preempted_job_requeues_resumes_and_ends_with_the_same_weights(tmp_path)
 
 def test_multirun_sweep_is_one_array_with_each_points_overrides(tmp_path):
     sweep = tmp_path / "sweep"
-    out = cli(["-m", "hydra/launcher=dapple_slurm", *TWO_TASKS, "trainer.max_steps=4",
-               "trainer.checkpoint_every_n_steps=4", "strategy.num_micro_batches=2,4", f"hydra.sweep.dir={sweep}"],
-              tmp_path, timeout=600)
+    out = cli(
+        [
+            "-m",
+            "hydra/launcher=dapple_slurm",
+            *TWO_TASKS,
+            "trainer.max_steps=4",
+            "trainer.checkpoint_every_n_steps=4",
+            "strategy.num_micro_batches=2,4",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp_path,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     job_dirs = sorted(d for d in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", d.name))
     assert len(job_dirs) == 2  # array tasks: <array job>_<index>
@@ -145,7 +195,15 @@ def test_multirun_sweep_is_one_array_with_each_points_overrides(tmp_path):
 
 
 def test_time_limit_shorter_than_the_first_checkpoint_warns(tmp_path):
-    out = cli([*TWO_TASKS, "cluster.time_min=1", "trainer.checkpoint_every_n_steps=100000", "launcher.script_only=true",
-               f"hydra.run.dir={tmp_path}/w"], tmp_path)
+    out = cli(
+        [
+            *TWO_TASKS,
+            "cluster.time_min=1",
+            "trainer.checkpoint_every_n_steps=100000",
+            "launcher.script_only=true",
+            f"hydra.run.dir={tmp_path}/w",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "warning: the first checkpoint comes after" in out.stderr and "nothing was submitted" in out.stdout

@@ -1,5 +1,6 @@
 """TeraPipe: token slices inside each sequence. Schedules as data, the model's sliced attention, the
 dynamic programme against enumeration, plans, and pipelined numerics against the reference."""
+
 from __future__ import annotations
 
 import itertools
@@ -23,8 +24,9 @@ from dapple_launch.schedule.terapipe import bounds, slice_scale, terapipe
 from .test_pipeline_numerics import make_plan, tiny_model
 
 
-@pytest.mark.parametrize("S,M,lengths", [(1, 1, (4,)), (2, 1, (3, 5)), (4, 2, (2, 2, 2, 2)), (3, 3, (1, 3, 4)),
-                                         (4, 4, (5, 1, 2))])
+@pytest.mark.parametrize(
+    "S,M,lengths", [(1, 1, (4,)), (2, 1, (3, 5)), (4, 2, (2, 2, 2, 2)), (3, 3, (1, 3, 4)), (4, 4, (5, 1, 2))]
+)
 def test_generated_terapipe_schedules_are_valid(S, M, lengths):
     sched = terapipe(S, M, lengths)
     validate(sched)
@@ -36,12 +38,22 @@ def _broken(order):
     compute = [order, order]
     sched = with_communication("hand", compute, 4)
     from dataclasses import replace
+
     return replace(sched, num_slices=2, slice_lengths=(2, 2))
 
 
 def test_the_validator_refuses_slices_out_of_token_order():
     F, B = Kind.FORWARD, Kind.BACKWARD
-    good = [Action(F, 0), Action(F, 1), Action(F, 2), Action(F, 3), Action(B, 1), Action(B, 0), Action(B, 3), Action(B, 2)]
+    good = [
+        Action(F, 0),
+        Action(F, 1),
+        Action(F, 2),
+        Action(F, 3),
+        Action(B, 1),
+        Action(B, 0),
+        Action(B, 3),
+        Action(B, 2),
+    ]
     validate(_broken(good))
     with pytest.raises(ScheduleError, match="forward of micro-batch 0 slice 1 runs before its slice 0"):
         validate(_broken([Action(F, 1), Action(F, 0), *good[2:]]))
@@ -90,6 +102,7 @@ def test_only_models_that_declare_slicing_support_it():
 def test_the_dynamic_programme_equals_exhaustive_enumeration(L, grid, S, M):
     """Under the same slice cost function, the programme's best slicing is the best of every
     composition of the sequence on the grid."""
+
     def t(length, context):  # attention-heavy: later tokens cost more
         return 1e-3 * length + 2e-4 * length * (2 * context + length)
 
@@ -117,8 +130,11 @@ def test_a_fixed_plan_with_slices_and_the_planners_choice():
     sliced = fixed_plan(profile, topo, 2, 4, [1], 1, Limits(token_slices=(32, 16, 16)))
     assert sliced.schedule == "terapipe" and sliced.token_slices == (32, 16, 16)
     d = json.loads(sliced.to_json())
-    assert d["token_slices"] == [32, 16, 16] and d["orders"][0]["actions"][:3] == [["F", 0, 0, 0], ["F", 0, 0, 1],
-                                                                                     ["F", 0, 0, 2]]
+    assert d["token_slices"] == [32, 16, 16] and d["orders"][0]["actions"][:3] == [
+        ["F", 0, 0, 0],
+        ["F", 0, 0, 1],
+        ["F", 0, 0, 2],
+    ]
     assert Plan.from_json(sliced.to_json()) == sliced
     assert sliced.estimate.iteration_s < plain.estimate.iteration_s  # 4 stages, one sequence: slices fill them
     chosen = fixed_plan(profile, topo, 2, 4, [1], 1, Limits(schedule="gpipe", auto_token_slices=True, seq_len=64))
@@ -140,6 +156,7 @@ def _unit_bytes(rank, world, plan_json):
 
     from .saved_bytes import SavedBytes
     from .test_pipeline_numerics import rank_stage, stage_input
+
     plan, model, grid, stage, replica, local = rank_stage(rank, plan_json)
     a = plan.stages[stage].layers[0]
     M, lengths = plan.num_micro_batches, plan.token_slices
@@ -151,19 +168,24 @@ def _unit_bytes(rank, world, plan_json):
         one = SavedBytes(local.parameters())
         with one.hooks():
             for i, (lo, hi) in enumerate(bounds(lengths)):
-                x = batch[0][2 * m:2 * m + 2, lo:hi]
+                x = batch[0][2 * m : 2 * m + 2, lo:hi]
                 with running(TokenSlice(i, lo, hi, cache)):
                     (x,) = stage_input(model, a, x, earlier)
                     before = one.live
                     y = run_layers(local.local_stack(), x)
                     if stage == grid.num_stages - 1:
-                        y = model.slice_loss(y, batch[1][2 * m:2 * m + 2], lo, hi).sum()
+                        y = model.slice_loss(y, batch[1][2 * m : 2 * m + 2], lo, hi).sum()
                     per_unit.append(one.live - before)
                     kept.append(y)
         del y, cache, kept[:]
     counter = SavedBytes(local.parameters())
-    ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages,
-                       slice_loss_fn=model.slice_loss)
+    ex = StageExecutor(
+        local.local_stack(),
+        model.loss,
+        PointToPoint(grid, stage, replica),
+        grid.num_stages,
+        slice_loss_fn=model.slice_loss,
+    )
     with counter.hooks():
         ex.run(plan.build_schedule(), batch)
     return {"stage": stage, "peak": counter.peak, "units": per_unit}
@@ -174,6 +196,7 @@ def test_peak_saved_bytes_with_slices_equal_the_simulators(tmp_path):
     """Counted exactly (saved-tensor hooks, the keys and values later slices attend to included),
     each stage's peak over an iteration equals the simulator's, fed each unit's bytes."""
     from .multiproc import run_ranks
+
     model = tiny_model()
     plan = make_plan(model, (1, 1), "gpipe", 2, 4, token_slices=(3, 5))
     results = sorted(run_ranks(2, _unit_bytes, (plan.to_json(),), tmp_path), key=lambda r: r["stage"])
@@ -187,6 +210,7 @@ def test_the_predicted_timeline_of_a_sliced_plan_is_its_estimate():
     """plan.json carries each stage's slice shares: the timeline's simulation (and any outside tool's)
     reproduces the plan's sliced estimate; events are labelled micro-batch.slice."""
     from dapple_launch.runtime.timeline import predicted
+
     model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=32, vocab_size=40)
     topo = Topology("t", 1, 4, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
     profile = analytic_profile(model, 2, topo.device_tflops, "cpu")
@@ -203,6 +227,7 @@ def test_the_measuring_profiler_measures_how_slices_grow_with_context():
     context: attention blocks keep more for a later slice (the context's keys and values), the
     embedding and the head do not; a model without slicing gets no shares."""
     from dapple_launch.profile.measure import measure_profile
+
     model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=32, vocab_size=40)
     profile = measure_profile(model, 2, repeats=1, use_cache=False)
     blocks = [x for x in profile.layers if x.name.startswith("block")]

@@ -1,4 +1,5 @@
 """The timeline picture and numbers (pure): built from recorded events and the plan's own costs."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -15,8 +16,9 @@ from dapple_launch.schedule import build_schedule
 def _plan(schedule="1f1b"):
     model = build_model("gpt", "tiny", num_layers=4, hidden=32, heads=2, seq_len=8, vocab_size=40)
     topo = Topology("t", 1, 3, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
-    return fixed_plan(analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 8, 2, [2, 1], 4,
-                      Limits(schedule=schedule))
+    return fixed_plan(
+        analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 8, 2, [2, 1], 4, Limits(schedule=schedule)
+    )
 
 
 def _recorded(plan, t0=1000.0, step_s=0.01):
@@ -46,6 +48,7 @@ def test_timeline_numbers_and_picture(tmp_path):
     assert abs(pred["iteration_s"] - plan.estimate.simulated_iteration_s) < 1e-12
     json_path, svg_path = write_timeline(tmp_path, plan, its)
     import json
+
     data = json.loads(json_path.read_text())
     assert data["shown_step"] == 3 and data["measured_median_iteration_s"] == its[1]["iteration_s"]
     assert data["predicted_error"] == (pred["iteration_s"] - its[1]["iteration_s"]) / its[1]["iteration_s"]
@@ -78,15 +81,20 @@ def test_a_chunked_timeline_shows_each_ranks_stages_and_stays_readable_at_16_mic
     boxes wide enough for it."""
     model = build_model("gpt", "tiny", num_layers=4, hidden=32, heads=2, seq_len=8, vocab_size=40)
     topo = Topology("t", 1, 2, 8e9, 0.05, 1e9, 1e9, device_kind="cpu")
-    plan = fixed_plan(analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 16, 4, [1], 16,
-                      Limits(schedule="zbv"))
+    plan = fixed_plan(
+        analytic_profile(model, 2, topo.device_tflops, "cpu"), topo, 16, 4, [1], 16, Limits(schedule="zbv")
+    )
     grid = ProcessGrid.from_plan(plan)
     schedule = plan.build_schedule()
     per_rank = []
     for rank in range(grid.world_size):  # as the rank executor records: "F3·s2" per compute step
         t = 1000.0
-        per_rank.append([(f"{a.kind.value}{a.micro_batch}·s{a.stage}", t + 0.01 * k, t + 0.01 * (k + 1))
-                         for k, a in enumerate(schedule.orders[rank])])
+        per_rank.append(
+            [
+                (f"{a.kind.value}{a.micro_batch}·s{a.stage}", t + 0.01 * k, t + 0.01 * (k + 1))
+                for k, a in enumerate(schedule.orders[rank])
+            ]
+        )
     its = [measured_iteration(step, per_rank, grid) for step in (1, 2, 3)]
     assert [r["stages"] for r in its[0]["ranks"]] == [[0, 3], [1, 2]]
     pred = predicted(plan)
@@ -101,7 +109,10 @@ def test_a_chunked_timeline_shows_each_ranks_stages_and_stays_readable_at_16_mic
         shades = [r.get("fill-opacity") for r in rects if r.get("fill") == COLOURS[kind] and r.get("fill-opacity")]
         assert shades.count("1") == shades.count("0.65") == drawn // 2  # the rank's first and later stage
     assert "stages 0,3" in ET.tostring(root, encoding="unicode")
-    boxes = {round(float(r.get("x")) + float(r.get("width")) / 2, 2): float(r.get("width")) for r in rects
-             if r.get("fill-opacity")}
+    boxes = {
+        round(float(r.get("x")) + float(r.get("width")) / 2, 2): float(r.get("width"))
+        for r in rects
+        if r.get("fill-opacity")
+    }
     labels = [t for t in root.iter(f"{ns}text") if t.get("class") == "mb"]
     assert labels and all(boxes[float(t.get("x"))] >= 6 + 6 * len(t.text) for t in labels)

@@ -2,6 +2,7 @@
 and run the tool from a directory outside the checkout: a dry run of a shipped profile and
 recipe, the `dapple-launch` command, and a few training steps of the default job and of the
 custom-model recipe on a text file. Marked `wheel` (it installs packages: about a minute)."""
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,17 @@ def test_the_wheel_installs_and_runs_from_anywhere(tmp_path):
     for name in tracked:
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, src / name, follow_symlinks=False)
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-        tmp_path)
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
+        tmp_path,
+    )
     (wheel,) = dist.glob("dapple_launch-*.whl")
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     py = venv / "bin" / "python"
     # torch first, pinned to the version this machine holds (the range would pull a CUDA build)
     import torch
+
     run([str(py), "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"], tmp_path)
     run([str(py), "-m", "pip", "install", "-q", str(wheel)], tmp_path)
     away = tmp_path / "elsewhere"
@@ -49,24 +53,74 @@ def test_the_wheel_installs_and_runs_from_anywhere(tmp_path):
     # nothing of the checkout is on the path: the package is the installed one
     out = run([str(py), "-c", "import dapple_launch, sys; print(dapple_launch.__file__)"], away)
     assert str(venv) in out.stdout and str(ROOT) not in out.stdout
-    out = run([str(venv / "bin" / "dapple-launch"), "model=from_profile", "model.profile=bert-48-pbs-2",
-               "cluster=v100x16", "global_batch_size=128", "strategy=auto", "dry_run=true", "hydra.run.dir=p"], away)
+    out = run(
+        [
+            str(venv / "bin" / "dapple-launch"),
+            "model=from_profile",
+            "model.profile=bert-48-pbs-2",
+            "cluster=v100x16",
+            "global_batch_size=128",
+            "strategy=auto",
+            "dry_run=true",
+            "hydra.run.dir=p",
+        ],
+        away,
+    )
     assert json.loads((away / "p" / "plan.json").read_text())["stages"]
     # a shipped recipe, with GPT-2 token ids to read (enough windows for its global batch of 512)
     ids = away / "ids.bin"
-    run([str(py), "-c", "import numpy as np; np.random.default_rng(0).integers(1, 50257, 540 * 1024 + 1, "
-         f"dtype=np.uint16).tofile({str(ids)!r})"], away)
-    run([str(py), "-m", "dapple_launch", "+recipe=gpt2-medium-a100x64", f"data.path={ids}", "dry_run=true",
-         "hydra.run.dir=g"], away)
+    run(
+        [
+            str(py),
+            "-c",
+            "import numpy as np; np.random.default_rng(0).integers(1, 50257, 540 * 1024 + 1, "
+            f"dtype=np.uint16).tofile({str(ids)!r})",
+        ],
+        away,
+    )
+    run(
+        [
+            str(py),
+            "-m",
+            "dapple_launch",
+            "+recipe=gpt2-medium-a100x64",
+            f"data.path={ids}",
+            "dry_run=true",
+            "hydra.run.dir=g",
+        ],
+        away,
+    )
     assert json.loads((away / "g" / "plan.json").read_text())["cluster"] == "a100x64"
-    fast = ["model.num_layers=2", "model.hidden=32", "model.heads=2", "model.seq_len=16", "trainer.max_steps=2",
-            "trainer.progress_bar=false", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
-            "trainer.checkpoint_every_n_steps=2", "data.num_train=64", "data.num_val=16"]
+    fast = [
+        "model.num_layers=2",
+        "model.hidden=32",
+        "model.heads=2",
+        "model.seq_len=16",
+        "trainer.max_steps=2",
+        "trainer.progress_bar=false",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "trainer.checkpoint_every_n_steps=2",
+        "data.num_train=64",
+        "data.num_val=16",
+    ]
     out = run([str(py), "-m", "dapple_launch", *fast, "hydra.run.dir=train"], away)
     assert "done: steps 0..2" in out.stdout
     assert (away / "train" / "checkpoints" / "step000002.ckpt" / "COMPLETE").is_file()
-    out = run([str(py), "-m", "dapple_launch", "+recipe=your-model-your-text", f"data.path={LICENSE}",
-               "trainer.max_steps=2", "trainer.progress_bar=false", "trainer.val_check_interval=2",
-               "trainer.limit_val_batches=1", "trainer.checkpoint_every_n_steps=2", "hydra.run.dir=mine"], away)
+    out = run(
+        [
+            str(py),
+            "-m",
+            "dapple_launch",
+            "+recipe=your-model-your-text",
+            f"data.path={LICENSE}",
+            "trainer.max_steps=2",
+            "trainer.progress_bar=false",
+            "trainer.val_check_interval=2",
+            "trainer.limit_val_batches=1",
+            "trainer.checkpoint_every_n_steps=2",
+            "hydra.run.dir=mine",
+        ],
+        away,
+    )
     assert (away / "mine" / "checkpoints" / "step000002.ckpt" / "COMPLETE").is_file()
-

@@ -1,5 +1,6 @@
 """Pure tier: ZB-H1 as data (validator, simulator, memory), the plan's `orders`, and the planner's
 choice of schedule."""
+
 from __future__ import annotations
 
 import json
@@ -66,23 +67,36 @@ def _swap(a, b):
         i, j = acts.index(a), acts.index(b)
         acts[i], acts[j] = acts[j], acts[i]
         return acts
+
     return edit
 
 
-@pytest.mark.parametrize("broken,rule", [
-    (lambda s: _edit(s, 1, _swap(Action(Kind.INPUT_GRAD, 2), Action(Kind.WEIGHT_GRAD, 2))),
-     "weight gradient 2 (W) runs before its input gradient (I)"),
-    (lambda s: _edit(s, 2, lambda a: [x for x in a if x != Action(Kind.WEIGHT_GRAD, 3)]),
-     "weight gradient 3 (W) never runs"),
-    (lambda s: _edit(s, 3, lambda a: a + [Action(Kind.BACKWARD, 0)]),
-     "both a whole backward (B) and a split one"),
-    (lambda s: _edit(s, 1, _swap(Action(Kind.FORWARD, 0), Action(Kind.INPUT_GRAD, 0))),
-     "input grad 0 runs before forward 0"),
-    (lambda s: _edit(s, 1, _swap(Action(Kind.RECV_GRADIENT, 1), Action(Kind.INPUT_GRAD, 1))),
-     "backward 1 runs before its gradient is received"),
-    (lambda s: _edit(s, 1, _swap(Action(Kind.INPUT_GRAD, 1), Action(Kind.SEND_GRADIENT, 1))),
-     "gradient 1 is sent before it is computed"),
-])
+@pytest.mark.parametrize(
+    "broken,rule",
+    [
+        (
+            lambda s: _edit(s, 1, _swap(Action(Kind.INPUT_GRAD, 2), Action(Kind.WEIGHT_GRAD, 2))),
+            "weight gradient 2 (W) runs before its input gradient (I)",
+        ),
+        (
+            lambda s: _edit(s, 2, lambda a: [x for x in a if x != Action(Kind.WEIGHT_GRAD, 3)]),
+            "weight gradient 3 (W) never runs",
+        ),
+        (lambda s: _edit(s, 3, lambda a: a + [Action(Kind.BACKWARD, 0)]), "both a whole backward (B) and a split one"),
+        (
+            lambda s: _edit(s, 1, _swap(Action(Kind.FORWARD, 0), Action(Kind.INPUT_GRAD, 0))),
+            "input grad 0 runs before forward 0",
+        ),
+        (
+            lambda s: _edit(s, 1, _swap(Action(Kind.RECV_GRADIENT, 1), Action(Kind.INPUT_GRAD, 1))),
+            "backward 1 runs before its gradient is received",
+        ),
+        (
+            lambda s: _edit(s, 1, _swap(Action(Kind.INPUT_GRAD, 1), Action(Kind.SEND_GRADIENT, 1))),
+            "gradient 1 is sent before it is computed",
+        ),
+    ],
+)
 def test_hand_broken_zero_bubble_schedules_are_refused_with_the_rule(broken, rule):
     schedule = zb_h1(4, 6)
     validate(schedule)
@@ -93,6 +107,7 @@ def test_hand_broken_zero_bubble_schedules_are_refused_with_the_rule(broken, rul
 
 def _plan(schedule="zb_h1", replicas=(1, 2, 1), M=6, seed=3):
     from dapple_launch.planner import fixed_plan
+
     rng = random.Random(seed)
     profile = random_profile(rng, 6)
     topo = Topology("t", 1, sum(replicas), 8e9, 10, 20e9, 5e9)
@@ -137,8 +152,16 @@ def test_a_plan_whose_orders_were_left_stale_is_refused():
 def _instance(seed):
     rng = random.Random(seed)
     nodes, per_node = rng.choice([(1, 4), (2, 2), (1, 6), (2, 3)])
-    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
-                    inter_node_allreduce_bandwidth=3e9)
+    topo = Topology(
+        "t",
+        nodes,
+        per_node,
+        rng.choice([2e9, 8e9]),
+        10,
+        20e9,
+        rng.choice([1e9, 5e9]),
+        inter_node_allreduce_bandwidth=3e9,
+    )
     return random_profile(rng, rng.choice([4, 5, 6])), topo, rng.choice([8, 12, 16])
 
 
@@ -164,6 +187,7 @@ def test_zero_bubble_alone_is_refused_when_none_of_the_kept_layouts_fits():
     """ZB-H1 keeps S micro-batches on every stage: where only 1F1B's S - s fit, asking for ZB-H1 alone
     names the layout that fits under 1F1B and the fix."""
     from dapple_launch.profile import LayerProfile, chain
+
     # 1 GB of weights and optimizer state per layer (no device holds all four); the last layer keeps
     # 1.5 GB per sample: under 1F1B its stage holds one sample, under ZB-H1 as many as there are stages
     layers = [LayerProfile(f"l{i}", 1e-3, 2e-3, 1e7, 2.5e8, saved_bytes=1.5e9 if i == 3 else 1e7) for i in range(4)]
@@ -180,6 +204,7 @@ def test_a_deeper_zero_bubble_warmup_is_valid_and_keeps_what_the_cost_model_char
     peak the simulator counts is the cost model's in_flight (warm-up + 1 + the s held-back W's)."""
     from dapple_launch.planner.cost import in_flight
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
     for S in range(1, 7):
         for M in range(S, 3 * S + 2):
             for depth in (1, 2, 3):
@@ -194,6 +219,7 @@ def test_a_deeper_zero_bubble_warmup_is_valid_and_keeps_what_the_cost_model_char
 def test_a_deeper_warmup_hides_a_slow_link_for_zero_bubble_too():
     """Slow links on the steady cycle: ZB-H1 at twice the minimal warm-up beats its minimal one."""
     from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
     S, M = 4, 16
     costs = [StageCosts(1.0, 2.0, 1.5, 1.5 if s else 0.0) for s in range(S)]
     shallow = simulate(zb_h1(S, M), costs).iteration_s
@@ -208,7 +234,10 @@ def test_a_measured_weight_share_sets_each_stages_split_and_the_first_stage_is_a
 
     from dapple_launch.planner.cost import StageSpec, stage_costs
     from dapple_launch.profile import LayerProfile, chain
-    layers = [LayerProfile(f"l{i}", 1e-3, 4e-3, 1e6, 1e6, weight_grad_s=w) for i, w in enumerate([1e-3, 3e-3, 1e-3, 2e-3])]
+
+    layers = [
+        LayerProfile(f"l{i}", 1e-3, 4e-3, 1e6, 1e6, weight_grad_s=w) for i, w in enumerate([1e-3, 3e-3, 1e-3, 2e-3])
+    ]
     profile = chain("m", layers, batch_size=2)
     topo = Topology("t", 1, 2, 8e9, 10, 20e9, 5e9)
     layout = (StageSpec(0, 2, (0,)), StageSpec(2, 4, (1,)))
@@ -222,6 +251,7 @@ def test_a_measured_weight_share_sets_each_stages_split_and_the_first_stage_is_a
 def test_the_measuring_profiler_times_the_split_backward():
     from dapple_launch.models import build_model
     from dapple_launch.profile.measure import measure_profile
+
     model = build_model("gpt", "tiny", num_layers=2, hidden=32, heads=2, seq_len=8, vocab_size=40)
     profile = measure_profile(model, 2, use_cache=False, repeats=1)
     for layer in profile.layers:
@@ -240,6 +270,7 @@ def brute_force_both(profile, topo, G, limits):
     from dapple_launch.planner.warmup import deeper_depths
 
     from .test_planner import all_layouts
+
     best = math.inf
     for b in divisors(G):
         M = G // b
@@ -259,10 +290,19 @@ def brute_force_both(profile, topo, G, limits):
 @pytest.mark.parametrize("seed", range(16))
 def test_the_planner_equals_the_exhaustive_optimum_over_layouts_and_both_families(seed):
     from dapple_launch.planner.search import search
+
     rng = random.Random(seed)
     nodes, per_node = rng.choice([(1, 4), (2, 2), (2, 3), (3, 2), (1, 6)])
-    topo = Topology("t", nodes, per_node, rng.choice([2e9, 8e9]), 10, 20e9, rng.choice([1e9, 5e9]),
-                    inter_node_allreduce_bandwidth=3e9)
+    topo = Topology(
+        "t",
+        nodes,
+        per_node,
+        rng.choice([2e9, 8e9]),
+        10,
+        20e9,
+        rng.choice([1e9, 5e9]),
+        inter_node_allreduce_bandwidth=3e9,
+    )
     profile = random_profile(rng, rng.choice([3, 4, 5, 6]))
     G = rng.choice([6, 8, 12])
     limits = Limits(schedules=("1f1b", "zb_h1"), max_warmup_depth=rng.choice([1, 2, 4]))
@@ -287,6 +327,7 @@ def test_the_zero_bubble_bound_is_below_every_simulated_plan(seed):
     from dapple_launch.planner.schedules import depths
 
     from .test_planner import all_layouts
+
     rng = random.Random(100 + seed)
     topo = Topology("t", 2, 3, 1e12, 10, 20e9, rng.choice([1e8, 1e9]))
     profile = random_profile(rng, 5)
@@ -298,8 +339,16 @@ def test_the_zero_bubble_bound_is_below_every_simulated_plan(seed):
         reach, bound = 0.0, 0.0
         for s, c in enumerate(costs):
             # of the all-reduce, what its buckets cannot hide under the last backward (branch.py)
-            bound = max(bound, reach + M * (c.forward_s + c.backward_s) + max(0.0, topo.allreduce_s(
-                layout[s].devices, profile.span(layout[s].start, layout[s].stop)[3]) - c.backward_s))
+            bound = max(
+                bound,
+                reach
+                + M * (c.forward_s + c.backward_s)
+                + max(
+                    0.0,
+                    topo.allreduce_s(layout[s].devices, profile.span(layout[s].start, layout[s].stop)[3])
+                    - c.backward_s,
+                ),
+            )
             reach += c.forward_s + c.send_activation_s
         for depth, _ in depths(len(layout), M, Limits(max_warmup_depth=3)):
             for family in ("zb_h1", "1f1b"):

@@ -6,6 +6,7 @@ fails with its full path. Each section checks its values in `__post_init__`, run
 `check_values` before any process starts. `plan: ${dapple_plan:}` in conf/config.yaml calls the
 planner so `--cfg job --resolve` shows the plan.
 """
+
 from .checks import check_schema, check_values, kind_hint, schema_of, unknown_key_message
 from .choices import (
     CONF_DIR,

@@ -1,5 +1,6 @@
 """The checks a composed config passes before anything runs: its keys against the schema of each
 section's kind (check_schema), and every section's values (check_values), each a one-line refusal."""
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -18,8 +19,9 @@ def schema_of(section: str, node: DictConfig) -> type:
     if section in SECTION_SCHEMAS:  # a config read back from config.yaml: the kind names the schema
         key = "kind" if section == "data" else "name"
         return SECTION_SCHEMAS[section][str(node[key])]
-    return {"cluster": ClusterConfig, "trainer": TrainerConfig, "logger": LoggerConfig,
-            "launcher": LauncherConfig}[section]
+    return {"cluster": ClusterConfig, "trainer": TrainerConfig, "logger": LoggerConfig, "launcher": LauncherConfig}[
+        section
+    ]
 
 
 def check_schema(cfg: DictConfig) -> None:
@@ -45,6 +47,7 @@ def check_schema(cfg: DictConfig) -> None:
 def unknown_key_message(key: str, known: list[str], where: str = "", owner: str = "dapple_launch") -> str:
     """`where`: the kinds the key does belong to; `owner`: the kind it was given to (model=gpt)."""
     import difflib
+
     section, _, leaf = key.rpartition(".")
     near = difflib.get_close_matches(leaf, known, n=1)
     hint = f"{where}; " if where else (f"did you mean {section + '.' if section else ''}{near[0]}? " if near else "")
@@ -61,8 +64,10 @@ def kind_hint(section: str, leaf: str, schema: type) -> tuple[str, str]:
     return where, f"{section}={mine}" if mine else "dapple_launch"
 
 
-REQUIRED_HINT = {"model.target": "PACKAGE.MODULE:CALLABLE, a factory that returns a PipelineModel",
-                 "data.path": "the text or token file to train on"}
+REQUIRED_HINT = {
+    "model.target": "PACKAGE.MODULE:CALLABLE, a factory that returns a PipelineModel",
+    "data.path": "the text or token file to train on",
+}
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -77,11 +82,11 @@ def check_values(cfg: DictConfig) -> None:
             kinds = {schema: kind for kind, schema in SECTION_SCHEMAS[key].items()}
             expected = kinds.get(OmegaConf.get_type(node))
             if expected is not None and str(node[field_name]) != expected:
-                raise ValueError(f"{key}.{field_name}={node[field_name]}: the {key} kind is chosen with "
-                                 f"{key}={node[field_name]}, not with {key}.{field_name}")
+                raise ValueError(
+                    f"{key}.{field_name}={node[field_name]}: the {key} kind is chosen with "
+                    f"{key}={node[field_name]}, not with {key}.{field_name}"
+                )
         # resolved where it stands first: a section may point into another (data.tokenizer: ${model.path})
         attached = OmegaConf.create(OmegaConf.to_container(node, resolve=True, throw_on_missing=False))
         OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema_of(key, node)), attached))
     _need(cfg.global_batch_size >= 1, "global_batch_size", cfg.global_batch_size, "must be >= 1")
-
-

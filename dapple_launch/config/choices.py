@@ -1,5 +1,6 @@
 """The configs' vocabulary: every choice an enum (a wrong choice fails at composition with the valid
 ones), the units the configs state, and the one-line value checks the schemas run."""
+
 from __future__ import annotations
 
 import enum
@@ -8,6 +9,8 @@ from pathlib import Path
 GIB = 2**30
 GBPS = 1e9  # the configs state bandwidths in GB/s
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # shipped inside the package (a wheel carries it)
+
+
 class Choice(str, enum.Enum):
     """A config choice: compares, hashes and formats as its name (`Precision["bf16-mixed"] ==
     "bf16-mixed"`), so code reading a typed config and a worker reading config.yaml agree."""
@@ -33,8 +36,18 @@ GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
 BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")
 VGGPreset = choice("VGGPreset", "imagenet", "tiny")
 StrategyName = choice("StrategyName", "auto", "fixed", "file")
-ScheduleName = choice("ScheduleName", "1f1b", "gpipe", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera",
-                      "1f1b_rr", "zb_h1_rr")
+ScheduleName = choice(
+    "ScheduleName",
+    "1f1b",
+    "gpipe",
+    "zb_h1",
+    "interleaved_1f1b",
+    "interleaved_zb",
+    "zbv",
+    "chimera",
+    "1f1b_rr",
+    "zb_h1_rr",
+)
 RecomputeName = choice("RecomputeName", "none", "full", "selective", "auto")
 Objective = choice("Objective", "time", "memory", "pareto")
 DevicesChoice = choice("DevicesChoice", "all", "auto")
@@ -59,5 +72,3 @@ def _positive(section: str, **values) -> None:
     for key, value in values.items():
         if value is not None:
             _need(value >= 1, f"{section}.{key}", value, "must be >= 1")
-
-

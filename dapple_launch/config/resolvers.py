@@ -1,6 +1,7 @@
 """The resolvers the configs interpolate: the plan (`${dapple_plan:}`), what a Slurm allocation holds
 (`${dapple_allocation:KEY}`, cluster=from_slurm), the development Slurm that is up
 (`${dapple_slurm_dev:KEY}`, cluster=slurm-dev) and the GPUs a Slurm job requests."""
+
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
@@ -10,6 +11,7 @@ from .checks import check_schema
 
 def _plan_resolver(*, _root_: DictConfig):
     from ..plan_config import cached_plan
+
     check_schema(_root_)
     # A container (not a dict): OmegaConf.resolve, used by `--cfg job --resolve`, can then put it
     # in place of the Any-typed node.
@@ -24,14 +26,17 @@ def _gpus_per_node(device_kind, devices_per_node):
 def _allocation_value(key):
     """`${dapple_allocation:KEY}`: what cluster=from_slurm reads from the allocation it runs in."""
     from ..allocation import allocation, gpu_memory_gib
+
     a = allocation()
     if key == "device_memory_gib":
         if a.device_kind == "cpu":
             return 4.0
         found = gpu_memory_gib()
         if found is None:
-            raise ValueError(f"job {a.job_id} has {a.gpus_per_node} GPUs per node but nvidia-smi does not say how much "
-                             f"memory each holds here: set cluster.device_memory_gib")
+            raise ValueError(
+                f"job {a.job_id} has {a.gpus_per_node} GPUs per node but nvidia-smi does not say how much "
+                f"memory each holds here: set cluster.device_memory_gib"
+            )
         return found
     return getattr(a, str(key))
 
@@ -39,6 +44,7 @@ def _allocation_value(key):
 def _slurm_dev_value(key):
     """`${dapple_slurm_dev:KEY}`: the development Slurm that is up now (one node of 4 slots if none)."""
     from ..allocation import dev_cluster
+
     return getattr(dev_cluster(), str(key))
 
 
@@ -50,5 +56,3 @@ def register_resolvers() -> None:
     for name, fn in (("dapple_allocation", _allocation_value), ("dapple_slurm_dev", _slurm_dev_value)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
-
-

@@ -1,6 +1,7 @@
 """Typed config schemas (Hydra structured configs): one per section, and one per kind where a
 section has kinds (model families, strategy kinds, data kinds), so a key that belongs to another kind
 fails with its full path. Each checks its values in `__post_init__` (checks.check_values)."""
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,15 @@ class TransformerModelConfig(ModelConfig):
     tie_embeddings: bool = True  # the token embedding and the output projection are one weight (GPT-2)
 
     def __post_init__(self) -> None:
-        _positive("model", num_layers=self.num_layers, hidden=self.hidden, heads=self.heads, seq_len=self.seq_len,
-                  vocab_size=self.vocab_size, ffn_mult=self.ffn_mult)
+        _positive(
+            "model",
+            num_layers=self.num_layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            seq_len=self.seq_len,
+            vocab_size=self.vocab_size,
+            ffn_mult=self.ffn_mult,
+        )
         if self.dropout is not None:
             _need(0 <= self.dropout < 1, "model.dropout", self.dropout, "must be in [0, 1)")
 
@@ -77,6 +85,7 @@ class BERTModelConfig(TransformerModelConfig):
 class LlamaModelConfig(ModelConfig):
     """A Llama-family decoder (models/llama.py): RMSNorm, rotary embeddings, SwiGLU, grouped-query
     attention. Shape fields: None keeps the preset's value."""
+
     name: ModelName = ModelName["llama"]
     preset: LlamaPreset = LlamaPreset["tiny"]
     num_layers: Optional[int] = None
@@ -90,8 +99,16 @@ class LlamaModelConfig(ModelConfig):
     tie_embeddings: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        _positive("model", num_layers=self.num_layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
-                  ffn_hidden=self.ffn_hidden, seq_len=self.seq_len, vocab_size=self.vocab_size)
+        _positive(
+            "model",
+            num_layers=self.num_layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            ffn_hidden=self.ffn_hidden,
+            seq_len=self.seq_len,
+            vocab_size=self.vocab_size,
+        )
 
 
 @dataclass
@@ -104,13 +121,19 @@ class VGGModelConfig(ModelConfig):
     fc_width: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _positive("model", image_size=self.image_size, num_classes=self.num_classes,
-                  width_divisor=self.width_divisor, fc_width=self.fc_width)
+        _positive(
+            "model",
+            image_size=self.image_size,
+            num_classes=self.num_classes,
+            width_divisor=self.width_divisor,
+            fc_width=self.fc_width,
+        )
 
 
 @dataclass
 class FromProfileModelConfig(ModelConfig):
     """A PipeDream/DAPPLE graph text profile, planned only (no layers to train)."""
+
     name: ModelName = ModelName["from_profile"]
     profile: Optional[str] = None  # a path, or a bundled profile's name (bert-48-pbs-2)
     profile_batch_size: Optional[int] = None  # None: a bundled profile's own, or the file name's "-pbs-N"
@@ -128,6 +151,7 @@ class FromProfileModelConfig(ModelConfig):
 @dataclass
 class CustomModelConfig(ModelConfig):
     """Your own PipelineModel: `target` names a factory PACKAGE.MODULE:CALLABLE, called with `args`."""
+
     name: ModelName = ModelName["custom"]
     target: str = MISSING
     args: Any = None  # a mapping of keyword arguments (model.args={hidden:128} or +model.args.hidden=128)
@@ -138,6 +162,7 @@ class HFModelConfig(ModelConfig):
     """Any Hugging Face causal LM from a local directory (models/hf.py): model.path=DIR holds config.json
     and safetensors weights (save_pretrained's layout, sharded or not); or model.config=DIR (a config.json
     only) with init=random, the family's own initialisation."""
+
     name: ModelName = ModelName["hf"]
     path: Optional[str] = None
     config: Optional[str] = None
@@ -148,9 +173,15 @@ class HFModelConfig(ModelConfig):
         _positive("model", seq_len=self.seq_len)
 
 
-MODEL_SCHEMAS = {"gpt": GPTModelConfig, "bert": BERTModelConfig, "vgg19": VGGModelConfig,
-                 "from_profile": FromProfileModelConfig, "custom": CustomModelConfig, "hf": HFModelConfig,
-                 "llama": LlamaModelConfig}
+MODEL_SCHEMAS = {
+    "gpt": GPTModelConfig,
+    "bert": BERTModelConfig,
+    "vgg19": VGGModelConfig,
+    "from_profile": FromProfileModelConfig,
+    "custom": CustomModelConfig,
+    "hf": HFModelConfig,
+    "llama": LlamaModelConfig,
+}
 
 
 # ---- cluster -----------------------------------------------------------------------------------
@@ -191,10 +222,23 @@ class ClusterConfig:
     network_interface: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _positive("cluster", nodes=self.nodes, devices_per_node=self.devices_per_node, time_min=self.time_min,
-                  cpus_per_task=self.cpus_per_task, mem_gb=self.mem_gb)
-        for key in ("device_memory_gib", "device_tflops", "device_tflops_fp32", "intra_node_bandwidth_gbps",
-                    "inter_node_bandwidth_gbps", "intra_node_allreduce_gbps", "inter_node_allreduce_gbps"):
+        _positive(
+            "cluster",
+            nodes=self.nodes,
+            devices_per_node=self.devices_per_node,
+            time_min=self.time_min,
+            cpus_per_task=self.cpus_per_task,
+            mem_gb=self.mem_gb,
+        )
+        for key in (
+            "device_memory_gib",
+            "device_tflops",
+            "device_tflops_fp32",
+            "intra_node_bandwidth_gbps",
+            "inter_node_bandwidth_gbps",
+            "intra_node_allreduce_gbps",
+            "inter_node_allreduce_gbps",
+        ):
             value = getattr(self, key)
             if value is not None:
                 _need(value > 0 and math.isfinite(value), f"cluster.{key}", value, "must be a number > 0")
@@ -213,6 +257,7 @@ class StrategyConfig:
 @dataclass
 class PlannedStrategyConfig(StrategyConfig):
     """What a fixed layout and the planner share: the schedule, the memory model, the profile."""
+
     schedule: ScheduleName = ScheduleName["1f1b"]
     optimizer_factor: float = 4.0  # bytes kept per parameter byte: weight, gradient, Adam m and v
     memory_headroom: float = 0.1  # fraction of device memory kept free (allocator, workspace)
@@ -230,24 +275,38 @@ class PlannedStrategyConfig(StrategyConfig):
         _need(self.optimizer_factor > 0, "strategy.optimizer_factor", self.optimizer_factor, "must be > 0")
         t = self.token_slices
         listed = isinstance(t, (list, tuple)) or OmegaConf.is_list(t)
-        _need(t in ("none", "auto") or (listed and len(t) > 0 and all(isinstance(n, int) and n >= 1 for n in t)),
-              "strategy.token_slices", t, "must be none, auto, or a list of token counts >= 1 summing to the sequence "
-              "length, e.g. [512,256,256]")
-        _need(str(self.recompute) == "selective" or not (self.recompute_layers or self.recompute_counts),
-              "strategy.recompute_layers/recompute_counts", list(self.recompute_layers or self.recompute_counts),
-              f"apply with strategy.recompute=selective only (it is {self.recompute})")
-        _need(str(self.recompute) != "selective" or bool(self.recompute_layers) != bool(self.recompute_counts),
-              "strategy.recompute=selective", [list(self.recompute_layers), list(self.recompute_counts)],
-              "needs exactly one of strategy.recompute_layers=[positions] or strategy.recompute_counts=[per stage]")
+        _need(
+            t in ("none", "auto") or (listed and len(t) > 0 and all(isinstance(n, int) and n >= 1 for n in t)),
+            "strategy.token_slices",
+            t,
+            "must be none, auto, or a list of token counts >= 1 summing to the sequence length, e.g. [512,256,256]",
+        )
+        _need(
+            str(self.recompute) == "selective" or not (self.recompute_layers or self.recompute_counts),
+            "strategy.recompute_layers/recompute_counts",
+            list(self.recompute_layers or self.recompute_counts),
+            f"apply with strategy.recompute=selective only (it is {self.recompute})",
+        )
+        _need(
+            str(self.recompute) != "selective" or bool(self.recompute_layers) != bool(self.recompute_counts),
+            "strategy.recompute=selective",
+            [list(self.recompute_layers), list(self.recompute_counts)],
+            "needs exactly one of strategy.recompute_layers=[positions] or strategy.recompute_counts=[per stage]",
+        )
         for k in [*self.recompute_layers, *self.recompute_counts]:
             _need(k >= 0, "strategy.recompute_layers/recompute_counts", k, "must be >= 0")
-        _need(0 <= self.memory_headroom < 1, "strategy.memory_headroom", self.memory_headroom,
-              "must be in [0, 1): the fraction of device memory kept free")
+        _need(
+            0 <= self.memory_headroom < 1,
+            "strategy.memory_headroom",
+            self.memory_headroom,
+            "must be in [0, 1): the fraction of device memory kept free",
+        )
 
 
 @dataclass
 class FixedStrategyConfig(PlannedStrategyConfig):
     """A stated layout, validated by the same code the planner uses."""
+
     name: StrategyName = StrategyName["fixed"]
     stages: int = 2
     replicas: list[int] = field(default_factory=list)  # one per stage, one for all, or [] = fill the cluster evenly
@@ -262,24 +321,36 @@ class FixedStrategyConfig(PlannedStrategyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive("strategy", stages=self.stages, num_micro_batches=self.num_micro_batches,
-                  warmup_depth=self.warmup_depth, chunks=self.chunks)
+        _positive(
+            "strategy",
+            stages=self.stages,
+            num_micro_batches=self.num_micro_batches,
+            warmup_depth=self.warmup_depth,
+            chunks=self.chunks,
+        )
         for r in self.replicas:
             _need(r >= 1, "strategy.replicas", list(self.replicas), "every replica count must be >= 1")
         for c in self.copies:
             _need(c >= 1, "strategy.copies", list(self.copies), "every copy count must be >= 1")
-        _need(not self.copies or str(self.schedule) in ("1f1b_rr", "zb_h1_rr"), "strategy.copies", list(self.copies),
-              f"is a setting of strategy.schedule=1f1b_rr or zb_h1_rr (stages of round-robin copies), not "
-              f"{self.schedule}: drop it or change the schedule")
+        _need(
+            not self.copies or str(self.schedule) in ("1f1b_rr", "zb_h1_rr"),
+            "strategy.copies",
+            list(self.copies),
+            f"is a setting of strategy.schedule=1f1b_rr or zb_h1_rr (stages of round-robin copies), not "
+            f"{self.schedule}: drop it or change the schedule",
+        )
 
 
 @dataclass
 class AutoStrategyConfig(PlannedStrategyConfig):
     """The planner chooses stages, replicas, placement, micro-batches and warm-up (DAPPLE)."""
+
     name: StrategyName = StrategyName["auto"]
     max_stages: Optional[int] = None
     micro_batch_size: Optional[int] = None
-    search_nodes: int = 20000  # candidates the 1F1B passes may score (ZB-H1: a quarter more); the plan says what it proved
+    search_nodes: int = (
+        20000  # candidates the 1F1B passes may score (ZB-H1: a quarter more); the plan says what it proved
+    )
     optimality_gap: float = 0.01  # first pass prunes what cannot win by more than this; then closed exactly
     max_warmup_depth: int = 4  # the deepest 1F1B warm-up searched (1 = DAPPLE's minimal warm-up only)
     # the schedule families the planner may choose; [] = all that apply to `schedule` (1f1b: 1f1b and zb_h1)
@@ -301,25 +372,51 @@ class AutoStrategyConfig(PlannedStrategyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive("strategy", max_stages=self.max_stages, micro_batch_size=self.micro_batch_size,
-                  search_nodes=self.search_nodes, max_warmup_depth=self.max_warmup_depth, max_devices=self.max_devices)
+        _positive(
+            "strategy",
+            max_stages=self.max_stages,
+            micro_batch_size=self.micro_batch_size,
+            search_nodes=self.search_nodes,
+            max_warmup_depth=self.max_warmup_depth,
+            max_devices=self.max_devices,
+        )
         _need(self.max_slowdown >= 0, "strategy.max_slowdown", self.max_slowdown, "must be >= 0 (0.1 = 10% slower)")
-        _need(self.memory_budget_gib is None or self.memory_budget_gib > 0, "strategy.memory_budget_gib",
-              self.memory_budget_gib, "must be > 0 GiB per device")
-        _need(0 <= self.frontier_step < 1, "strategy.frontier_step", self.frontier_step,
-              "must be in [0, 1): the relative memory step between frontier searches (0 = exact)")
-        _need(self.deadline_s_per_iteration is None or self.deadline_s_per_iteration > 0,
-              "strategy.deadline_s_per_iteration", self.deadline_s_per_iteration, "must be > 0 seconds")
-        _need(str(self.devices) == "auto" or (self.deadline_s_per_iteration is None and self.max_devices is None),
-              "strategy.deadline_s_per_iteration/max_devices",
-              [self.deadline_s_per_iteration, self.max_devices], "apply with strategy.devices=auto only")
-        _need(0 <= self.optimality_gap < 0.5, "strategy.optimality_gap", self.optimality_gap,
-              "must be in [0, 0.5): the fraction a first pass may leave on the table (0 = exact from the start)")
+        _need(
+            self.memory_budget_gib is None or self.memory_budget_gib > 0,
+            "strategy.memory_budget_gib",
+            self.memory_budget_gib,
+            "must be > 0 GiB per device",
+        )
+        _need(
+            0 <= self.frontier_step < 1,
+            "strategy.frontier_step",
+            self.frontier_step,
+            "must be in [0, 1): the relative memory step between frontier searches (0 = exact)",
+        )
+        _need(
+            self.deadline_s_per_iteration is None or self.deadline_s_per_iteration > 0,
+            "strategy.deadline_s_per_iteration",
+            self.deadline_s_per_iteration,
+            "must be > 0 seconds",
+        )
+        _need(
+            str(self.devices) == "auto" or (self.deadline_s_per_iteration is None and self.max_devices is None),
+            "strategy.deadline_s_per_iteration/max_devices",
+            [self.deadline_s_per_iteration, self.max_devices],
+            "apply with strategy.devices=auto only",
+        )
+        _need(
+            0 <= self.optimality_gap < 0.5,
+            "strategy.optimality_gap",
+            self.optimality_gap,
+            "must be in [0, 0.5): the fraction a first pass may leave on the table (0 = exact from the start)",
+        )
 
 
 @dataclass
 class FileStrategyConfig(StrategyConfig):
     """Run a plan made elsewhere (a dry run's plan.json, edited or not) as written."""
+
     name: StrategyName = StrategyName["file"]
     plan_file: Optional[str] = None
     plan_index: Optional[int] = None  # for a file holding a list of plans (pareto.json): which one (0 = fastest)
@@ -342,6 +439,7 @@ class DataConfig:
 class SyntheticDataConfig(DataConfig):
     """Generated by model: gpt a grammar corpus, bert masked copies of it, vgg19 and custom models
     samples from their own batch()."""
+
     kind: DataKind = DataKind["synthetic"]
     num_train: int = 4096
     num_val: int = 256
@@ -360,14 +458,19 @@ class FileDataConfig(DataConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("data", seq_len=self.seq_len)
-        _need(0 < self.val_fraction < 1, "data.val_fraction", self.val_fraction,
-              "must be in (0, 1): the share of the windows held out for validation")
+        _need(
+            0 < self.val_fraction < 1,
+            "data.val_fraction",
+            self.val_fraction,
+            "must be in (0, 1): the share of the windows held out for validation",
+        )
 
 
 @dataclass
 class TextFileDataConfig(FileDataConfig):
     """A UTF-8 text file, or a directory of them, read as bytes (token ids 0-255), or through a model's
     tokenizer (data.tokenizer=DIR holding tokenizer.json)."""
+
     kind: DataKind = DataKind["text_file"]
     tokenizer: Optional[str] = None
 
@@ -375,6 +478,7 @@ class TextFileDataConfig(FileDataConfig):
 @dataclass
 class TokensDataConfig(FileDataConfig):
     """A flat binary file of token ids (nanoGPT's and Megatron's preprocessors write these)."""
+
     kind: DataKind = DataKind["tokens"]
     dtype: TokenDtype = TokenDtype["uint16"]
 
@@ -391,7 +495,9 @@ class TrainerConfig:
     warmup_steps: int = 10
     lr_decay_steps: Optional[int] = None  # cosine decay horizon; None = max_steps (set it when you will resume longer)
     gradient_clip_val: Optional[float] = 1.0
-    precision: Precision = Precision["auto"]  # auto: bf16-mixed where the cluster has bf16, 16-mixed on other GPUs, 32 on CPU
+    precision: Precision = Precision[
+        "auto"
+    ]  # auto: bf16-mixed where the cluster has bf16, 16-mixed on other GPUs, 32 on CPU
     val_check_interval: int = 100
     limit_val_batches: int = 4
     log_every_n_steps: int = 10
@@ -405,18 +511,34 @@ class TrainerConfig:
     max_bad_steps: int = 10  # non-finite loss or gradients this many steps in a row stop the run
 
     def __post_init__(self) -> None:
-        _positive("trainer", max_steps=self.max_steps, max_bad_steps=self.max_bad_steps, val_check_interval=self.val_check_interval,
-                  limit_val_batches=self.limit_val_batches, log_every_n_steps=self.log_every_n_steps,
-                  checkpoint_every_n_steps=self.checkpoint_every_n_steps, keep_checkpoints=self.keep_checkpoints,
-                  profile_steps=self.profile_steps, lr_decay_steps=self.lr_decay_steps)
+        _positive(
+            "trainer",
+            max_steps=self.max_steps,
+            max_bad_steps=self.max_bad_steps,
+            val_check_interval=self.val_check_interval,
+            limit_val_batches=self.limit_val_batches,
+            log_every_n_steps=self.log_every_n_steps,
+            checkpoint_every_n_steps=self.checkpoint_every_n_steps,
+            keep_checkpoints=self.keep_checkpoints,
+            profile_steps=self.profile_steps,
+            lr_decay_steps=self.lr_decay_steps,
+        )
         _need(self.lr > 0 and math.isfinite(self.lr), "trainer.lr", self.lr, "must be a number > 0")
         _need(self.weight_decay >= 0, "trainer.weight_decay", self.weight_decay, "must be >= 0")
         _need(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "must be >= 0")
-        _need(self.timeout_s > 0, "trainer.timeout_s", self.timeout_s,
-              "must be > 0 (seconds a stalled peer may hold the run)")
+        _need(
+            self.timeout_s > 0,
+            "trainer.timeout_s",
+            self.timeout_s,
+            "must be > 0 (seconds a stalled peer may hold the run)",
+        )
         if self.gradient_clip_val is not None:
-            _need(self.gradient_clip_val > 0, "trainer.gradient_clip_val", self.gradient_clip_val,
-                  "must be > 0, or null for no clipping")
+            _need(
+                self.gradient_clip_val > 0,
+                "trainer.gradient_clip_val",
+                self.gradient_clip_val,
+                "must be > 0, or null for no clipping",
+            )
 
 
 @dataclass
@@ -455,11 +577,13 @@ SECTION_SCHEMAS = {"model": MODEL_SCHEMAS, "strategy": STRATEGY_SCHEMAS, "data":
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="dapple_schema", node=Config)
-    for group, node in (("cluster", ClusterConfig), ("trainer", TrainerConfig), ("logger", LoggerConfig),
-                        ("launcher", LauncherConfig)):
+    for group, node in (
+        ("cluster", ClusterConfig),
+        ("trainer", TrainerConfig),
+        ("logger", LoggerConfig),
+        ("launcher", LauncherConfig),
+    ):
         cs.store(group=group, name=f"{group}_schema", node=node)
     for group, schemas in SECTION_SCHEMAS.items():
         for kind, node in schemas.items():
             cs.store(group=group, name=f"{kind}_schema", node=node)
-
-

@@ -4,6 +4,7 @@ The sentences follow rules a language model can pick up in a few hundred steps (
 fixed phrases, simple sums), so the loss falls well below the uniform ln(vocab) baseline.
 Id 0 is reserved for [MASK] (BERT's masked language modelling).
 """
+
 from __future__ import annotations
 
 import random
@@ -14,8 +15,16 @@ ALPHABET = " abcdefghijklmnopqrstuvwxyz0123456789.,+=?!'"
 VOCAB = {ch: i + 1 for i, ch in enumerate(ALPHABET)}  # 0 = [MASK]
 VOCAB_SIZE = 64  # room to spare; ids above len(ALPHABET) never occur
 
-_SUBJECTS = [("the cat", "sits"), ("the dog", "runs"), ("a bird", "sings"), ("my friend", "reads"),
-             ("the cats", "sit"), ("the dogs", "run"), ("two birds", "sing"), ("our friends", "read")]
+_SUBJECTS = [
+    ("the cat", "sits"),
+    ("the dog", "runs"),
+    ("a bird", "sings"),
+    ("my friend", "reads"),
+    ("the cats", "sit"),
+    ("the dogs", "run"),
+    ("two birds", "sing"),
+    ("our friends", "read"),
+]
 _PLACES = ["on the mat", "in the park", "by the river", "under the tree", "at home", "near the house"]
 _TIMES = ["today", "every morning", "at night", "in the spring", "after lunch"]
 
@@ -47,8 +56,9 @@ def encode(text: str) -> torch.Tensor:
     return torch.tensor([VOCAB[c] for c in text], dtype=torch.long)
 
 
-def mask_tokens(ids: torch.Tensor, mask_id: int = 0, rate: float = 0.15,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor, mask_id: int = 0, rate: float = 0.15, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking: pick `rate` of the positions (at least one per sample), hide them, predict them."""
     pick = torch.rand(ids.shape, generator=generator) < rate
     pick[:, 0] |= ~pick.any(1)

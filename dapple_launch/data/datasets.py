@@ -6,6 +6,7 @@ communication, and Lightning's distributed sampler is not used (it would split b
 which is wrong for a pipeline). The batch sampler is resumable: a mid-epoch checkpoint records
 how many batches the epoch had consumed, and the resumed run continues with the next one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ class TextWindows(Dataset):
         return self.n
 
     def __getitem__(self, i: int):
-        w = self.ids[i * self.stride: i * self.stride + self.seq_len + 1]
+        w = self.ids[i * self.stride : i * self.stride + self.seq_len + 1]
         if not self.masked:
             return w[:-1], w[1:]
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
@@ -82,14 +83,17 @@ class GlobalBatchSampler(Sampler[list[int]]):
         return full + (1 if not self.drop_last and rest >= self.min_last else 0)
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = (torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-                 if self.shuffle else list(range(self.n)))
+        order = (
+            torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+            if self.shuffle
+            else list(range(self.n))
+        )
         skip = 0
         if self.resume is not None and self.resume[0] == self.epoch:
             skip = self.resume[1]
             self.resume = None
         for b in range(skip, len(self)):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size]
+            yield order[b * self.batch_size : (b + 1) * self.batch_size]
 
 
 SYNTHETIC = {"gpt": "text", "bert": "masked_text"}  # the others (vgg19, custom) draw from their own batch()
@@ -105,9 +109,12 @@ def synthetic(model: PipelineModel, model_name: str, n: int, seed: int) -> Datas
 def build_datasets(data_cfg, model: PipelineModel, model_name: str, seed: int) -> tuple[Dataset, Dataset]:
     """(train, validation) for any data kind of the config."""
     if data_cfg.kind == "synthetic":
-        return (synthetic(model, model_name, data_cfg.num_train, seed),
-                synthetic(model, model_name, data_cfg.num_val, seed + 7919))
+        return (
+            synthetic(model, model_name, data_cfg.num_train, seed),
+            synthetic(model, model_name, data_cfg.num_val, seed + 7919),
+        )
     from .files import datasets
+
     return datasets(data_cfg, model, seed)
 
 
@@ -115,8 +122,15 @@ class PipelineData(L.LightningDataModule):
     """Global batches: every rank reads the same ones (see the module docstring). `min_val_batch`:
     the fewest samples a validation batch may have (the most replicas a stage has)."""
 
-    def __init__(self, train: Dataset, val: Dataset, global_batch_size: int, seed: int, num_workers: int = 0,
-                 min_val_batch: int = 1):
+    def __init__(
+        self,
+        train: Dataset,
+        val: Dataset,
+        global_batch_size: int,
+        seed: int,
+        num_workers: int = 0,
+        min_val_batch: int = 1,
+    ):
         super().__init__()
         self.train_set, self.val_set, self.global_batch_size = train, val, global_batch_size
         self.seed, self.num_workers, self.min_val_batch = seed, num_workers, min_val_batch
@@ -128,15 +142,23 @@ class PipelineData(L.LightningDataModule):
         return DataLoader(self.train_set, batch_sampler=sampler, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
-        sampler = GlobalBatchSampler(len(self.val_set), self.global_batch_size, self.seed, shuffle=False,
-                                     drop_last=False, min_last=self.min_val_batch)
+        sampler = GlobalBatchSampler(
+            len(self.val_set),
+            self.global_batch_size,
+            self.seed,
+            shuffle=False,
+            drop_last=False,
+            min_last=self.min_val_batch,
+        )
         return DataLoader(self.val_set, batch_sampler=sampler, num_workers=self.num_workers)
 
     # Lightning saves these with every checkpoint and restores them before building the loaders.
     def state_dict(self) -> dict:
         trainer = self.trainer
-        return {"epoch": trainer.current_epoch,
-                "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+        return {
+            "epoch": trainer.current_epoch,
+            "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._resume = (int(state["epoch"]), int(state["batches_done"]))

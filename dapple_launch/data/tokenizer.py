@@ -4,6 +4,7 @@
 with it. Encoding is done once: the ids are written to the cache (keyed by the files' sizes and
 times and the tokenizer's bytes) and every rank memory-maps them, as it does a token file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,8 +18,10 @@ def tokenizer_file(path: str | Path) -> Path:
     p = Path(path).expanduser()
     f = p / "tokenizer.json" if p.is_dir() else p
     if not f.is_file():
-        raise ValueError(f"data.tokenizer={path}: no tokenizer.json there (a Hugging Face model directory holds one; "
-                         f"tokenizer.save(PATH) writes one)")
+        raise ValueError(
+            f"data.tokenizer={path}: no tokenizer.json there (a Hugging Face model directory holds one; "
+            f"tokenizer.save(PATH) writes one)"
+        )
     return f
 
 
@@ -31,8 +34,9 @@ def load(path: str | Path):
     try:
         return Tokenizer.from_file(str(f))
     except Exception as exc:
-        raise ValueError(f"{f} is not a tokenizer the tokenizers package reads: {' '.join(str(exc).split())[:200]}") \
-            from None
+        raise ValueError(
+            f"{f} is not a tokenizer the tokenizers package reads: {' '.join(str(exc).split())[:200]}"
+        ) from None
 
 
 def vocab_size(path: str | Path) -> int:
@@ -49,13 +53,14 @@ def encode(files: list[Path], path: str | Path) -> np.ndarray:
     for f in files:
         text = f.read_text(encoding="utf-8", errors="replace")
         for start in range(0, len(text), 1 << 20):  # in pieces: a corpus need not fit one call
-            ids.extend(tok.encode(text[start:start + (1 << 20)], add_special_tokens=False).ids)
+            ids.extend(tok.encode(text[start : start + (1 << 20)], add_special_tokens=False).ids)
     return np.asarray(ids, dtype=np.dtype(dtype_for(tok.get_vocab_size(with_added_tokens=True))))
 
 
 def encoded_stream(files: list[Path], path: str | Path) -> np.ndarray:
     """The ids of `files` under the tokenizer at `path`, encoded once and then memory-mapped."""
     from ..profile.cache import cache_dir
+
     f = tokenizer_file(path)
     h = hashlib.sha256(f.read_bytes())
     for p in files:

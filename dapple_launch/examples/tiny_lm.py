@@ -9,6 +9,7 @@ A model is an ordered list of layers plus a per-sample loss (dapple_launch/model
 Each layer is built only on the ranks whose pipeline stage holds it; what one layer returns is
 what the next one takes (a tensor, or a tuple of tensors), across stages too.
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,9 +67,11 @@ class TinyLM(PipelineModel):
 
     def layers(self) -> list[LayerSpec]:
         v, h, s = self.vocab_size, self.hidden, self.seq_len
-        return ([LayerSpec("embed", lambda: Embed(v, h, s))]
-                + [LayerSpec(f"block{i}", lambda: Block(h, self.heads)) for i in range(self.num_layers)]
-                + [LayerSpec("head", lambda: Head(v, h))])
+        return (
+            [LayerSpec("embed", lambda: Embed(v, h, s))]
+            + [LayerSpec(f"block{i}", lambda: Block(h, self.heads)) for i in range(self.num_layers)]
+            + [LayerSpec("head", lambda: Head(v, h))]
+        )
 
     def tied_parameters(self) -> list[list[str]]:
         # the output projection is the token embedding (as in GPT-2): one weight, stored once
@@ -83,8 +86,14 @@ class TinyLM(PipelineModel):
         return ids[:, :-1], ids[:, 1:]
 
     def describe(self) -> dict:
-        return {"name": self.name, "vocab": self.vocab_size, "hidden": self.hidden, "heads": self.heads,
-                "layers": self.num_layers, "seq_len": self.seq_len}
+        return {
+            "name": self.name,
+            "vocab": self.vocab_size,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "layers": self.num_layers,
+            "seq_len": self.seq_len,
+        }
 
 
 def build(vocab: int = 256, hidden: int = 128, heads: int = 4, layers: int = 4, seq_len: int = 128) -> TinyLM:

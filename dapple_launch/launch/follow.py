@@ -6,6 +6,7 @@ launch/slurm.py, launch/node_loss.py), and the job to follow from slurm/job_id, 
 successor when a lost node made one. While the job waits, each new reason is said once, with the
 nodes it waits for.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ def waiting_for(reason: str, job_id: str) -> str:
     if m:
         return f"waiting for node(s) {m.group(1)}"
     if reason.startswith(("ReqNodeNotAvail", "Resources", "NodeDown")):
-        out = subprocess.run(["sinfo", "-h", "-N", "-t", "down,drain,fail,no_respond", "-o", "%N"], capture_output=True,
-                             text=True).stdout.split()
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-t", "down,drain,fail,no_respond", "-o", "%N"], capture_output=True, text=True
+        ).stdout.split()
         return f"waiting for node(s) {','.join(sorted(set(out)))}" if out else "waiting for free nodes"
     return ""
 
@@ -54,7 +56,9 @@ def follow(run_dir: Path, job_id: str, poll_s: float = POLL_S) -> int:
     said = None
     gone_since = None
     while True:
-        current = (run_dir / "slurm" / "job_id").read_text().strip() if (run_dir / "slurm" / "job_id").is_file() else job_id
+        current = (
+            (run_dir / "slurm" / "job_id").read_text().strip() if (run_dir / "slurm" / "job_id").is_file() else job_id
+        )
         if current != job_id:
             log.info(f"job {job_id} was replaced by job {current}; following it")
             job_id, said, gone_since = current, None, None
@@ -81,8 +85,10 @@ def follow(run_dir: Path, job_id: str, poll_s: float = POLL_S) -> int:
             if time.time() - gone_since < 10:
                 time.sleep(poll_s)
                 continue
-            log.error(f"job {job_id} left the queue without a word from its ranks (killed, or out of time): see "
-                      f"{run_dir / 'slurm'}/{job_id}_0_log.err and {run_dir / 'logs'}")
+            log.error(
+                f"job {job_id} left the queue without a word from its ranks (killed, or out of time): see "
+                f"{run_dir / 'slurm'}/{job_id}_0_log.err and {run_dir / 'logs'}"
+            )
             return 1
         if fate["state"] == "done":
             log.info(f"job {job_id} finished: outputs are in {run_dir}")

@@ -3,6 +3,7 @@
 Every check here runs before any process starts or any job is submitted; a refusal is a
 ValueError with one line (the command line turns it into exit code 2).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ def plan_of(cfg: DictConfig) -> Plan:
     """The plan, made outside the `${dapple_plan:}` interpolation so its errors arrive as they are."""
     from ..config import check_schema
     from ..plan_config import cached_plan
+
     check_schema(cfg)
     return cached_plan(cfg)
 
@@ -28,13 +30,18 @@ def check_data(cfg: DictConfig, plan: Plan, model) -> None:
     widest = max(s.replicas for s in plan.stages)
     if d.kind == "synthetic":
         if d.num_train < G:
-            raise ValueError(f"data.num_train={d.num_train} is fewer samples than one global batch "
-                             f"(global_batch_size={G}): nothing would train; set data.num_train>={G}")
+            raise ValueError(
+                f"data.num_train={d.num_train} is fewer samples than one global batch "
+                f"(global_batch_size={G}): nothing would train; set data.num_train>={G}"
+            )
         if d.num_val < widest:
-            raise ValueError(f"data.num_val={d.num_val} cannot be split across the {widest} replicas of a stage; "
-                             f"set data.num_val>={widest}")
+            raise ValueError(
+                f"data.num_val={d.num_val} cannot be split across the {widest} replicas of a stage; "
+                f"set data.num_val>={widest}"
+            )
         return
     from ..data.files import check
+
     check(d, model, G, widest)
 
 
@@ -45,6 +52,7 @@ def write_frontier(cfg: DictConfig, run_dir: Path, log) -> None:
     from ..planner.frontier import describe, frontier_to_json
     from ..planner.frontier_svg import frontier_svg
     from ..run_dir import storage_refusal
+
     f = frontier_from_config(cfg)
     if f is None:
         return
@@ -73,6 +81,7 @@ def run(cfg: DictConfig) -> int:
     try:
         if str(cfg.cluster.name) == "from_slurm":
             from ..allocation import allocation
+
             log.info(allocation().describe())
         log.info(plan.explain())
         write_frontier(cfg, run_dir, log)
@@ -84,8 +93,10 @@ def run(cfg: DictConfig) -> int:
             log.info(f"dry run: plan written to {run_dir / 'plan.json'}; nothing started")
             return 0
         if model is None:
-            raise ValueError("model=from_profile describes a profile only, for planning (dry_run=true); it has no "
-                             "layers to train: pick model=gpt, bert, vgg19 or custom to train")
+            raise ValueError(
+                "model=from_profile describes a profile only, for planning (dry_run=true); it has no "
+                "layers to train: pick model=gpt, bert, vgg19 or custom to train"
+            )
         launcher = str(cfg.launcher.name)
         if str(cfg.cluster.name) == "from_slurm" and launcher != "local":
             launcher = "allocation"  # already inside the job: a step of it, never a new submission
@@ -94,11 +105,13 @@ def run(cfg: DictConfig) -> int:
             launcher = "local" if "SLURM_JOB_ID" in os.environ else str(cfg.cluster.launcher)
         if launcher == "slurm":
             from .slurm import check_can_submit
+
             check_can_submit(cfg, plan, run_dir)
         elif launcher == "allocation":
             pass  # the allocation is the plan's (planned for it) and launch_in_allocation checks the shape
         else:
             from .devices import check_local_gpu_launch
+
             check_local_gpu_launch(cfg, plan)  # a GPU run here must be one: CUDA, one GPU per rank, bf16
         ckpt_path = resolve_checkpoint(cfg, run_dir, identity(model))
         prepare(cfg, run_dir)
@@ -107,9 +120,11 @@ def run(cfg: DictConfig) -> int:
             log.info(f"resuming from {ckpt_path}")
         if launcher == "slurm":
             from .slurm import launch_slurm
+
             return launch_slurm(cfg, plan, run_dir, snapshot, ckpt_path)
         if launcher == "allocation":
             from .slurm import launch_in_allocation
+
             code = launch_in_allocation(cfg, plan, run_dir, snapshot, ckpt_path)
             if code == 0:
                 log.info(closing_summary(run_dir, guessed=guessed_estimate(cfg)))
@@ -125,10 +140,15 @@ def run(cfg: DictConfig) -> int:
 def resume_hint(run_dir: Path) -> str:
     """The command that resumes this run: its own overrides, this run directory, ckpt_path=last."""
     import shlex
-    keep = [o for o in HydraConfig.get().overrides.task
-            if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir=", "overwrite="))]
-    return " ".join(["python -m dapple_launch", *map(shlex.quote, keep), shlex.quote(f"hydra.run.dir={run_dir}"),
-                     "ckpt_path=last"])
+
+    keep = [
+        o
+        for o in HydraConfig.get().overrides.task
+        if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir=", "overwrite="))
+    ]
+    return " ".join(
+        ["python -m dapple_launch", *map(shlex.quote, keep), shlex.quote(f"hydra.run.dir={run_dir}"), "ckpt_path=last"]
+    )
 
 
 def guessed_estimate(cfg: DictConfig) -> str | None:
@@ -137,9 +157,11 @@ def guessed_estimate(cfg: DictConfig) -> str | None:
     (or the cluster is a datasheet's, whose figures are the point)."""
     if str(cfg.cluster.device_kind) != "cpu" or str(cfg.strategy.get("profile_source", "measured")) != "analytic":
         return None
-    return (f"the estimate uses cluster {cfg.cluster.name}'s stated figures (device_tflops={cfg.cluster.device_tflops}, "
-            f"links, no runtime cost per action); strategy.profile_source=measured times this machine's layers, "
-            f"links and runtime instead")
+    return (
+        f"the estimate uses cluster {cfg.cluster.name}'s stated figures (device_tflops={cfg.cluster.device_tflops}, "
+        f"links, no runtime cost per action); strategy.profile_source=measured times this machine's layers, "
+        f"links and runtime instead"
+    )
 
 
 # an estimate this far off is worth saying why (and how to get a better one), where there is a better one
@@ -153,26 +175,37 @@ def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
 
     from ..planner.explain import human_seconds
     from ..runtime.checkpoint import find_checkpoints
+
     lines = []
     try:
         s = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         s = None
     if s:
-        losses = [f"train loss {s['train_loss']:.4f}" if s.get("train_loss") is not None else "",
-                  f"validation loss {s['val_loss']:.4f}" if s.get("val_loss") is not None else ""]
+        losses = [
+            f"train loss {s['train_loss']:.4f}" if s.get("train_loss") is not None else "",
+            f"validation loss {s['val_loss']:.4f}" if s.get("val_loss") is not None else "",
+        ]
         lines.append(f"done: steps {s['steps'][0]}..{s['steps'][1]}; " + ", ".join(x for x in losses if x))
         if s.get("skipped_steps"):
             lines.append(f"  {s['skipped_steps']} step(s) skipped for a non-finite loss or gradient norm")
-        m, e, whole = s.get("measured_s_per_iteration"), s.get("estimated_s_per_iteration"), s.get("measured_s_per_step")
+        m, e, whole = (
+            s.get("measured_s_per_iteration"),
+            s.get("estimated_s_per_iteration"),
+            s.get("measured_s_per_step"),
+        )
         if m:
-            lines.append(f"  {human_seconds(m)} per iteration measured, {human_seconds(e)} estimated "
-                         f"({m / e - 1:+.0%}); {s['samples_per_s']:.1f} samples/s")
+            lines.append(
+                f"  {human_seconds(m)} per iteration measured, {human_seconds(e)} estimated "
+                f"({m / e - 1:+.0%}); {s['samples_per_s']:.1f} samples/s"
+            )
             if guessed and abs(m / e - 1) > GUESS_WARNING:
                 lines.append(f"  ({guessed})")
         if m and whole and whole > m * 1.005:  # the optimizer step, the batch's move, Lightning: outside any plan
-            lines.append(f"  {human_seconds(whole)} per training step with the optimizer step and Lightning's "
-                         f"hooks ({human_seconds(whole - m)} outside the pipeline the plan estimates)")
+            lines.append(
+                f"  {human_seconds(whole)} per training step with the optimizer step and Lightning's "
+                f"hooks ({human_seconds(whole - m)} outside the pipeline the plan estimates)"
+            )
     else:
         lines.append("done")
     found = find_checkpoints(run_dir / "checkpoints")

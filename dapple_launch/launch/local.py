@@ -17,6 +17,7 @@ The launcher's signal handlers only count signals; its loop acts on them:
 - a rank whose heartbeat (runtime/heartbeat.py) is older than trainer.timeout_s has stopped making
   progress: the run ends at once with its name and action.
 """
+
 from __future__ import annotations
 
 import os
@@ -70,10 +71,17 @@ class _Zygote:
 
     def __init__(self, env: dict):
         import threading
+
         read, write = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, "-m", "dapple_launch.launch.zygote", str(write)], env=env,
-                                     stdin=subprocess.PIPE, text=True, pass_fds=(write,), start_new_session=True,
-                                     preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dapple_launch.launch.zygote", str(write)],
+            env=env,
+            stdin=subprocess.PIPE,
+            text=True,
+            pass_fds=(write,),
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         os.close(write)
         self.reports = os.fdopen(read)
         self.ranks: dict[int, _Rank] = {}
@@ -83,6 +91,7 @@ class _Zygote:
 
     def start(self, specs: list[dict]) -> list[_Rank]:
         import json
+
         for spec in specs:
             self.proc.stdin.write(json.dumps(spec) + "\n")
         self.proc.stdin.close()
@@ -127,18 +136,34 @@ class LocalRun:
             stale.unlink()  # a previous launch's: this run's ranks write their own
         threads = threads_per_rank(world, self.cores)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LOCAL_RANK", "RANK", "WORLD_SIZE"))}
-        base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), NODE_RANK="0",
-                    DAPPLE_THREADS=str(threads), DAPPLE_CKPT=self.ckpt_path or "", OMP_NUM_THREADS=str(threads),
-                    PYTHONUNBUFFERED="1")
+        base.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            WORLD_SIZE=str(world),
+            NODE_RANK="0",
+            DAPPLE_THREADS=str(threads),
+            DAPPLE_CKPT=self.ckpt_path or "",
+            OMP_NUM_THREADS=str(threads),
+            PYTHONUNBUFFERED="1",
+        )
         self.zygote = _Zygote(base)
-        self.procs = self.zygote.start([
-            {"rank": rank, "env": dict(base, RANK=str(rank), LOCAL_RANK=str(rank)),
-             "log": str(logs / f"rank-{rank}.log") if rank else None, "argv": [str(self.run_dir), str(self.snapshot)]}
-            for rank in range(world)])
+        self.procs = self.zygote.start(
+            [
+                {
+                    "rank": rank,
+                    "env": dict(base, RANK=str(rank), LOCAL_RANK=str(rank)),
+                    "log": str(logs / f"rank-{rank}.log") if rank else None,
+                    "argv": [str(self.run_dir), str(self.snapshot)],
+                }
+                for rank in range(world)
+            ]
+        )
 
     def run(self) -> int:
-        old = {s: signal.signal(s, lambda signum, frame: self.interrupts.append(signum))
-               for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        old = {
+            s: signal.signal(s, lambda signum, frame: self.interrupts.append(signum))
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        }
         try:
             self.start()
             return self._watch()
@@ -158,13 +183,17 @@ class LocalRun:
             codes = [p.poll() for p in self.procs]
             if len(self.interrupts) >= 2:
                 self._kill(list(range(len(self.procs))))
-                log.error(f"stopped at once ({signal.Signals(self.interrupts[1]).name} again): the ranks were "
-                          f"killed; the current step is lost" + self._last_saved())
+                log.error(
+                    f"stopped at once ({signal.Signals(self.interrupts[1]).name} again): the ranks were "
+                    f"killed; the current step is lost" + self._last_saved()
+                )
                 return 128 + self.interrupts[0]
             if self.interrupts and stop_asked is None:
                 stop_asked = time.time()
-                log.warning(f"{signal.Signals(self.interrupts[0]).name}: every rank finishes the current step and "
-                            f"saves it (press Ctrl-C again to stop at once)")
+                log.warning(
+                    f"{signal.Signals(self.interrupts[0]).name}: every rank finishes the current step and "
+                    f"saves it (press Ctrl-C again to stop at once)"
+                )
                 self._signal_all(signal.SIGTERM)
             failed = [r for r, c in enumerate(codes) if c not in (None, 0, EXIT_STOPPED)]
             if failed:
@@ -179,8 +208,7 @@ class LocalRun:
                 if stop_asked is not None:
                     return self._stopped(128 + self.interrupts[0])
                 if any(c == EXIT_STOPPED for c in codes):
-                    log.warning("a rank received a stop signal: the ranks saved and stopped early"
-                                + self._last_saved())
+                    log.warning("a rank received a stop signal: the ranks saved and stopped early" + self._last_saved())
                     return EXIT_STOPPED
                 return 0
             stalled = self._stalled(started)
@@ -188,8 +216,10 @@ class LocalRun:
                 return self._stall(stalled)
             if stop_asked is not None and time.time() - stop_asked > self.timeout_s:
                 self._kill(list(range(len(self.procs))))
-                log.error(f"the ranks did not stop within trainer.timeout_s={self.timeout_s:g} s of being asked; "
-                          f"they were killed" + self._last_saved())
+                log.error(
+                    f"the ranks did not stop within trainer.timeout_s={self.timeout_s:g} s of being asked; "
+                    f"they were killed" + self._last_saved()
+                )
                 return 128 + self.interrupts[0]
             time.sleep(0.2)
 
@@ -215,11 +245,15 @@ class LocalRun:
         beats = read_heartbeats(self.run_dir)
         self._kill(list(range(len(self.procs))))
         beat = beats.get(rank)
-        what = (f"{describe(beat, now, alive=False)}, has been silent for {now - beat['time']:.0f} s" if beat
-                else f"rank {rank} never started")
-        get_logger().error(f"{what}: it stopped making progress (longer than trainer.timeout_s="
-                           f"{self.timeout_s:g} s); the run was ended{self._waiting(beats, {rank}, now)}"
-                           + self._last_saved())
+        what = (
+            f"{describe(beat, now, alive=False)}, has been silent for {now - beat['time']:.0f} s"
+            if beat
+            else f"rank {rank} never started"
+        )
+        get_logger().error(
+            f"{what}: it stopped making progress (longer than trainer.timeout_s="
+            f"{self.timeout_s:g} s); the run was ended{self._waiting(beats, {rank}, now)}" + self._last_saved()
+        )
         return 1
 
     def _failure(self, failed: list[int]) -> int:
@@ -227,8 +261,10 @@ class LocalRun:
         beats = read_heartbeats(self.run_dir)
         # the root cause: a rank a signal killed, else the first to end (the others fail for it)
         # (NCCL's watchdog aborts a rank that only waited: it is the cause last of all)
-        first = min(failed, key=lambda r: (self._aborted_waiting(r, beats), self.procs[r].returncode > 0,
-                                           self.procs[r].exited_at, r))
+        first = min(
+            failed,
+            key=lambda r: (self._aborted_waiting(r, beats), self.procs[r].returncode > 0, self.procs[r].exited_at, r),
+        )
         others = [r for r in range(len(self.procs)) if r not in failed]
         self._signal(others, signal.SIGTERM)
         deadline = time.time() + GRACE_S
@@ -236,13 +272,19 @@ class LocalRun:
             time.sleep(0.1)
         self._kill(others)
         code = self.procs[first].returncode
-        why = self._error_line(first) or (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        why = self._error_line(first) or (
+            f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        )
         if code == -signal.SIGABRT and list((self.run_dir / "logs").glob("nccl-trace-rank-*")):
-            why += f" (NCCL's watchdog; its flight recorder dumped each rank's last operations: " \
-                   f"{self.run_dir / 'logs' / 'nccl-trace-rank-N'})"
+            why += (
+                f" (NCCL's watchdog; its flight recorder dumped each rank's last operations: "
+                f"{self.run_dir / 'logs' / 'nccl-trace-rank-N'})"
+            )
         where = describe(beats[first], now, alive=False) if first in beats else f"rank {first}"
-        get_logger().error(f"{where} failed: {why}; the other ranks were stopped"
-                           f"{self._waiting(beats, {first}, now)}" + self._tail_hint(first) + self._last_saved())
+        get_logger().error(
+            f"{where} failed: {why}; the other ranks were stopped"
+            f"{self._waiting(beats, {first}, now)}" + self._tail_hint(first) + self._last_saved()
+        )
         return code if code and code > 0 else 1
 
     def _aborted_waiting(self, rank: int, beats: dict) -> bool:
@@ -259,7 +301,9 @@ class LocalRun:
 
     # ---- helpers -------------------------------------------------------------------------------
     def _waiting(self, beats: dict, culprits: set[int], now: float) -> str:
-        waiting = [describe(b, now) for r, b in sorted(beats.items()) if r not in culprits and is_waiting(str(b.get("action")))]
+        waiting = [
+            describe(b, now) for r, b in sorted(beats.items()) if r not in culprits and is_waiting(str(b.get("action")))
+        ]
         return f"; only waiting on it: {'; '.join(waiting)}" if waiting else ""
 
     def _error_line(self, rank: int) -> str:
@@ -272,6 +316,7 @@ class LocalRun:
 
     def _newest(self) -> Path | None:
         from ..runtime.checkpoint import find_checkpoints
+
         found = find_checkpoints(self.run_dir / "checkpoints")
         return found[-1] if found else None
 
@@ -300,6 +345,13 @@ class LocalRun:
                 pass
 
 
-def launch_local(plan: Plan, run_dir: Path, snapshot: Path, ckpt_path: str | None, timeout_s: float,
-                 resume_hint: str = "", cores: int | None = None) -> int:
+def launch_local(
+    plan: Plan,
+    run_dir: Path,
+    snapshot: Path,
+    ckpt_path: str | None,
+    timeout_s: float,
+    resume_hint: str = "",
+    cores: int | None = None,
+) -> int:
     return LocalRun(plan, run_dir, snapshot, ckpt_path, timeout_s, resume_hint, cores).run()

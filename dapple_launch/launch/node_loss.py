@@ -16,6 +16,7 @@ Then one survivor (the first to claim slurm/lost-JOB.json) decides, so the queue
 
 Every outcome is also written to slurm/fate-JOB.json, which the launcher reads (launch/follow.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,11 @@ def lost_nodes(run_dir: str | Path, job_id: str, now: float | None = None) -> di
     for beat in read_heartbeats(run_dir).values():
         if str(beat.get("job")) == str(job_id) and beat.get("node"):
             by_node[beat["node"]].append(beat)
-    return {node: sorted(b["rank"] for b in beats) for node, beats in sorted(by_node.items())
-            if all(not b.get("ended") and now - b.get("time", now) > STALE_S for b in beats)}
+    return {
+        node: sorted(b["rank"] for b in beats)
+        for node, beats in sorted(by_node.items())
+        if all(not b.get("ended") and now - b.get("time", now) > STALE_S for b in beats)
+    }
 
 
 def slurmd_port() -> int:
@@ -66,6 +70,7 @@ def slurmd_port() -> int:
 def unreachable(hosts: list[str], port: int, timeout_s: float = 2.0) -> list[str]:
     """The hosts whose slurmd does not answer a connection from here (a cut link, a dead node)."""
     import socket
+
     gone = []
     for host in hosts:
         try:
@@ -86,8 +91,10 @@ def controller_answers() -> bool:
 
 
 def _last_step(run_dir: str | Path, job_id: str) -> int:
-    return max((int(b.get("step", 0)) for b in read_heartbeats(run_dir).values() if str(b.get("job")) == str(job_id)),
-               default=0)
+    return max(
+        (int(b.get("step", 0)) for b in read_heartbeats(run_dir).values() if str(b.get("job")) == str(job_id)),
+        default=0,
+    )
 
 
 def _claim(run_dir: Path, job_id: str) -> bool:
@@ -100,15 +107,28 @@ def _claim(run_dir: Path, job_id: str) -> bool:
 
 
 # what this task's rank was given (by Slurm, submitit, the worker): a new job gets its own
-TASK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-                  "GROUP_RANK", "DAPPLE_CKPT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES")
+TASK_VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "DAPPLE_CKPT",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 def without_job_env():
     """This task's own variables, out of the way of a new submission: sbatch passes the submitting
     environment on, and the new job's tasks would start with a rank and rendezvous that are not theirs."""
-    saved = {k: v for k, v in os.environ.items()
-             if k.startswith(("SLURM_", "SUBMITIT_", "SBATCH_")) or k in TASK_VARIABLES}
+    saved = {
+        k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SUBMITIT_", "SBATCH_")) or k in TASK_VARIABLES
+    }
     for k in saved:
         del os.environ[k]
     return saved
@@ -120,6 +140,7 @@ def after_failure(task, job) -> str | None:
     from omegaconf import OmegaConf
 
     from ..runtime.checkpoint import find_checkpoints
+
     log = get_logger()
     run_dir, job_id = Path(task.run_dir), str(job.job_id)
     failed_at = time.time()
@@ -133,8 +154,10 @@ def after_failure(task, job) -> str | None:
     if not lost:
         return None
     if not controller_answers():
-        line = (f"{here} reaches neither node {', '.join(lost)} nor the Slurm controller: this node is the one cut "
-                f"off, and leaves the job to the others")
+        line = (
+            f"{here} reaches neither node {', '.join(lost)} nor the Slurm controller: this node is the one cut "
+            f"off, and leaves the job to the others"
+        )
         log.error(line)
         return line
     ranks = sorted(r for rs in lost.values() for r in rs)
@@ -148,23 +171,31 @@ def after_failure(task, job) -> str | None:
     found = find_checkpoints(run_dir / "checkpoints")
     step = _last_step(run_dir, job_id)
     kept = found[-1].name if found else None
-    since = (f"the steps since {kept} (up to step {step}) are lost" if kept else
-             f"no checkpoint was written yet: the {step} steps so far are lost")
-    head = (f"node {names} lost (ranks {', '.join(map(str, ranks))}, job {job_id}, detected {SETTLE_S:.0f} s after "
-            f"the first failure)")
+    since = (
+        f"the steps since {kept} (up to step {step}) are lost"
+        if kept
+        else f"no checkpoint was written yet: the {step} steps so far are lost"
+    )
+    head = (
+        f"node {names} lost (ranks {', '.join(map(str, ranks))}, job {job_id}, detected {SETTLE_S:.0f} s after "
+        f"the first failure)"
+    )
     facts = dict(lost=lost, ranks=ranks, step=step, checkpoint=kept, failed_at=failed_at)
     if str(cfg.strategy.name) != "auto":
-        line = (f"{head}: the plan's fixed layout (strategy={cfg.strategy.name}) needs {len(job.hostnames)} nodes and "
-                f"{len(left)} are left, so the job stops; strategy=auto re-plans for the nodes left, or resume when the "
-                f"node is back with ckpt_path=last ({since})")
+        line = (
+            f"{head}: the plan's fixed layout (strategy={cfg.strategy.name}) needs {len(job.hostnames)} nodes and "
+            f"{len(left)} are left, so the job stops; strategy=auto re-plans for the nodes left, or resume when the "
+            f"node is back with ckpt_path=last ({since})"
+        )
         write_fate(run_dir, job_id, "stopped", line, **facts)
         log.error(line)
         _cancel(job_id)
         return line
     successor = _submit_successor(task, cfg, job, left, lost)
     (run_dir / "slurm" / "job_id").write_text(f"{successor}\n")
-    line = (f"{head}: job {successor} resumes on {len(left)} node(s) ({', '.join(left)}), re-planned for them, from "
-            + (f"{kept}; {since}" if kept else f"the start; {since}"))
+    line = f"{head}: job {successor} resumes on {len(left)} node(s) ({', '.join(left)}), re-planned for them, from " + (
+        f"{kept}; {since}" if kept else f"the start; {since}"
+    )
     write_fate(run_dir, job_id, "replaced", line, successor=successor, **facts)
     log.error(line)
     _cancel(job_id)  # so Slurm does not requeue it beside its successor
@@ -175,6 +206,7 @@ def _submit_successor(task, cfg, job, left: list[str], lost: dict) -> str:
     import submitit
 
     from .slurm import TrainTask, executor_for
+
     tasks_per_node = job.num_tasks // max(job.num_nodes, 1)
     ex = executor_for(cfg, len(left), tasks_per_node, Path(task.run_dir), exclude=",".join(lost))
     saved = without_job_env()
@@ -195,11 +227,13 @@ def replanned_snapshot(task, job) -> str:
     writes the plan where every task reads it (the run's plan.json and config.yaml too); the others
     wait for it. Planning is done once, so the ranks cannot disagree."""
     from omegaconf import OmegaConf
+
     run_dir = Path(task.run_dir)
     where = run_dir / ".dapple" / f"replan-{job.job_id}"
     done = where / "plan.json"
     if job.global_rank == 0:
         from ..plan_config import cached_plan
+
         cfg = OmegaConf.load(Path(task.snapshot) / "config.yaml")
         cfg.pop("plan", None)
         cfg.cluster.nodes = job.num_nodes
@@ -214,8 +248,9 @@ def replanned_snapshot(task, job) -> str:
             (place / "config.yaml.tmp").replace(place / "config.yaml")
         plan.save(run_dir / "plan.json")
         plan.save(done)  # last (and atomic): its presence means both files are whole
-        get_logger().info(f"re-planned for {job.num_nodes} node(s) × {cfg.cluster.devices_per_node}: "
-                          f"{plan.explain().splitlines()[0]}")
+        get_logger().info(
+            f"re-planned for {job.num_nodes} node(s) × {cfg.cluster.devices_per_node}: {plan.explain().splitlines()[0]}"
+        )
     else:
         end = time.time() + 600
         while not done.is_file():

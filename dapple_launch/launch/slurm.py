@@ -9,6 +9,7 @@ calls `checkpoint()` and requeues: the job resumes the newest complete checkpoin
 the same plan and arguments (a damaged newest checkpoint fails the job with its name rather than
 falling back silently).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,9 @@ class TrainTask:
     """What submitit pickles and runs on every task of the job. `snapshot`: the directory holding
     the config and plan written at submission (the ranks read those, whatever happens later)."""
 
-    def __init__(self, run_dir: str, snapshot: str, ckpt_path: str | None, in_allocation: bool = False,
-                 replan: bool = False):
+    def __init__(
+        self, run_dir: str, snapshot: str, ckpt_path: str | None, in_allocation: bool = False, replan: bool = False
+    ):
         self.run_dir, self.snapshot, self.ckpt_path = run_dir, snapshot, ckpt_path
         # a step of the user's own allocation (cluster=from_slurm): no submitit to requeue it
         self.in_allocation = in_allocation
@@ -44,6 +46,7 @@ class TrainTask:
         from ..log import setup
         from ..runtime.checkpoint import newest_intact
         from ..runtime.signals import REQUEUE, SIGNAL
+
         setup()
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         job = submitit.JobEnvironment()
@@ -51,6 +54,7 @@ class TrainTask:
             self.replan = True  # requeued onto fewer (or more) nodes than planned for, and free to re-plan
         if self.replan:
             from .node_loss import replanned_snapshot
+
             self.snapshot, self.replan = replanned_snapshot(self, job), False
         if not self._take_planned_rank(env):
             return "idle"
@@ -62,6 +66,7 @@ class TrainTask:
             get_logger().info(f"resuming from {os.environ['DAPPLE_CKPT']}")
         os.environ.setdefault("DAPPLE_THREADS", "1")
         from .worker import main
+
         code = main(self.run_dir, self.snapshot, requeue_signal=not self.in_allocation)
         if SIGNAL.agreed == REQUEUE:  # saved together on the signal: now submitit requeues (task 0) and exits
             SIGNAL.hand_over()
@@ -69,6 +74,7 @@ class TrainTask:
         if code not in (0, 3):
             if not self.in_allocation:
                 from .node_loss import after_failure
+
                 line = after_failure(self, job)
                 if line is not None:
                     raise RuntimeError(line)
@@ -90,6 +96,7 @@ class TrainTask:
         """What became of this job, for the launcher that follows it (not submitit's result files:
         a job Slurm requeued may still have a stale one)."""
         from .node_loss import fate_path, write_fate
+
         if state == "failed" and fate_path(self.run_dir, job.job_id).is_file():
             return  # the first failure's line stands
         try:
@@ -99,6 +106,7 @@ class TrainTask:
 
     def _sized_for_other_nodes(self, job) -> bool:
         from omegaconf import OmegaConf
+
         snap = Path(self.snapshot)
         cfg = OmegaConf.load(snap / "config.yaml")
         if str(cfg.strategy.name) != "auto":
@@ -113,6 +121,7 @@ class TrainTask:
         from omegaconf import OmegaConf
 
         from ..runtime.grid import ProcessGrid
+
         snap = Path(self.snapshot)
         plan = Plan.load(snap / "plan.json")
         k = int(OmegaConf.load(snap / "config.yaml").cluster.devices_per_node)
@@ -125,13 +134,20 @@ class TrainTask:
             return False
         # rank 0 lives on the node of the plan's first device, which need not be the job's first node
         master = job.hostnames[grid.device_of(0) // k]
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(plan.world_size), LOCAL_RANK=str(job.local_rank),
-                          NODE_RANK=str(job.node), MASTER_ADDR=master, MASTER_PORT=str(env.master_port))
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(plan.world_size),
+            LOCAL_RANK=str(job.local_rank),
+            NODE_RANK=str(job.node),
+            MASTER_ADDR=master,
+            MASTER_PORT=str(env.master_port),
+        )
         return True
 
     def checkpoint(self, *args, **kwargs):
         """Preempted or timed out: come back on the newest complete checkpoint of this run."""
         import submitit
+
         return submitit.helpers.DelayedSubmission(TrainTask(self.run_dir, self.snapshot, self.ckpt_path))
 
 
@@ -139,31 +155,41 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     """Refuse before anything is submitted: no Slurm, a plan the cluster cannot hold, a live job."""
     missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
     if missing:
-        raise ValueError(f"cluster={cfg.cluster.name} is reached through Slurm but there is no {' or '.join(missing)} "
-                         f"on PATH; run on "
-                         f"this machine with launcher=local (and a cluster that fits it, e.g. cluster=local), or "
-                         f"plan only with dry_run=true")
+        raise ValueError(
+            f"cluster={cfg.cluster.name} is reached through Slurm but there is no {' or '.join(missing)} "
+            f"on PATH; run on "
+            f"this machine with launcher=local (and a cluster that fits it, e.g. cluster=local), or "
+            f"plan only with dry_run=true"
+        )
     c = cfg.cluster
     if plan.world_size > c.nodes * c.devices_per_node:
-        raise ValueError(f"the plan needs {plan.world_size} devices but cluster {c.name} offers {c.nodes} nodes × "
-                         f"{c.devices_per_node} = {c.nodes * c.devices_per_node}")
+        raise ValueError(
+            f"the plan needs {plan.world_size} devices but cluster {c.name} offers {c.nodes} nodes × "
+            f"{c.devices_per_node} = {c.nodes * c.devices_per_node}"
+        )
     check_plan_runs_on(plan, topology_from_config(c))
     if 0 not in {d for st in plan.stages for d in st.devices}:
-        raise ValueError("the plan leaves device 0 idle, but under Slurm task 0 (device 0) is the one that requeues "
-                         "the job on preemption; renumber the plan's devices so that one stage uses device 0")
+        raise ValueError(
+            "the plan leaves device 0 idle, but under Slurm task 0 (device 0) is the one that requeues "
+            "the job on preemption; renumber the plan's devices so that one stage uses device 0"
+        )
     first_save_s = plan.estimate.iteration_s * cfg.trainer.checkpoint_every_n_steps
     if first_save_s > c.time_min * 60:
-        get_logger().warning(f"the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "
-              f"{plan.estimate.iteration_s:.3g} s per iteration × {cfg.trainer.checkpoint_every_n_steps} steps) but "
-              f"the time limit is cluster.time_min={c.time_min}: a job that times out would start over each time; "
-              f"lower trainer.checkpoint_every_n_steps or raise cluster.time_min")
+        get_logger().warning(
+            f"the first checkpoint comes after about {first_save_s / 60:.0f} min (estimated "
+            f"{plan.estimate.iteration_s:.3g} s per iteration × {cfg.trainer.checkpoint_every_n_steps} steps) but "
+            f"the time limit is cluster.time_min={c.time_min}: a job that times out would start over each time; "
+            f"lower trainer.checkpoint_every_n_steps or raise cluster.time_min"
+        )
     previous = run_dir / JOB_ID_FILE
     if previous.is_file():
         job = previous.read_text().strip()
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
         if state:
-            raise ValueError(f"run directory {run_dir} belongs to job {job}, which is still {state}; wait for it "
-                             f"(squeue -j {job}), cancel it (scancel {job}), or pick another hydra.run.dir")
+            raise ValueError(
+                f"run directory {run_dir} belongs to job {job}, which is still {state}; wait for it "
+                f"(squeue -j {job}), cancel it (scancel {job}), or pick another hydra.run.dir"
+            )
 
 
 def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
@@ -174,14 +200,27 @@ def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
 
 def executor_for(cfg: DictConfig, nodes: int, tasks_per_node: int, run_dir: Path, exclude: str | None = None):
     import submitit
+
     c = cfg.cluster
     ex = submitit.AutoExecutor(folder=str(run_dir / "slurm"), cluster="slurm", slurm_max_num_timeout=c.max_num_timeout)
-    params = dict(nodes=nodes, tasks_per_node=tasks_per_node, cpus_per_task=c.cpus_per_task,
-                  timeout_min=c.time_min, name=f"dapple-{cfg.model.name}", slurm_setup=list(c.setup))
+    params = dict(
+        nodes=nodes,
+        tasks_per_node=tasks_per_node,
+        cpus_per_task=c.cpus_per_task,
+        timeout_min=c.time_min,
+        name=f"dapple-{cfg.model.name}",
+        slurm_setup=list(c.setup),
+    )
     if c.device_kind == "gpu":  # the GPUs the plan's tasks sit on, no more (strategy.devices=auto may use few)
         params["gpus_per_node"] = tasks_per_node
-    for key, value in (("slurm_partition", c.partition), ("slurm_account", c.account), ("slurm_qos", c.qos),
-                       ("slurm_constraint", c.constraint), ("mem_gb", c.mem_gb), ("slurm_exclude", exclude)):
+    for key, value in (
+        ("slurm_partition", c.partition),
+        ("slurm_account", c.account),
+        ("slurm_qos", c.qos),
+        ("slurm_constraint", c.constraint),
+        ("mem_gb", c.mem_gb),
+        ("slurm_exclude", exclude),
+    ):
         if value:
             params[key] = value
     ex.update_parameters(**params)
@@ -218,15 +257,29 @@ def launch_in_allocation(cfg: DictConfig, plan: Plan, run_dir: Path, snapshot: P
     import sys
 
     from ..allocation import allocation
+
     log = get_logger()
     a = allocation()
     nodes, tasks_per_node = job_shape(plan, cfg.cluster.devices_per_node)
     if nodes > a.nodes or tasks_per_node > a.devices_per_node:
-        raise ValueError(f"the plan needs {nodes} node(s) × {tasks_per_node} tasks but job {a.job_id} holds {a.nodes} × "
-                         f"{a.devices_per_node}: plan for the allocation (cluster=from_slurm) or allocate more")
-    cmd = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--ntasks={nodes * tasks_per_node}",
-           "--kill-on-bad-exit=1", "--cpu-bind=none", sys.executable, "-m", "dapple_launch.launch.slurm", str(run_dir),
-           str(snapshot), ckpt_path or ""]
+        raise ValueError(
+            f"the plan needs {nodes} node(s) × {tasks_per_node} tasks but job {a.job_id} holds {a.nodes} × "
+            f"{a.devices_per_node}: plan for the allocation (cluster=from_slurm) or allocate more"
+        )
+    cmd = [
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={tasks_per_node}",
+        f"--ntasks={nodes * tasks_per_node}",
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=none",
+        sys.executable,
+        "-m",
+        "dapple_launch.launch.slurm",
+        str(run_dir),
+        str(snapshot),
+        ckpt_path or "",
+    ]
     if str(cfg.cluster.device_kind) == "gpu":
         cmd.insert(4, f"--gpus-per-node={tasks_per_node}")
     log.info(f"step of job {a.job_id}: {' '.join(cmd[:5])} ... ({nodes} × {tasks_per_node} ranks)")
@@ -259,12 +312,14 @@ def launch_slurm(cfg: DictConfig, plan: Plan, run_dir: Path, snapshot: Path, ckp
     log.info(f"  follow it:     squeue -j {job.job_id}; tail -f {run_dir / 'slurm'}/{job.job_id}_0_log.out")
     if cfg.launcher.wait:
         from .follow import follow
+
         return follow(run_dir, str(job.job_id))
     return 0
 
 
 if __name__ == "__main__":  # one task of a step in the user's allocation (launch_in_allocation)
     import sys
+
     # the step's own nodes, in its order: the plan's node index counts within the step
     if os.environ.get("SLURM_STEP_NODELIST"):
         os.environ["SLURM_JOB_NODELIST"] = os.environ["SLURM_STEP_NODELIST"]

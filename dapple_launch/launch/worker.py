@@ -7,6 +7,7 @@ a file a later launch could replace). It installs the stop signals (a handler on
 flag), starts its heartbeat, trains, and on a failure writes one line saying why into
 logs/error-rank-N.txt (the traceback goes to its log) for the launcher to show.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
     rank = int(os.environ.get("RANK", "0"))
     from ..log import quiet_third_party, setup
     from ..runtime.signals import SIGNAL, STOP
+
     SIGNAL.install(requeue=requeue_signal)
     log = setup()
     quiet_third_party()
@@ -32,26 +34,41 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
         from ..planner.plan import Plan
         from ..runtime.grid import ProcessGrid
         from ..runtime.heartbeat import BEAT
+
         torch.set_num_threads(int(os.environ.get("DAPPLE_THREADS", "1")))
         source = Path(snapshot) if snapshot else run
         cfg = OmegaConf.load(source / "config.yaml")
         from ..host import rendezvous_interfaces
+
         # the interface peers on other nodes reach this rank through, never loopback (before any group)
-        os.environ.update(rendezvous_interfaces(os.environ.get("MASTER_ADDR"),
-                                                cfg.cluster.get("network_interface") or None))
+        os.environ.update(
+            rendezvous_interfaces(os.environ.get("MASTER_ADDR"), cfg.cluster.get("network_interface") or None)
+        )
         if str(cfg.cluster.device_kind) == "gpu":  # before the first NCCL communicator exists
             from .devices import nccl_env
+
             os.environ.update(nccl_env(run))
         plan = Plan.load(source / "plan.json")
         stage, replica = ProcessGrid.from_plan(plan).position(rank)
         import socket
+
         node = socket.gethostname()
         log = setup(f"[rank {rank} · stage {stage} · replica {replica} · {node}] " if rank else "")
-        log.info(f"rank {rank} (stage {stage}, replica {replica}) on node {node}"
-                 + (f", interface {os.environ['GLOO_SOCKET_IFNAME']}" if os.environ.get("GLOO_SOCKET_IFNAME") else ""))
-        BEAT.start(run, rank, stage=stage, replica=replica, device=ProcessGrid.from_plan(plan).device_of(rank),
-                   node=node, job=os.environ.get("SLURM_JOB_ID"))
+        log.info(
+            f"rank {rank} (stage {stage}, replica {replica}) on node {node}"
+            + (f", interface {os.environ['GLOO_SOCKET_IFNAME']}" if os.environ.get("GLOO_SOCKET_IFNAME") else "")
+        )
+        BEAT.start(
+            run,
+            rank,
+            stage=stage,
+            replica=replica,
+            device=ProcessGrid.from_plan(plan).device_of(rank),
+            node=node,
+            job=os.environ.get("SLURM_JOB_ID"),
+        )
         from ..train import fit
+
         agreed = fit(cfg, plan, run, os.environ.get("DAPPLE_CKPT") or None)
         _leave_together()
     except BaseException as exc:
@@ -67,6 +84,7 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
             pass
         report(rank, f"{type(exc).__name__}: {line}")
         from ..runtime.heartbeat import BEAT
+
         BEAT.end("failed")
         if rank:  # rank 0 shares the user's terminal: the launcher reports for it
             print(trace, file=sys.stderr)
@@ -91,6 +109,7 @@ def _leave_together() -> None:
     gloo's threads are destroyed in whatever order the runtime picks, and now and then a rank
     aborts ("terminate called without an active exception", exit -6) after a run that succeeded."""
     import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

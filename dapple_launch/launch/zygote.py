@@ -13,6 +13,7 @@ killed it); a rank that fails writes `error RANK LINE` on the same pipe itself (
 cannot swallow it). Every rank runs in a session of its own and dies with the zygote, which dies with
 the launcher (PR_SET_PDEATHSIG), so no rank outlives the launcher.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ def die_with_parent() -> None:
     """The kernel sends SIGKILL when this process's parent exits, however it exits (Linux)."""
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -34,6 +36,7 @@ def _name(title: str) -> None:
     """The name `ps -o comm` and `top` show (the command line stays the zygote's)."""
     try:
         import ctypes
+
         ctypes.CDLL(None).prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
@@ -60,6 +63,7 @@ def _child(spec: dict, report_fd: int) -> None:
     code = 1
     try:
         from .worker import main
+
         code = main(*spec["argv"])
     finally:
         sys.stdout.flush()
@@ -76,6 +80,7 @@ def main() -> None:
     import dapple_launch.train  # noqa: F401 - the imports every rank needs, done once
 
     from . import worker  # noqa: F401
+
     report.write("ready\n")
     ranks = {}
     for line in sys.stdin:

@@ -1,4 +1,5 @@
 """The models the configs name. Each is a PipelineModel: an ordered list of layers plus a loss."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,8 +12,12 @@ from .llama import LLAMA_PRESETS, Llama
 from .transformer import BERT, BERT_PRESETS, GPT, GPT_PRESETS
 from .vgg import VGG19, VGG_PRESETS
 
-_FAMILIES = {"gpt": (GPT, GPT_PRESETS), "bert": (BERT, BERT_PRESETS), "vgg19": (VGG19, VGG_PRESETS),
-             "llama": (Llama, LLAMA_PRESETS)}
+_FAMILIES = {
+    "gpt": (GPT, GPT_PRESETS),
+    "bert": (BERT, BERT_PRESETS),
+    "vgg19": (VGG19, VGG_PRESETS),
+    "llama": (Llama, LLAMA_PRESETS),
+}
 MODEL_NAMES = sorted(_FAMILIES)
 
 
@@ -36,15 +41,18 @@ def build_custom(target: str, args: dict | None = None) -> PipelineModel:
     the Python path) with `args` as keyword arguments; it must return a PipelineModel."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"model.target={target!r} must name a factory as PACKAGE.MODULE:CALLABLE, e.g. "
-                         f"model.target=my_model:build")
+        raise ValueError(
+            f"model.target={target!r} must name a factory as PACKAGE.MODULE:CALLABLE, e.g. model.target=my_model:build"
+        )
     if "" not in sys.path and str(Path.cwd()) not in sys.path:  # `python -m` puts the working directory first
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"model.target={target}: cannot import {module_name} ({exc}); run from the directory that "
-                         f"holds it or add that directory to PYTHONPATH") from None
+        raise ValueError(
+            f"model.target={target}: cannot import {module_name} ({exc}); run from the directory that "
+            f"holds it or add that directory to PYTHONPATH"
+        ) from None
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -56,8 +64,10 @@ def build_custom(target: str, args: dict | None = None) -> PipelineModel:
     except TypeError as exc:
         raise ValueError(f"model.target={target} refused model.args={args}: {exc}") from None
     if not isinstance(model, PipelineModel):
-        raise ValueError(f"model.target={target} returned {type(model).__name__}, not a "
-                         f"dapple_launch.models.PipelineModel (layers(), loss(), batch())")
+        raise ValueError(
+            f"model.target={target} returned {type(model).__name__}, not a "
+            f"dapple_launch.models.PipelineModel (layers(), loss(), batch())"
+        )
     if not model.layers():
         raise ValueError(f"model.target={target}: the model has no layers")
     model.factory = {"target": target, "args": args}  # identifies it in checkpoints beside describe()
@@ -70,5 +80,16 @@ def identity(model: PipelineModel) -> dict:
     return {**model.describe(), **({"factory": factory} if factory else {})}
 
 
-__all__ = ["LayerSpec", "PipelineModel", "build_layer", "build_model", "build_custom", "identity", "MODEL_NAMES",
-           "GPT", "BERT", "VGG19", "Llama"]
+__all__ = [
+    "LayerSpec",
+    "PipelineModel",
+    "build_layer",
+    "build_model",
+    "build_custom",
+    "identity",
+    "MODEL_NAMES",
+    "GPT",
+    "BERT",
+    "VGG19",
+    "Llama",
+]

@@ -31,6 +31,7 @@
     `models.token_slices.current()` while a slice runs (absolute positions; attention through
     `TokenSlice.attend`, which keeps the earlier slices' keys and values).
 """
+
 from __future__ import annotations
 
 import abc
@@ -62,8 +63,9 @@ class PipelineModel(abc.ABC):
     def loss(self, output: Carry, target: Carry) -> torch.Tensor: ...
 
     @abc.abstractmethod
-    def batch(self, n: int, generator: torch.Generator | None = None,
-              device: str | torch.device = "cpu") -> tuple[Carry, Carry]: ...
+    def batch(
+        self, n: int, generator: torch.Generator | None = None, device: str | torch.device = "cpu"
+    ) -> tuple[Carry, Carry]: ...
 
     def tied_parameters(self) -> Sequence[Sequence[str]]:
         return ()
@@ -115,8 +117,9 @@ def parameter_layer(name: str) -> int:
     """The layer position of a global parameter name `layers.<position>.<...>`."""
     parts = name.split(".")
     if len(parts) < 3 or parts[0] != "layers" or not parts[1].isdigit():
-        raise ValueError(f"parameter {name!r} is not under layers.<position>: the model contract keeps every "
-                         f"weight inside a layer")
+        raise ValueError(
+            f"parameter {name!r} is not under layers.<position>: the model contract keeps every weight inside a layer"
+        )
     return int(parts[1])
 
 

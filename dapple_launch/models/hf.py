@@ -15,6 +15,7 @@ the parts the layer does not own replaced by parameter-free stand-ins. Parameter
 onto the Hugging Face names (`hf_name`), so a rank reads only its stage's tensors from the
 safetensors files and export writes them back (export.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,21 +35,27 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ValueError("model=hf needs the transformers package: pip install 'dapple-launch[hf]' "
-                         "(transformers, safetensors, tokenizers)") from None
+        raise ValueError(
+            "model=hf needs the transformers package: pip install 'dapple-launch[hf]' "
+            "(transformers, safetensors, tokenizers)"
+        ) from None
     return transformers
 
 
 def load_config(path: str | Path):
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
-        raise ValueError(f"{p}: no config.json there; a Hugging Face model directory (what save_pretrained writes) "
-                         f"holds config.json and *.safetensors")
+        raise ValueError(
+            f"{p}: no config.json there; a Hugging Face model directory (what save_pretrained writes) "
+            f"holds config.json and *.safetensors"
+        )
     t = _transformers()
     try:
         return t.AutoConfig.from_pretrained(str(p), local_files_only=True)
     except Exception as exc:
-        raise ValueError(f"{p}/config.json cannot be read by transformers: {' '.join(str(exc).split())[:300]}") from None
+        raise ValueError(
+            f"{p}/config.json cannot be read by transformers: {' '.join(str(exc).split())[:300]}"
+        ) from None
 
 
 class _Stop(Exception):
@@ -103,10 +110,12 @@ class Anatomy:
             with torch.device("meta"):
                 full = t.AutoModelForCausalLM.from_config(copy.deepcopy(config))
         except ValueError:
-            raise ValueError(f"{type(config).__name__} (model_type {config.model_type}, architectures "
-                             f"{getattr(config, 'architectures', None)}) is not a causal LM: transformers has no "
-                             f"AutoModelForCausalLM class for it, and this tool pipelines decoder-only models of the "
-                             f"embed → layers → norm + head shape") from None
+            raise ValueError(
+                f"{type(config).__name__} (model_type {config.model_type}, architectures "
+                f"{getattr(config, 'architectures', None)}) is not a causal LM: transformers has no "
+                f"AutoModelForCausalLM class for it, and this tool pipelines decoder-only models of the "
+                f"embed → layers → norm + head shape"
+            ) from None
         arch = type(full).__name__
         self.arch = arch
         # the attention kernel from_config picked for this family (sdpa, or eager where it must be)
@@ -118,14 +127,18 @@ class Anatomy:
         embeds = [n for n, m in base.named_modules() if isinstance(m, nn.Embedding)]
         found = ", ".join(f"{n} ({type(m).__name__})" for n, m in base.named_children())
         if len(lists) != 1 or head is None or not embeds or self.num_layers < 1:
-            raise ValueError(f"{arch} does not follow the embed → layers → norm + head shape this tool pipelines: "
-                             f"its base model holds {found}" + ("" if head is not None else "; no output embeddings")
-                             + f" (looked for one list of {self.num_layers} decoder layers and an embedding)")
+            raise ValueError(
+                f"{arch} does not follow the embed → layers → norm + head shape this tool pipelines: "
+                f"its base model holds {found}"
+                + ("" if head is not None else "; no output embeddings")
+                + f" (looked for one list of {self.num_layers} decoder layers and an embedding)"
+            )
         self.layers_name = lists[0]
         self.layer_class = type(getattr(base, self.layers_name)[0])
         self.layer_types = list(getattr(text, "layer_types", None) or [])
-        self.tied = bool(getattr(config, "tie_word_embeddings", False)) and \
-            head.weight is full.get_input_embeddings().weight
+        self.tied = (
+            bool(getattr(config, "tie_word_embeddings", False)) and head.weight is full.get_input_embeddings().weight
+        )
         self.head_name = next(n for n, m in full.named_modules() if m is head)
         self.input_name = next(n for n, m in full.named_modules() if m is full.get_input_embeddings())
         self.state_shapes = {k: tuple(v.shape) for k, v in full.state_dict().items()}
@@ -234,6 +247,7 @@ class HFDecoder(nn.Module):
 
 def _make_layer(anatomy: Anatomy, config, index: int) -> nn.Module:
     import inspect
+
     text = copy.copy(config.get_text_config() if hasattr(config, "get_text_config") else config)
     text._attn_implementation = anatomy.attn_implementation  # what the family's own model would have set
     params = inspect.signature(anatomy.layer_class.__init__).parameters
@@ -265,8 +279,10 @@ class HFHead(nn.Module):
                     return logits
         finally:
             setattr(base, name, original)
-        raise RuntimeError(f"{self.anatomy.arch}: its causal-LM forward does not take the decoder layers' output "
-                           f"as a tensor or a tuple")
+        raise RuntimeError(
+            f"{self.anatomy.arch}: its causal-LM forward does not take the decoder layers' output "
+            f"as a tensor or a tuple"
+        )
 
 
 class WeightFiles:
@@ -280,9 +296,12 @@ class WeightFiles:
         else:
             files = sorted(self.path.glob("*.safetensors"))
             if not files:
-                raise ValueError(f"{self.path}: no *.safetensors weights (model.init=random starts from the family's "
-                                 f"own initialisation instead)")
+                raise ValueError(
+                    f"{self.path}: no *.safetensors weights (model.init=random starts from the family's "
+                    f"own initialisation instead)"
+                )
             from safetensors import safe_open
+
             self.where = {}
             for f in files:
                 with safe_open(str(f), framework="pt") as h:
@@ -290,6 +309,7 @@ class WeightFiles:
 
     def shapes(self) -> dict[str, tuple]:
         from safetensors import safe_open
+
         out = {}
         for f in sorted(set(self.where.values())):
             with safe_open(str(f), framework="pt") as h:
@@ -298,6 +318,7 @@ class WeightFiles:
 
     def get(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
+
         with safe_open(str(self.where[name]), framework="pt") as h:
             return h.get_tensor(name)
 
@@ -308,15 +329,20 @@ class HFCausalLM(PipelineModel):
     name = "hf"
     trace_on_fake_tensors = True  # (profile/analytic.py) the family's code needs a real device type
 
-    def __init__(self, path: str | None = None, config_dir: str | None = None, init: str = "pretrained",
-                 seq_len: int = 128):
+    def __init__(
+        self, path: str | None = None, config_dir: str | None = None, init: str = "pretrained", seq_len: int = 128
+    ):
         source = path or config_dir
         if not source:
-            raise ValueError("model=hf needs model.path=DIR (config.json and safetensors weights) or "
-                             "model.config=DIR with model.init=random")
+            raise ValueError(
+                "model=hf needs model.path=DIR (config.json and safetensors weights) or "
+                "model.config=DIR with model.init=random"
+            )
         if init == "pretrained" and not path:
-            raise ValueError("model.init=pretrained reads the weights of model.path=DIR; with only model.config, set "
-                             "model.init=random")
+            raise ValueError(
+                "model.init=pretrained reads the weights of model.path=DIR; with only model.config, set "
+                "model.init=random"
+            )
         self.path, self.init = (str(Path(path).expanduser()) if path else None), init
         self.config = load_config(source)
         self.anatomy = Anatomy(self.config)
@@ -324,8 +350,10 @@ class HFCausalLM(PipelineModel):
         self.vocab_size = int(text.vocab_size)
         limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
         if limit and seq_len > limit:
-            raise ValueError(f"model.seq_len={seq_len} is longer than {self.anatomy.arch}'s {limit} positions "
-                             f"(max_position_embeddings); set model.seq_len<={limit}")
+            raise ValueError(
+                f"model.seq_len={seq_len} is longer than {self.anatomy.arch}'s {limit} positions "
+                f"(max_position_embeddings); set model.seq_len<={limit}"
+            )
         self.seq_len = int(seq_len)
         self._shells = _Shells(self.config, self.anatomy)
         if init == "pretrained":
@@ -349,11 +377,15 @@ class HFCausalLM(PipelineModel):
         found = WeightFiles(self.path).shapes()
         for name, shape in self.expected().items():
             if name not in found:
-                raise ValueError(f"{self.path}: the weights have no tensor {name} (shape {list(shape)}), which "
-                                 f"{self.anatomy.arch} needs; the directory holds another model or lost a shard")
+                raise ValueError(
+                    f"{self.path}: the weights have no tensor {name} (shape {list(shape)}), which "
+                    f"{self.anatomy.arch} needs; the directory holds another model or lost a shard"
+                )
             if tuple(found[name]) != shape:
-                raise ValueError(f"{self.path}: tensor {name} has shape {list(found[name])}, but {self.anatomy.arch} "
-                                 f"with this config.json needs {list(shape)}")
+                raise ValueError(
+                    f"{self.path}: tensor {name} has shape {list(found[name])}, but {self.anatomy.arch} "
+                    f"with this config.json needs {list(shape)}"
+                )
 
     def hf_name(self, position: int, name: str) -> str:
         """The Hugging Face name of parameter `name` of pipeline layer `position`."""
@@ -389,15 +421,21 @@ class HFCausalLM(PipelineModel):
         a, cfg = self.anatomy, self.config
         specs = [LayerSpec("embed", lambda: self._load(0, self._init(HFEmbed(cfg, a))))]
         for i in range(a.num_layers):
-            specs.append(LayerSpec(f"layer{i}", lambda i=i: self._load(i + 1, self._init(HFDecoder(cfg, a, i, self._shells)))))
+            specs.append(
+                LayerSpec(f"layer{i}", lambda i=i: self._load(i + 1, self._init(HFDecoder(cfg, a, i, self._shells))))
+            )
         specs.append(LayerSpec("head", lambda: self._load(a.num_layers + 1, self._init(HFHead(cfg, a)))))
         return specs
 
     def tied_parameters(self):
         if not self.anatomy.tied:
             return ()
-        return ([f"layers.0.shell.{self.anatomy.input_name}.weight",
-                 f"layers.{self.anatomy.num_layers + 1}.shell.{self.anatomy.head_name}.weight"],)
+        return (
+            [
+                f"layers.0.shell.{self.anatomy.input_name}.weight",
+                f"layers.{self.anatomy.num_layers + 1}.shell.{self.anatomy.head_name}.weight",
+            ],
+        )
 
     def loss(self, output, target):
         token = F.cross_entropy(output.float().flatten(0, 1), target.flatten(), ignore_index=-100, reduction="none")
@@ -414,6 +452,7 @@ class HFCausalLM(PipelineModel):
 
 def _shapes_only(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
+
     return t.device.type == "meta" or isinstance(t, FakeTensor)
 
 

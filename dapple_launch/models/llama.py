@@ -7,6 +7,7 @@ rotary), so a checkpoint exports to a directory `LlamaForCausalLM.from_pretraine
 logits (export.py). Token slices (TeraPipe) and recomputation work on it as on `gpt`: positions are
 absolute under a slice, attention goes through `TokenSlice.attend`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,8 +75,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(s.hidden, s.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(s.heads * d, s.hidden, bias=False)
         # rotary frequencies: built here, never stored (a checkpoint or an HF directory does not hold them)
-        self.register_buffer("inv_freq", 1.0 / (s.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", 1.0 / (s.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)), persistent=False
+        )
 
     def rotary(self, start: int, length: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(start, start + length, device=device, dtype=torch.float32)
@@ -155,8 +157,10 @@ class Llama(PipelineModel):
 
     def __init__(self, shape: LlamaShape, name: str = "llama"):
         if shape.hidden % shape.heads or shape.heads % shape.kv_heads or shape.head_dim % 2:
-            raise ValueError(f"model {name}: hidden {shape.hidden} must split into heads {shape.heads} of an even size, "
-                             f"and heads into kv_heads {shape.kv_heads} groups")
+            raise ValueError(
+                f"model {name}: hidden {shape.hidden} must split into heads {shape.heads} of an even size, "
+                f"and heads into kv_heads {shape.kv_heads} groups"
+            )
         self.shape, self.name = shape, name
 
     @property
@@ -169,9 +173,11 @@ class Llama(PipelineModel):
 
     def layers(self) -> list[LayerSpec]:
         s = self.shape
-        return ([LayerSpec("embed", lambda: Embed(s))]
-                + [LayerSpec(f"layer{i}", lambda: DecoderLayer(s)) for i in range(s.num_layers)]
-                + [LayerSpec("head", lambda: Head(s))])
+        return (
+            [LayerSpec("embed", lambda: Embed(s))]
+            + [LayerSpec(f"layer{i}", lambda: DecoderLayer(s)) for i in range(s.num_layers)]
+            + [LayerSpec("head", lambda: Head(s))]
+        )
 
     def tied_parameters(self) -> list[list[str]]:
         if not self.shape.tie_embeddings:
@@ -206,18 +212,28 @@ class Llama(PipelineModel):
 
     def hf_config(self):
         import transformers
+
         s = self.shape
         return transformers.LlamaConfig(
-            vocab_size=s.vocab_size, hidden_size=s.hidden, intermediate_size=s.ffn_hidden,
-            num_hidden_layers=s.num_layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
-            max_position_embeddings=s.seq_len, rms_norm_eps=s.norm_eps, rope_theta=s.rope_theta,
-            tie_word_embeddings=s.tie_embeddings, architectures=["LlamaForCausalLM"])
+            vocab_size=s.vocab_size,
+            hidden_size=s.hidden,
+            intermediate_size=s.ffn_hidden,
+            num_hidden_layers=s.num_layers,
+            num_attention_heads=s.heads,
+            num_key_value_heads=s.kv_heads,
+            max_position_embeddings=s.seq_len,
+            rms_norm_eps=s.norm_eps,
+            rope_theta=s.rope_theta,
+            tie_word_embeddings=s.tie_embeddings,
+            architectures=["LlamaForCausalLM"],
+        )
 
     def hf_expected(self) -> set[str]:
         """The tensors a Hugging Face Llama directory of this shape holds (a tied head is stored once)."""
         with torch.device("meta"):
-            names = {self.hf_name(i, n) for i, spec in enumerate(self.layers())
-                     for n, _ in spec.build().named_parameters()}
+            names = {
+                self.hf_name(i, n) for i, spec in enumerate(self.layers()) for n, _ in spec.build().named_parameters()
+            }
         if self.shape.tie_embeddings:
             names.discard("lm_head.weight")
         return names

@@ -16,6 +16,7 @@ from the outputs directly, as a whole backward would. Where every weight has an 
 outputs: what only the input gradient needed above the anchors (a last stage's loss, which saved
 its own input) is freed at I, as torch.distributed.pipelining's stage_backward_input does.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -79,8 +80,11 @@ class PendingWeights:
                 continue
             # An anchor below another of the group would receive the upper one's gradient again on
             # top of its recorded total: pin every anchor to what it recorded.
-            pins = [a.register_prehook(lambda _g, rec=g.grads[a]: rec) for a in g.anchors if a in g.grads] \
-                if len(g.anchors) > 1 else []
+            pins = (
+                [a.register_prehook(lambda _g, rec=g.grads[a]: rec) for a in g.anchors if a in g.grads]
+                if len(g.anchors) > 1
+                else []
+            )
             try:
                 got = torch.autograd.grad(edges, g.params, grads, retain_graph=True, allow_unused=True)
             finally:
@@ -88,8 +92,9 @@ class PendingWeights:
                     h.remove()
             _accumulate(g.params, got)
         if self.unanchored:
-            got = torch.autograd.grad(self.outputs, self.unanchored, self.grad_outputs, retain_graph=True,
-                                      allow_unused=True)
+            got = torch.autograd.grad(
+                self.outputs, self.unanchored, self.grad_outputs, retain_graph=True, allow_unused=True
+            )
             _accumulate(self.unanchored, got)
         self.outputs = self.grad_outputs = self.groups = self.unanchored = None
 
@@ -189,8 +194,7 @@ def backward_input(outputs, grad_outputs, inputs, params) -> tuple[list, Pending
     for a, g in owner.items():
         hooks.append(a.register_prehook(lambda grads, a=a, g=g: g.grads.__setitem__(a, tuple(grads))))
     try:
-        got = torch.autograd.grad(outputs, want, grad_outputs, retain_graph=True, allow_unused=True) \
-            if want else ()
+        got = torch.autograd.grad(outputs, want, grad_outputs, retain_graph=True, allow_unused=True) if want else ()
     finally:
         for h in hooks:
             h.remove()

@@ -13,6 +13,7 @@ The runtime runs a stage's layers on slice i = tokens [start, stop) of a micro-b
 A model supports slicing when it defines `slice_loss(output, target, start, stop)` (models/contract.py)
 and its attention layers call `attend` when a slice is running (models/transformer.py's GPT does).
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -30,6 +31,7 @@ class KVCache:
     """One micro-batch's keys and values on one stage: per attention module, one entry per slice
     run so far: (keys, values) as computed (attached to the slice's graph) and the detached leaves
     later slices attend to."""
+
     entries: dict = field(default_factory=dict)
 
     def cache_gradients(self, index: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -60,8 +62,10 @@ class TokenSlice:
         of the slices before it and its own."""
         per_slice = self.cache.entries.setdefault(module, [])
         if len(per_slice) != self.index:
-            raise RuntimeError(f"token slice {self.index} runs after {len(per_slice)} slices of this micro-batch on "
-                               f"this stage: slices run forward in token order")
+            raise RuntimeError(
+                f"token slice {self.index} runs after {len(per_slice)} slices of this micro-batch on "
+                f"this stage: slices run forward in token order"
+            )
         k_leaf = k.detach().requires_grad_(k.requires_grad)
         v_leaf = v.detach().requires_grad_(v.requires_grad)
         keys = torch.cat([e[2] for e in per_slice] + [k], dim=2) if per_slice else k

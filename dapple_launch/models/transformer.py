@@ -1,4 +1,5 @@
 """GPT (causal language model) and BERT (masked language model) as layer lists."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,8 +80,9 @@ class Block(nn.Module):
         if piece is not None:  # a token slice: the earlier slices' keys and values from the stage's cache
             a = piece.attend(self, q, k, v, dropout_p=self.dropout if self.training else 0.0)
         else:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                               dropout_p=self.dropout if self.training else 0.0)
+            a = F.scaled_dot_product_attention(
+                q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
+            )
         x = x + self.drop(self.proj(a.transpose(1, 2).reshape(n, t, h)))
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
 
@@ -120,9 +122,11 @@ class _Transformer(PipelineModel):
 
     def layers(self) -> list[LayerSpec]:
         s = self.shape
-        return ([LayerSpec("embed", lambda: Embedding(s))]
-                + [LayerSpec(f"block{i}", lambda: Block(s, self.causal)) for i in range(s.num_layers)]
-                + [LayerSpec("head", lambda: Head(s))])
+        return (
+            [LayerSpec("embed", lambda: Embedding(s))]
+            + [LayerSpec(f"block{i}", lambda: Block(s, self.causal)) for i in range(s.num_layers)]
+            + [LayerSpec("head", lambda: Head(s))]
+        )
 
     def tied_parameters(self) -> list[list[str]]:
         # GPT-2 and BERT: the output projection is the token embedding (both vocab × hidden)
@@ -159,6 +163,7 @@ class BERT(_Transformer):
 
     def batch(self, n, generator=None, device="cpu"):
         from ..data.corpus import mask_tokens
+
         s = self.shape
         ids = torch.randint(1, s.vocab_size, (n, s.seq_len), generator=generator)
         inputs, targets = mask_tokens(ids, mask_id=0, generator=generator)
@@ -168,5 +173,6 @@ class BERT(_Transformer):
         """Masked language modelling on seq_len ids of the window; id 0 is [MASK] (a tokenizer for
         BERT keeps it free: the byte tokenizer's 0 is NUL, which text does not hold)."""
         from ..data.corpus import mask_tokens
+
         inputs, targets = mask_tokens(window[None, :-1], mask_id=0, generator=generator)
         return inputs[0], targets[0]

@@ -1,4 +1,5 @@
 """VGG-19 as a layer list: each convolution (with its ReLU), each pooling, each classifier layer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class VGG19(PipelineModel):
 
     def batch(self, n, generator=None, device="cpu"):
         from ..data.images import pattern_images
+
         x, y = pattern_images(n, self.shape.image_size, self.shape.num_classes, generator)
         return x.to(device), y.to(device)
 

@@ -1,7 +1,18 @@
 """The planner: pure functions (ModelProfile, Topology, global batch, limits) -> Plan."""
+
 from .build import fixed_plan, to_plan
 from .cost import Costed, Limits, StageSpec, evaluate
 from .plan import Estimate, Plan, RunnerUp, StagePlan
 
-__all__ = ["Costed", "Estimate", "Limits", "Plan", "RunnerUp", "StageSpec", "StagePlan", "evaluate",
-           "fixed_plan", "to_plan"]
+__all__ = [
+    "Costed",
+    "Estimate",
+    "Limits",
+    "Plan",
+    "RunnerUp",
+    "StageSpec",
+    "StagePlan",
+    "evaluate",
+    "fixed_plan",
+    "to_plan",
+]

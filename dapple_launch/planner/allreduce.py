@@ -11,6 +11,7 @@ is done before the action is). The search's closed forms (bounds.py, branch.py) 
 by one all-reduce of every byte less the action's duration: the buckets start no sooner than the
 action and together cost at least that one all-reduce (each pays its own latency).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -43,8 +44,12 @@ def exposed(ready: Sequence[float], costs: Sequence[float], duration: float) -> 
     return total, (max(0.0, end - duration) if total > 0 else 0.0)
 
 
-def overlapped(layer_seconds: Sequence[float], parameter_bytes: Sequence[float],
-               allreduce: Callable[[float], float], cap: float = BUCKET_BYTES) -> tuple[float, float]:
+def overlapped(
+    layer_seconds: Sequence[float],
+    parameter_bytes: Sequence[float],
+    allreduce: Callable[[float], float],
+    cap: float = BUCKET_BYTES,
+) -> tuple[float, float]:
     """(the buckets' all-reduce in all, the part left after an action of these per-layer seconds ends).
     `layer_seconds`: the action's time in each of the stage's layers, first to last."""
     done_from, elapsed = {}, 0.0  # layer -> time into the action at which it is done (last layer first)

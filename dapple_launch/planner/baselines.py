@@ -1,4 +1,5 @@
 """Baselines planned under the same cost model, for comparison and for `speedup_over_data_parallel`."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio, stage_costs
 
 @lru_cache(maxsize=64)
 def _divisors(n: int) -> tuple[int, ...]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return tuple(sorted({*small, *(n // d for d in small)}))
 
 
@@ -23,14 +24,25 @@ def divisors(n: int) -> list[int]:
     return list(_divisors(n))
 
 
-def best_over_micro_batches(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
-                            global_batch: int, limits: Limits, min_micro_batches: int = 1) -> Costed | None:
+def best_over_micro_batches(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    global_batch: int,
+    limits: Limits,
+    min_micro_batches: int = 1,
+) -> Costed | None:
     """The fastest micro-batch count for a fixed layout that fits memory (None if none does)."""
     return fastest(profile, topology, [(layout, min_micro_batches)], global_batch, limits)
 
 
-def fastest(profile: ModelProfile, topology: Topology, layouts: list[tuple[tuple[StageSpec, ...], int]],
-            global_batch: int, limits: Limits) -> Costed | None:
+def fastest(
+    profile: ModelProfile,
+    topology: Topology,
+    layouts: list[tuple[tuple[StageSpec, ...], int]],
+    global_batch: int,
+    limits: Limits,
+) -> Costed | None:
     """The fastest (layout, micro-batch count) that fits memory over `layouts`, each with its least
     micro-batch count; ties (within rounding) go to the earlier layout, then the fewer micro-batches.
     The candidates are taken in increasing compute_floor and the rest skipped once the floor passes
@@ -38,6 +50,7 @@ def fastest(profile: ModelProfile, topology: Topology, layouts: list[tuple[tuple
     adds time) passes it is not simulated: the full sweep's answer at a fraction of its stage costs
     and simulations."""
     from .warmup import warmup_bound  # (warmup.py's search imports this module's callers)
+
     todo = []
     speed = speed_ratio(profile, topology)
     for index, (layout, min_micro_batches) in enumerate(layouts):
@@ -56,13 +69,28 @@ def fastest(profile: ModelProfile, topology: Topology, layouts: list[tuple[tuple
         if best is not None and floor > best.iteration_s * (1 + TIE):
             break  # none left can be faster (ties within rounding are still simulated)
         costs = stage_costs(profile, topology, layout, global_batch // m)
-        if best is not None and limits.schedule == "1f1b" and \
-                warmup_bound(costs, m, deeper_warmup(len(layout), m, 1)) > best.iteration_s * (1 + TIE):
+        if (
+            best is not None
+            and limits.schedule == "1f1b"
+            and warmup_bound(costs, m, deeper_warmup(len(layout), m, 1)) > best.iteration_s * (1 + TIE)
+        ):
             continue
-        c = evaluate(profile, topology, layout, global_batch // m, m, limits, costs=costs, time_unless_fits=False,
-                     cutoff=best.iteration_s * (1 + TIE) if best is not None else math.inf)
-        if c.fits and (best is None or c.iteration_s < best.iteration_s * (1 - TIE)
-                       or (c.iteration_s <= best.iteration_s * (1 + TIE) and (index, m) < best_key)):
+        c = evaluate(
+            profile,
+            topology,
+            layout,
+            global_batch // m,
+            m,
+            limits,
+            costs=costs,
+            time_unless_fits=False,
+            cutoff=best.iteration_s * (1 + TIE) if best is not None else math.inf,
+        )
+        if c.fits and (
+            best is None
+            or c.iteration_s < best.iteration_s * (1 - TIE)
+            or (c.iteration_s <= best.iteration_s * (1 + TIE) and (index, m) < best_key)
+        ):
             best, best_key = c, (index, m)
     return best
 
@@ -120,6 +148,7 @@ def _min_micro(limits: Limits, stages: int) -> int:
 def gpipe_even(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
     """GPipe: layers split evenly by count into S stages, D/S replicas each, the GPipe schedule."""
     from dataclasses import replace
+
     L, D = profile.num_layers, topology.num_devices
     layouts = [(even_uniform(L, D, S), 1) for S in divisors(D) if 1 < S <= L]
     return fastest(profile, topology, layouts, global_batch, replace(limits, schedule="gpipe"))
@@ -140,6 +169,7 @@ def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limi
     """PipeDream's planner: contiguous stages, replicated stages allowed, minimising the slowest
     of (stage compute / replicas, activation transfer); its layout then runs synchronously (1F1B)."""
     from .branch import replica_choices
+
     L, D = profile.num_layers, topology.num_devices
     pbs = profile.batch_size
     work = [0.0]
@@ -162,7 +192,7 @@ def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limi
             if r >= D:
                 break
             # the last stage holds layers [i, j) on r devices; m - r devices hold [0, i)
-            v = np.maximum(np.maximum(A[1:j, 1:D + 1 - r], c[i - 1][:, None]), ((w[j] - w[i]) / r)[:, None])
+            v = np.maximum(np.maximum(A[1:j, 1 : D + 1 - r], c[i - 1][:, None]), ((w[j] - w[i]) / r)[:, None])
             best_i = v.argmin(axis=0)
             best_v = v[best_i, np.arange(v.shape[1])]
             m = np.arange(r + 1, D + 1)
@@ -188,9 +218,14 @@ def dapple_two_stage(profile: ModelProfile, topology: Topology, global_batch: in
     """The published DAPPLE planner's P:Q family: two stages on P and D - P devices, best cut.
     Beyond 16 devices P takes the search's replica counts (1..devices per node, whole nodes)."""
     from .branch import replica_choices
+
     L, D = profile.num_layers, topology.num_devices
-    layouts = [((StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D)))), _min_micro(limits, 2))
-               for P in replica_choices(topology, D) if P < D for cut in range(1, L)]
+    layouts = [
+        ((StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D)))), _min_micro(limits, 2))
+        for P in replica_choices(topology, D)
+        if P < D
+        for cut in range(1, L)
+    ]
     return fastest(profile, topology, layouts, global_batch, limits)
 
 
@@ -213,8 +248,9 @@ BASELINES = {
 }
 
 
-def all_baselines(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-                  skip: tuple[str, ...] = ()) -> dict[str, Costed | None]:
+def all_baselines(
+    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, skip: tuple[str, ...] = ()
+) -> dict[str, Costed | None]:
     return {name: fn(profile, topology, global_batch, limits) for name, fn in BASELINES.items() if name not in skip}
 
 
@@ -227,6 +263,13 @@ def balanced_uniform(profile: ModelProfile, topology: Topology, global_batch: in
     for S in counts if D <= 16 else [s for s in counts if D % s == 0]:  # beyond 16: even splits only
         r = D // S
         cuts = balanced_boundaries(profile, S)
-        layouts.append((tuple(StageSpec(a, z, tuple(range(s * r, (s + 1) * r)))
-                              for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, L]))), _min_micro(limits, S)))
+        layouts.append(
+            (
+                tuple(
+                    StageSpec(a, z, tuple(range(s * r, (s + 1) * r)))
+                    for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, L]))
+                ),
+                _min_micro(limits, S),
+            )
+        )
     return fastest(profile, topology, layouts, global_batch, limits)

@@ -11,6 +11,7 @@ The warm-up, the other side's replica count, all-reduces and the stage limit are
 bound never exceeds the bottleneck of a real completion. One dynamic programme per micro-batch
 size, vectorised over cut points and device positions.
 """
+
 from __future__ import annotations
 
 import math
@@ -68,12 +69,15 @@ def _links(x: BoundInputs, r: int) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class SuffixBounds:
     """Lower bounds over every completion of layers [i, L) placed from device d on (arrays [i, d])."""
+
     bottleneck: np.ndarray  # the least max over its stages of (stage time, outgoing transfer)
     choice: np.ndarray  # [i, d] -> (stop, first device, replicas) of a first stage attaining it
     pass_sum: np.ndarray  # the least sum over its stages of (stage time + 2 × outgoing transfer)
     stage_end: np.ndarray  # the least over completions of max over its stages of when that stage's all-reduce can end
     # Valid for any 1F1B warm-up (warmup.py), where a stage may run ahead and hide the stages after it:
-    reach_end: np.ndarray  # least max over p of sum_{j<p}(F_j + c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p) + AR_p
+    reach_end: (
+        np.ndarray
+    )  # least max over p of sum_{j<p}(F_j + c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p) + AR_p
     round_end: np.ndarray  # least max over p of sum_{j<p}(t_j + 2 c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p)
     # Valid for any schedule, a split backward's included (planner/schedules.py):
     compute_end: np.ndarray | None = None  # least max over p of sum_{j<p}(F_j + c_j) + M t_p + AR_p
@@ -118,7 +122,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     shape = (L + 1, D + 2)
     bound, pass_sum, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(6))
     for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end):
-        table[L, :D + 1] = 0.0
+        table[L, : D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     starts = np.arange(D)
     # Replica counts in chunks of at most ~64k cells per array: small clusters take every count in
@@ -127,7 +131,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     per_chunk = max(1, 65536 // (L * D))
     chunks = []
     for c in range(0, len(replicas), per_chunk):
-        R = np.asarray(replicas[c:c + per_chunk])
+        R = np.asarray(replicas[c : c + per_chunk])
         nxt = starts[None, :] + R[:, None]  # (R, D): the next free device after the stage
         nxt = np.where(nxt <= D, nxt, D + 1)
         lat, bw = (np.stack(v) for v in zip(*(_links(x, int(r)) for r in R)))
@@ -162,10 +166,15 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             stage_kept, sent = stage_kept_all[:useful], sent_all[:useful]
             stage_kept_fixed = stage_kept_fixed_all[:useful]
             kept_scale = 0.0 if x.activations_may_shrink else 1.0
-            t = np.where(stage_params[None, :] + kept_scale * (stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None])
-                         > x.capacity_bytes, np.inf,
-                         stage_fixed[None, :] + stage_work[None, :] * n[:, None])[:, :, None]
-            link = np.where((z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0)
+            t = np.where(
+                stage_params[None, :] + kept_scale * (stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None])
+                > x.capacity_bytes,
+                np.inf,
+                stage_fixed[None, :] + stage_work[None, :] * n[:, None],
+            )[:, :, None]
+            link = np.where(
+                (z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0
+            )
             rest = bound[z][:, nxt].transpose(1, 0, 2)  # the completion from device s + r on
             value = np.maximum(np.maximum(t, link), rest).reshape(-1, D)
             flat = value.argmin(axis=0)
@@ -180,17 +189,26 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             forward = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None]
             # what is left of the all-reduce after the last backward, whose buckets it may overlap
             # (planner/allreduce.py): at least one all-reduce of every byte less that backward
-            ar = np.where(stage_param_bytes[None, :, None] > 0, np.maximum(
-                0.0, stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :] - (t - forward)), 0.0)
+            ar = np.where(
+                stage_param_bytes[None, :, None] > 0,
+                np.maximum(
+                    0.0, stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :] - (t - forward)
+                ),
+                0.0,
+            )
             forward_in = forward + link
             end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
             end_at = np.minimum(end_at, end.min(axis=(0, 1)))
             slow_side = (M - 1) * np.maximum(forward, t - forward) if M > 1 else 0.0  # (0 × inf is nan)
-            reach = np.maximum(np.maximum(M * t, t + slow_side + 2 * link + rest_sum) + ar,
-                               forward_in + reach_end[z][:, nxt].transpose(1, 0, 2))
+            reach = np.maximum(
+                np.maximum(M * t, t + slow_side + 2 * link + rest_sum) + ar,
+                forward_in + reach_end[z][:, nxt].transpose(1, 0, 2),
+            )
             reach_at = np.minimum(reach_at, reach.min(axis=(0, 1)))
-            round_trip = np.maximum(np.maximum(M * t, t + slow_side + 2 * link + rest_sum),
-                                    per_pass + round_end[z][:, nxt].transpose(1, 0, 2))
+            round_trip = np.maximum(
+                np.maximum(M * t, t + slow_side + 2 * link + rest_sum),
+                per_pass + round_end[z][:, nxt].transpose(1, 0, 2),
+            )
             round_at = np.minimum(round_at, round_trip.min(axis=(0, 1)))
             computed = np.maximum(M * t + ar, forward_in + compute_end[z][:, nxt].transpose(1, 0, 2))
             compute_at = np.minimum(compute_at, computed.min(axis=(0, 1)))

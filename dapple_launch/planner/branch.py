@@ -19,6 +19,7 @@ warm-up pass reuses this tree with more), for GPipe its closed form (the simulat
 each part over the placed stages and, through the tables of bounds.py, every completion. Leaves
 are costed by the simulator (cost.evaluate): the bounds are what the tests check below it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -63,16 +64,26 @@ def replica_choices(topology: Topology, limit: int) -> list[int]:
 
 
 class BranchAndBound:
-    def __init__(self, profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-                 b: int, incumbent: float, node_budget: float = math.inf, gap: float = 0.0):
+    def __init__(
+        self,
+        profile: ModelProfile,
+        topology: Topology,
+        global_batch: int,
+        limits: Limits,
+        b: int,
+        incumbent: float,
+        node_budget: float = math.inf,
+        gap: float = 0.0,
+    ):
         self.p, self.t, self.G, self.limits, self.b = profile, topology, global_batch, limits, b
         self.M = global_batch // b
         self.L, self.D = profile.num_layers, topology.num_devices
         # a schedule needs enough micro-batches for its stages (1F1B: M >= S): no branch past the
         # most stages M micro-batches can run has a leaf
         most = min(self.L, self.D, limits.max_stages or self.L)
-        self.max_stages = max(s for s in range(1, most + 1) if MIN_MICRO_BATCHES[limits.schedule](s) <= self.M
-                              or s == 1)
+        self.max_stages = max(
+            s for s in range(1, most + 1) if MIN_MICRO_BATCHES[limits.schedule](s) <= self.M or s == 1
+        )
         self.pbs, self.speed = profile.batch_size, speed_ratio(profile, topology)
         self.best_t, self.best = incumbent, None
         self.gap = gap  # prune branches that cannot beat the incumbent by more than this fraction
@@ -97,9 +108,18 @@ class BranchAndBound:
             fixed.append(fixed[-1] + call)
         self.work = pre  # prefix sums of forward+backward per profile batch, the part that scales with samples
         self.fixed = fixed  # and of the part each call costs whatever its batch
-        self.bound_inputs = BoundInputs(profile, topology, b, self.M, tuple(self.R), self.speed, self.cap,
-                                        limits.optimizer_factor, stage_time_cap=incumbent / self.M,
-                                        activations_may_shrink=limits.recompute == "auto")
+        self.bound_inputs = BoundInputs(
+            profile,
+            topology,
+            b,
+            self.M,
+            tuple(self.R),
+            self.speed,
+            self.cap,
+            limits.optimizer_factor,
+            stage_time_cap=incumbent / self.M,
+            activations_may_shrink=limits.recompute == "auto",
+        )
         self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
         self.suffix = self.bounds.bottleneck
 
@@ -199,12 +219,14 @@ class BranchAndBound:
         reach = placed.forward + out_link  # when the first micro-batch reaches the next stage
         rest = self.rest_work_per_sample(i) * self.b / left  # some later stage computes at least this
         most_stages = len(placed.stages) + min(left, self.max_stages - len(placed.stages), self.L - i)
-        return max(placed.finish,
-                   reach + M * max(rest, float(self.suffix[i, d])),
-                   reach + float(tables.reach_end[i, d]),
-                   reach + float(tables.round_end[i, d]) + behind,
-                   placed.forward + M * out_link + behind if placed.stages else 0.0,
-                   self._cycles(placed, 2 * out_link + float(tables.pass_sum[i, d]), most_stages))
+        return max(
+            placed.finish,
+            reach + M * max(rest, float(self.suffix[i, d])),
+            reach + float(tables.reach_end[i, d]),
+            reach + float(tables.round_end[i, d]) + behind,
+            placed.forward + M * out_link + behind if placed.stages else 0.0,
+            self._cycles(placed, 2 * out_link + float(tables.pass_sum[i, d]), most_stages),
+        )
 
     def _cycles(self, placed: Prefix, beyond: float, most_stages: int) -> float:
         """The steady-cycle bound (warmup.py's module doc) of each placed stage: its round trip R_s is
@@ -328,16 +350,19 @@ class BranchAndBound:
         S = len(placed.stages)
         if MIN_MICRO_BATCHES[self.limits.schedule](S) > self.M:
             return
-        self._spend(math.ceil(S * self.M / CELLS_PER_NODE) - 1,  # (its node counted one already)
-                    lambda: self._lower_bound(self.L, self.D, placed))
+        self._spend(
+            math.ceil(S * self.M / CELLS_PER_NODE) - 1,  # (its node counted one already)
+            lambda: self._lower_bound(self.L, self.D, placed),
+        )
         layout = tuple(StageSpec(a, z, devices) for a, z, devices in placed.stages)
         cand = evaluate(self.p, self.t, layout, self.b, self.M, self.limits, cutoff=self.best_t * (1 - 1e-12))
         if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
             self.best_t, self.best = cand.iteration_s, cand
 
 
-def exact_sweep(passes: list[BranchAndBound], incumbent: float, budget: int,
-                nothing_to_search=lambda x: False) -> tuple[list[Costed], dict[int, float], int]:
+def exact_sweep(
+    passes: list[BranchAndBound], incumbent: float, budget: int, nothing_to_search=lambda x: False
+) -> tuple[list[Costed], dict[int, float], int]:
     """An exact pass (gap 0) over each micro-batch size, least root bound first, sharing `budget`:
     (best found per size, a lower bound per size on every plan of the pass, candidates scored). A size
     the budget does not reach keeps its root bound; one with nothing to search bounds nothing (inf)."""
@@ -371,6 +396,7 @@ class Prefix(NamedTuple):
     child's bound costs O(stages) (its steady cycles), not O(stages²). A named tuple: the search builds
     one per child, and a tuple is built several times faster than a frozen dataclass. Links are
     those between placed stages; the one out of the last stage is not known until the next stage is."""
+
     stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # (first layer, stop, devices)
     links: tuple[float, ...]  # transfer time between stage j and j + 1
     beta: float  # max of stage times and links: the bottleneck so far
@@ -388,20 +414,33 @@ class Prefix(NamedTuple):
     # a_s, computes M t_s and all-reduces after its last weight gradient: max over s of a_s + M t_s + AR_s.
     compute_end: float = 0.0
 
-    def then(self, a: int, z: int, devices: tuple[int, ...], f: float, bk: float, link_in: float, ar: float,
-             M: int) -> Prefix:
+    def then(
+        self, a: int, z: int, devices: tuple[int, ...], f: float, bk: float, link_in: float, ar: float, M: int
+    ) -> Prefix:
         t = f + bk
         if not self.stages:
             return Prefix(((a, z, devices),), (), t, t, f, ar, bk, ar, M * t + ar, ((0.0, f, bk, ar),), M * t + ar)
         down = max(ar, link_in + self.last_backward + self.down)
         # the new stage; and the link before it, which carries M activations one way and M gradients
         # the other, after the first micro-batch reached it and before the last one's round trip
-        finish = max(self.finish, self.forward + link_in + M * t + down,
-                     self.forward + (M + 1) * link_in + t + self.last_backward + self.down)
-        return Prefix(self.stages + ((a, z, devices),), self.links + (link_in,), max(self.beta, t, link_in),
-                      self.total + 2 * link_in + t, self.forward + link_in + f, self.ar0, bk, down, finish,
-                      self.starts + ((self.forward + link_in, f, bk, down),),
-                      max(self.compute_end, self.forward + link_in + M * t + ar))
+        finish = max(
+            self.finish,
+            self.forward + link_in + M * t + down,
+            self.forward + (M + 1) * link_in + t + self.last_backward + self.down,
+        )
+        return Prefix(
+            self.stages + ((a, z, devices),),
+            self.links + (link_in,),
+            max(self.beta, t, link_in),
+            self.total + 2 * link_in + t,
+            self.forward + link_in + f,
+            self.ar0,
+            bk,
+            down,
+            finish,
+            self.starts + ((self.forward + link_in, f, bk, down),),
+            max(self.compute_end, self.forward + link_in + M * t + ar),
+        )
 
 
 _EMPTY = Prefix((), (), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ())

@@ -1,4 +1,5 @@
 """Turning a costed candidate into the Plan contract, and building a Plan from a fixed layout."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, replace
@@ -14,34 +15,66 @@ from .explain import human_bytes
 from .plan import Estimate, Plan, RunnerUp, StagePlan
 from .round_robin import RR, canonical_copies, check_copies, evaluate_rr
 
-MIN_MICRO_BATCHES = {"1f1b": lambda stages: stages, "gpipe": lambda stages: 1, "zb_h1": lambda stages: stages,
-                     "terapipe": lambda stages: 1,
-                     # stages of copies: one micro-batch per copy at the least (round_robin_constraint)
-                     "1f1b_rr": lambda stages: 1, "zb_h1_rr": lambda stages: 1}
+MIN_MICRO_BATCHES = {
+    "1f1b": lambda stages: stages,
+    "gpipe": lambda stages: 1,
+    "zb_h1": lambda stages: stages,
+    "terapipe": lambda stages: 1,
+    # stages of copies: one micro-batch per copy at the least (round_robin_constraint)
+    "1f1b_rr": lambda stages: 1,
+    "zb_h1_rr": lambda stages: 1,
+}
 
 
-def to_plan(c: Costed, profile: ModelProfile, topology: Topology, global_batch: int, planner: str,
-            runners_up: list[Costed] = (), data_parallel_s: float | None = None) -> Plan:
+def to_plan(
+    c: Costed,
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    planner: str,
+    runners_up: list[Costed] = (),
+    data_parallel_s: float | None = None,
+) -> Plan:
     sim = simulate_costed(c)
     sets = c.recompute or ((),) * len(c.layout)
     copies = c.extra.get("copies", (1,) * len(c.layout))
-    stages = tuple(StagePlan((s.start, s.stop), tuple(profile.layers[i].name for i in range(s.start, s.stop)),
-                             s.replicas, s.devices, tuple(marks), k) for s, marks, k in zip(c.layout, sets, copies))
+    stages = tuple(
+        StagePlan(
+            (s.start, s.stop),
+            tuple(profile.layers[i].name for i in range(s.start, s.stop)),
+            s.replicas,
+            s.devices,
+            tuple(marks),
+            k,
+        )
+        for s, marks, k in zip(c.layout, sets, copies)
+    )
     return Plan(
-        model=profile.name, cluster=topology.name, global_batch_size=global_batch,
-        micro_batch_size=c.micro_batch_size, num_micro_batches=c.num_micro_batches, schedule=c.schedule,
+        model=profile.name,
+        cluster=topology.name,
+        global_batch_size=global_batch,
+        micro_batch_size=c.micro_batch_size,
+        num_micro_batches=c.num_micro_batches,
+        schedule=c.schedule,
         stages=stages,
         estimate=Estimate(
-            iteration_s=c.iteration_s, samples_per_s=global_batch / c.iteration_s,
+            iteration_s=c.iteration_s,
+            samples_per_s=global_batch / c.iteration_s,
             peak_memory_bytes=tuple(c.memory_bytes),
             speedup_over_data_parallel=(data_parallel_s / c.iteration_s) if data_parallel_s else None,
-            simulated_iteration_s=sim.iteration_s, stage_costs=tuple(asdict(sc) for sc in c.costs),
-            slice_shares=_slice_shares(c)),
+            simulated_iteration_s=sim.iteration_s,
+            stage_costs=tuple(asdict(sc) for sc in c.costs),
+            slice_shares=_slice_shares(c),
+        ),
         device_memory_bytes=topology.device_memory_bytes,
-        runners_up=tuple(RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", ""))
-                         for r in runners_up),
-        planner=planner, devices_per_node=topology.devices_per_node, warmup=c.warmup,
-        token_slices=tuple(c.extra.get("token_slices", ())), chunks=c.extra.get("chunks", 1),
+        runners_up=tuple(
+            RunnerUp(r.summary(), r.iteration_s, r.peak_memory_bytes, r.extra.get("note", "")) for r in runners_up
+        ),
+        planner=planner,
+        devices_per_node=topology.devices_per_node,
+        warmup=c.warmup,
+        token_slices=tuple(c.extra.get("token_slices", ())),
+        chunks=c.extra.get("chunks", 1),
     )
 
 
@@ -49,6 +82,7 @@ def _slice_shares(c: Costed) -> tuple[dict, ...]:
     if c.schedule != "terapipe":
         return ()
     from .terapipe import stage_shares
+
     return tuple(stage_shares(c.extra["profile"], c.extra["topology"], c.layout, c.costs, c.micro_batch_size))
 
 
@@ -60,44 +94,61 @@ def check_micro_batches(schedule: str, num_stages: int, num_micro_batches: int) 
         raise ValueError(
             f"schedule {schedule} with {num_stages} stages needs at least {least} micro-batches to fill the "
             f"pipeline, got strategy.num_micro_batches={num_micro_batches}; set strategy.num_micro_batches>={least}"
-            + (" or use strategy.schedule=gpipe" if schedule == "1f1b" else ""))
+            + (" or use strategy.schedule=gpipe" if schedule == "1f1b" else "")
+        )
 
 
 def stated_cuts(boundaries: list[int], num_stages: int, num_layers: int) -> list[int]:
     """strategy.boundaries, sorted, or a ValueError naming the rule."""
     cuts = sorted(boundaries)
     if len(cuts) != num_stages - 1 or cuts[0] <= 0 or cuts[-1] >= num_layers or len(set(cuts)) != len(cuts):
-        raise ValueError(f"strategy.boundaries={boundaries} must be {num_stages - 1} distinct cut positions "
-                         f"strictly between 0 and {num_layers} (the model's layer count)")
+        raise ValueError(
+            f"strategy.boundaries={boundaries} must be {num_stages - 1} distinct cut positions "
+            f"strictly between 0 and {num_layers} (the model's layer count)"
+        )
     return cuts
 
 
-def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num_stages: int,
-               replicas: list[int], num_micro_batches: int, limits: Limits,
-               boundaries: list[int] | None = None, devices: list[list[int]] | None = None,
-               warmup_depth: int = 1) -> Plan:
+def fixed_plan(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    num_stages: int,
+    replicas: list[int],
+    num_micro_batches: int,
+    limits: Limits,
+    boundaries: list[int] | None = None,
+    devices: list[list[int]] | None = None,
+    warmup_depth: int = 1,
+) -> Plan:
     """Build and validate a Plan from a stated layout, through the checks the planner uses."""
     L, D = profile.num_layers, topology.num_devices
     if limits.schedule in CHUNKED:  # device groups holding several stages
         from .chunked import fixed_chunked_plan
-        return fixed_chunked_plan(profile, topology, global_batch, num_stages, replicas, num_micro_batches, limits,
-                                  boundaries, devices)
+
+        return fixed_chunked_plan(
+            profile, topology, global_batch, num_stages, replicas, num_micro_batches, limits, boundaries, devices
+        )
     if num_stages < 1:
         raise ValueError(f"strategy.stages must be >= 1, got {num_stages}")
     if num_stages > L:
-        raise ValueError(f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; "
-                         f"use at most {L} stages")
+        raise ValueError(
+            f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; use at most {L} stages"
+        )
     if len(replicas) == 1:
         replicas = replicas * num_stages
     if len(replicas) != num_stages or min(replicas) < 1:
-        raise ValueError(f"strategy.replicas={replicas} must give one count >= 1 per stage ({num_stages} stages), "
-                         f"or one count for all")
+        raise ValueError(
+            f"strategy.replicas={replicas} must give one count >= 1 per stage ({num_stages} stages), "
+            f"or one count for all"
+        )
     world = sum(replicas)
     if world != D:
         raise ValueError(
             f"the layout {num_stages} stage(s) with replicas {':'.join(map(str, replicas))} uses {world} devices but "
             f"cluster {topology.name} has {D} ({topology.nodes} node(s) × {topology.devices_per_node}); every device "
-            f"must hold a replica: change strategy.replicas or cluster.devices_per_node/cluster.nodes so they match")
+            f"must hold a replica: change strategy.replicas or cluster.devices_per_node/cluster.nodes so they match"
+        )
     if boundaries:
         cuts = stated_cuts(boundaries, num_stages, L)
     else:
@@ -106,17 +157,25 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
         lo = global_batch // num_micro_batches * num_micro_batches
         raise ValueError(
             f"global_batch_size={global_batch} is not divisible by strategy.num_micro_batches={num_micro_batches}; "
-            f"pick a divisor of {global_batch} or set global_batch_size={lo or num_micro_batches}")
+            f"pick a divisor of {global_batch} or set global_batch_size={lo or num_micro_batches}"
+        )
     b = global_batch // num_micro_batches
     rr = limits.schedule in RR
-    copies = tuple(limits.copies) if rr and limits.copies else \
-        tuple(canonical_copies(r, b) for r in replicas) if rr else (1,) * num_stages
+    copies = (
+        tuple(limits.copies)
+        if rr and limits.copies
+        else tuple(canonical_copies(r, b) for r in replicas)
+        if rr
+        else (1,) * num_stages
+    )
     if rr and len(copies) == 1:
         copies = copies * num_stages
     if limits.copies and not rr:
-        raise ValueError(f"strategy.copies={list(limits.copies)} is a setting of schedules {list(RR)} (stages of "
-                         f"round-robin copies); schedule {limits.schedule} splits every micro-batch across a stage's "
-                         f"replicas: drop strategy.copies or use strategy.schedule=1f1b_rr")
+        raise ValueError(
+            f"strategy.copies={list(limits.copies)} is a setting of schedules {list(RR)} (stages of "
+            f"round-robin copies); schedule {limits.schedule} splits every micro-batch across a stage's "
+            f"replicas: drop strategy.copies or use strategy.schedule=1f1b_rr"
+        )
     if rr:  # (the copies' own rules first: they set how many samples a micro-batch must have)
         why = check_copies(tuple(StageSpec(0, 0, tuple(range(r))) for r in replicas), copies, num_micro_batches)
         if why:
@@ -127,39 +186,47 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             f"a micro-batch of {b} samples (global_batch_size {global_batch} / {num_micro_batches} micro-batches) "
             f"cannot be split across {widest} replicas; need micro_batch_size >= {widest}: lower "
             f"strategy.num_micro_batches to <= {global_batch // widest} or raise global_batch_size"
-            + (" (or use more copies: strategy.copies)" if rr else ""))
+            + (" (or use more copies: strategy.copies)" if rr else "")
+        )
     check_micro_batches("terapipe" if limits.token_slices else limits.schedule, num_stages, num_micro_batches)
     if devices:
         if [len(d) for d in devices] != replicas:
             raise ValueError(f"strategy.devices={devices} must list {replicas} devices per stage")
         flat = [d for ds in devices for d in ds]
         if len(set(flat)) != len(flat) or min(flat) < 0 or max(flat) >= D:
-            raise ValueError(f"strategy.devices={devices}: each of the cluster's devices 0..{D - 1} may hold "
-                             f"one replica of one stage")
+            raise ValueError(
+                f"strategy.devices={devices}: each of the cluster's devices 0..{D - 1} may hold "
+                f"one replica of one stage"
+            )
     else:
         it = iter(range(D))
         devices = [[next(it) for _ in range(r)] for r in replicas]
     starts, stops = [0, *cuts], [*cuts, L]
     layout = tuple(StageSpec(a, z, tuple(ds)) for a, z, ds in zip(starts, stops, devices))
     if warmup_depth < 1 or (warmup_depth > 1 and limits.schedule not in ("1f1b", "zb_h1", *RR)):
-        raise ValueError(f"strategy.warmup_depth={warmup_depth}: must be >= 1 (1 = the minimal warm-up, k = k times "
-                         f"as many micro-batches in flight per stage), and deeper than 1 only with strategy.schedule=1f1b "
-                         f"or zb_h1")
+        raise ValueError(
+            f"strategy.warmup_depth={warmup_depth}: must be >= 1 (1 = the minimal warm-up, k = k times "
+            f"as many micro-batches in flight per stage), and deeper than 1 only with strategy.schedule=1f1b "
+            f"or zb_h1"
+        )
     if rr:  # stages of round-robin copies: the simulator of their rank orders
         c = evaluate_rr(profile, topology, layout, copies, b, num_micro_batches, limits, limits.schedule, warmup_depth)
     elif limits.token_slices:  # TeraPipe on the stated layout, with the stated slices
         from .terapipe import evaluate_sliced
+
         c = evaluate_sliced(profile, topology, layout, b, num_micro_batches, limits.token_slices, limits)
     else:
         c = evaluate(profile, topology, layout, b, num_micro_batches, limits, warmup_depth=warmup_depth)
         if limits.auto_token_slices and limits.seq_len and profile.slices_tokens:
             from .terapipe import best_slicing
+
             sliced = best_slicing(profile, topology, layout, b, num_micro_batches, limits.seq_len, limits)
             if sliced is not None and len(sliced.extra["token_slices"]) > 1 and sliced.iteration_s < c.iteration_s:
                 c = sliced
     if rr:
         from ..schedule import validate_ranks
         from ..schedule.round_robin import round_robin
+
         validate_ranks(round_robin(c.schedule, copies, num_micro_batches, c.warmup))
     else:
         validate(build_schedule(c.schedule, num_stages, num_micro_batches, c.warmup, c.extra.get("token_slices", ())))
@@ -169,9 +236,11 @@ def fixed_plan(profile: ModelProfile, topology: Topology, global_batch: int, num
             f"the fixed layout does not fit device memory: stage {worst} needs {human_bytes(c.memory_bytes[worst])} "
             f"per device but {human_bytes(c.capacity_bytes)} is usable ({human_bytes(topology.device_memory_bytes)} "
             f"less {limits.memory_headroom:.0%} headroom); use more stages, more micro-batches (smaller ones), or "
-            f"strategy=auto")
+            f"strategy=auto"
+        )
     # the baseline on its own layout: a per-stage recomputation list means nothing there
     base = replace(limits, schedule=RR_FAMILIES[limits.schedule], copies=()) if rr else limits  # (its stage order)
-    dp = data_parallel(profile, topology, global_batch,
-                       replace(base, recompute="auto") if base.recompute == "selective" else base)
+    dp = data_parallel(
+        profile, topology, global_batch, replace(base, recompute="auto") if base.recompute == "selective" else base
+    )
     return to_plan(c, profile, topology, global_batch, "fixed", data_parallel_s=dp.iteration_s if dp else None)

@@ -12,6 +12,7 @@ group set to zero (a local hand-off); the iteration time and each group's saved 
 from the simulator of the schedule's rank orders — the one cost path — and a device keeps the
 parameters (× optimizer factor) of every stage its group holds.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -59,20 +60,32 @@ def rank_orders(schedule: str, groups: int, num_micro_batches: int, chunks: int)
     return build_rank_schedule(schedule, groups, num_micro_batches, chunks)
 
 
-def _over_both_copies(profile: ModelProfile, topology: Topology, c, down: StageSpec, both: StageSpec,
-                      micro_batch_size: int):
+def _over_both_copies(
+    profile: ModelProfile, topology: Topology, c, down: StageSpec, both: StageSpec, micro_batch_size: int
+):
     """A Chimera stage's costs on its down copy with its all-reduce over both copies' devices (what
     a tied weight adds on top of it, c's beyond its own buckets, kept)."""
     n, share = math.ceil(micro_batch_size / down.replicas), profile.weight_share(down.start, down.stop)
     own = stage_allreduce(profile, topology, down, n, share)
     total, after_b, after_w = stage_allreduce(profile, topology, both, n, share)
     extra = c.allreduce_s - own[0]
-    return replace(c, allreduce_s=total + extra, allreduce_after_b_s=after_b + extra, allreduce_after_w_s=after_w + extra)
+    return replace(
+        c, allreduce_s=total + extra, allreduce_after_b_s=after_b + extra, allreduce_after_w_s=after_w + extra
+    )
 
 
-def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
-                     num_micro_batches: int, limits: Limits, schedule: str, chunks: int,
-                     cutoff: float = math.inf, walked: list | None = None) -> Costed | None:
+def evaluate_chunked(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    limits: Limits,
+    schedule: str,
+    chunks: int,
+    cutoff: float = math.inf,
+    walked: list | None = None,
+) -> Costed | None:
     """A chunked candidate costed in full (layout: S stages, a group's stages on its devices).
     `cutoff`: a caller that keeps the candidate only if it is faster; None, unsimulated, where its
     busiest group's compute alone (busiest_rank_s, a lower bound) already reaches it, or where the
@@ -82,9 +95,11 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
     S = len(layout)
     P = groups_for(schedule, S, chunks)
     if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies
-        down = tuple(StageSpec(st.start, st.stop, st.devices[:len(st.devices) // 2]) for st in layout)
-        costs = [_over_both_copies(profile, topology, c, d, st, micro_batch_size)
-                 for c, d, st in zip(stage_costs(profile, topology, down, micro_batch_size), down, layout)]
+        down = tuple(StageSpec(st.start, st.stop, st.devices[: len(st.devices) // 2]) for st in layout)
+        costs = [
+            _over_both_copies(profile, topology, c, d, st, micro_batch_size)
+            for c, d, st in zip(stage_costs(profile, topology, down, micro_batch_size), down, layout)
+        ]
         own = down
     else:
         costs, own = stage_costs(profile, topology, layout, micro_batch_size), layout
@@ -110,8 +125,18 @@ def evaluate_chunked(profile: ModelProfile, topology: Topology, layout: tuple[St
     per_group = [params[g] + sim.peak_activation_bytes[g] for g in range(P)]
     memory = [max(per_group[g] for g in groups_of(schedule, s, P)) for s in range(S)]
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
-    return Costed(layout, micro_batch_size, num_micro_batches, schedule, costs, sim.iteration_s, memory, capacity,
-                  extra={"chunks": chunks}, recompute=sets if any(sets) else ())
+    return Costed(
+        layout,
+        micro_batch_size,
+        num_micro_batches,
+        schedule,
+        costs,
+        sim.iteration_s,
+        memory,
+        capacity,
+        extra={"chunks": chunks},
+        recompute=sets if any(sets) else (),
+    )
 
 
 def simulate_chunked(c: Costed, record: bool = True):
@@ -125,15 +150,18 @@ def group_devices(group_replicas) -> list[tuple[int, ...]]:
     return [tuple(range(first[g], first[g] + r)) for g, r in enumerate(group_replicas)]
 
 
-def chunked_layout(schedule: str, group_replicas: list[int], stops: list[int],
-                   devices: list[list[int]] | None) -> tuple[StageSpec, ...]:
+def chunked_layout(
+    schedule: str, group_replicas: list[int], stops: list[int], devices: list[list[int]] | None
+) -> tuple[StageSpec, ...]:
     """Stages [0, stops[0]), [stops[0], stops[1]), … each on its group's devices (contiguous by default)."""
     P = len(group_replicas)
     if devices is None:
         devices = group_devices(group_replicas)
     starts = [0, *stops[:-1]]
-    return tuple(StageSpec(a, z, tuple(d for g in groups_of(schedule, s, P) for d in devices[g]))
-                 for s, (a, z) in enumerate(zip(starts, stops)))
+    return tuple(
+        StageSpec(a, z, tuple(d for g in groups_of(schedule, s, P) for d in devices[g]))
+        for s, (a, z) in enumerate(zip(starts, stops))
+    )
 
 
 def group_replicas(schedule: str, num_stages: int, chunks: int, replicas: list[int]) -> list[int]:
@@ -148,9 +176,11 @@ def group_replicas(schedule: str, num_stages: int, chunks: int, replicas: list[i
         if bad:
             g = bad[0]
             mirrored = [max(replicas[q], replicas[P - 1 - q]) for q in range(P)]
-            raise ValueError(f"strategy.replicas={replicas}: under chimera device groups {g} and {P - 1 - g} hold the "
-                             f"two copies of stages {g} and {P - 1 - g}, so they take the same count, but have "
-                             f"{replicas[g]} and {replicas[P - 1 - g]}; mirror them, e.g. {mirrored}")
+            raise ValueError(
+                f"strategy.replicas={replicas}: under chimera device groups {g} and {P - 1 - g} hold the "
+                f"two copies of stages {g} and {P - 1 - g}, so they take the same count, but have "
+                f"{replicas[g]} and {replicas[P - 1 - g]}; mirror them, e.g. {mirrored}"
+            )
         return list(replicas)
     if len(replicas) == P:
         return list(replicas)
@@ -162,28 +192,37 @@ def group_replicas(schedule: str, num_stages: int, chunks: int, replicas: list[i
         if bad:
             g = bad[0]
             stages = [s for s in range(num_stages) if group_of(schedule, s, P) == g]
-            raise ValueError(f"strategy.replicas={replicas}: stages {stages} share device group {g} under {schedule}, "
-                             f"so they share its replica count, but have {[replicas[s] for s in stages]}; give one "
-                             f"count per device group ({P} counts), e.g. {[max(replicas[s] for s in range(num_stages) if group_of(schedule, s, P) == q) for q in range(P)]}")
+            raise ValueError(
+                f"strategy.replicas={replicas}: stages {stages} share device group {g} under {schedule}, "
+                f"so they share its replica count, but have {[replicas[s] for s in stages]}; give one "
+                f"count per device group ({P} counts), e.g. {[max(replicas[s] for s in range(num_stages) if group_of(schedule, s, P) == q) for q in range(P)]}"
+            )
         return [next(iter(per_group[g])) for g in range(P)]
-    raise ValueError(f"strategy.replicas={replicas}: {schedule} with {num_stages} stages runs on {P} device groups; "
-                     f"give one count for all, one per device group ({P}), or one per stage ({num_stages})")
+    raise ValueError(
+        f"strategy.replicas={replicas}: {schedule} with {num_stages} stages runs on {P} device groups; "
+        f"give one count for all, one per device group ({P}), or one per stage ({num_stages})"
+    )
 
 
 def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches: int) -> None:
     """The schedule's own constraints on a stated shape, with the nearest valid values."""
     if schedule == "zbv" and chunks not in (1, 2):
-        raise ValueError(f"strategy.chunks={chunks}: ZB-V holds exactly 2 stages per device group (a V); leave "
-                         f"strategy.chunks=2")
+        raise ValueError(
+            f"strategy.chunks={chunks}: ZB-V holds exactly 2 stages per device group (a V); leave strategy.chunks=2"
+        )
     v = chunks_of(schedule, chunks)
     if schedule in INTERLEAVED and v < 2:
-        raise ValueError(f"strategy.chunks={v}: interleaved 1F1B holds at least 2 stages per device group; "
-                         f"1 is plain 1F1B (strategy.schedule=1f1b)")
+        raise ValueError(
+            f"strategy.chunks={v}: interleaved 1F1B holds at least 2 stages per device group; "
+            f"1 is plain 1F1B (strategy.schedule=1f1b)"
+        )
     if schedule != "chimera" and (num_stages % v or num_stages < v):
         lo, hi = max(v, num_stages // v * v), (num_stages // v + 1) * v
         near = sorted({lo, hi} - {num_stages})
-        raise ValueError(f"strategy.stages={num_stages} with {v} stages per device group ({schedule}): the stages "
-                         f"must be a multiple of {v}; use {' or '.join(map(str, near))}")
+        raise ValueError(
+            f"strategy.stages={num_stages} with {v} stages per device group ({schedule}): the stages "
+            f"must be a multiple of {v}; use {' or '.join(map(str, near))}"
+        )
     if schedule in INTERLEAVED:
         why = interleaved_constraint(num_stages // v, num_micro_batches, v)
         if why:
@@ -194,36 +233,55 @@ def check_chunked(schedule: str, num_stages: int, chunks: int, num_micro_batches
             raise ValueError(f"{why} (strategy.stages, strategy.num_micro_batches)")
 
 
-def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: int, num_stages: int,
-                       replicas: list[int], num_micro_batches: int, limits: Limits,
-                       boundaries: list[int] | None = None, devices: list[list[int]] | None = None):
+def fixed_chunked_plan(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    num_stages: int,
+    replicas: list[int],
+    num_micro_batches: int,
+    limits: Limits,
+    boundaries: list[int] | None = None,
+    devices: list[list[int]] | None = None,
+):
     """build.fixed_plan for interleaved_1f1b, zbv and chimera: `num_stages` stages (the model's chunks),
     `replicas` per device group (or per stage, equal within a group), `devices` per group."""
     from .baselines import balanced_boundaries, data_parallel
     from .build import stated_cuts, to_plan
     from .explain import human_bytes
+
     schedule, L, D = limits.schedule, profile.num_layers, topology.num_devices
     v = chunks_of(schedule, limits.chunks)
     if num_stages > L:
-        raise ValueError(f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; use at most "
-                         f"{L if schedule == 'chimera' else L // v * v} stages")
+        raise ValueError(
+            f"strategy.stages={num_stages} but model {profile.name} has only {L} layers; use at most "
+            f"{L if schedule == 'chimera' else L // v * v} stages"
+        )
     check_chunked(schedule, num_stages, limits.chunks, num_micro_batches)
     if limits.token_slices:
-        raise ValueError(f"schedule {schedule} runs without token slices; use strategy.schedule=1f1b or gpipe with "
-                         f"strategy.token_slices")
+        raise ValueError(
+            f"schedule {schedule} runs without token slices; use strategy.schedule=1f1b or gpipe with "
+            f"strategy.token_slices"
+        )
     groups = group_replicas(schedule, num_stages, v, list(replicas))
     P = len(groups)
     if sum(groups) != D:
-        raise ValueError(f"the layout's {P} device groups with replicas {':'.join(map(str, groups))} use {sum(groups)} "
-                         f"devices but cluster {topology.name} has {D}; every device must hold a replica: change "
-                         f"strategy.replicas (one count per device group) or the cluster")
+        raise ValueError(
+            f"the layout's {P} device groups with replicas {':'.join(map(str, groups))} use {sum(groups)} "
+            f"devices but cluster {topology.name} has {D}; every device must hold a replica: change "
+            f"strategy.replicas (one count per device group) or the cluster"
+        )
     if global_batch % num_micro_batches:
-        raise ValueError(f"global_batch_size={global_batch} is not divisible by strategy.num_micro_batches="
-                         f"{num_micro_batches}; pick a divisor of {global_batch}")
+        raise ValueError(
+            f"global_batch_size={global_batch} is not divisible by strategy.num_micro_batches="
+            f"{num_micro_batches}; pick a divisor of {global_batch}"
+        )
     b = global_batch // num_micro_batches
     if b < max(groups):
-        raise ValueError(f"a micro-batch of {b} samples cannot be split across {max(groups)} replicas; lower "
-                         f"strategy.num_micro_batches to <= {global_batch // max(groups)}")
+        raise ValueError(
+            f"a micro-batch of {b} samples cannot be split across {max(groups)} replicas; lower "
+            f"strategy.num_micro_batches to <= {global_batch // max(groups)}"
+        )
     if boundaries:
         cuts = stated_cuts(boundaries, num_stages, L)
     else:
@@ -231,8 +289,10 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
     if devices:
         flat = [d for ds in devices for d in ds]
         if [len(d) for d in devices] != groups or len(set(flat)) != len(flat) or min(flat) < 0 or max(flat) >= D:
-            raise ValueError(f"strategy.devices={devices} must list {groups} distinct devices of 0..{D - 1}, one "
-                             f"list per device group")
+            raise ValueError(
+                f"strategy.devices={devices} must list {groups} distinct devices of 0..{D - 1}, one "
+                f"list per device group"
+            )
     layout = chunked_layout(schedule, groups, [*cuts, L], devices)
     c = evaluate_chunked(profile, topology, layout, b, num_micro_batches, limits, schedule, v)
     if not c.fits:
@@ -240,6 +300,7 @@ def fixed_chunked_plan(profile: ModelProfile, topology: Topology, global_batch: 
         raise ValueError(
             f"the fixed layout does not fit device memory: device group {group_of(schedule, worst, P)} needs "
             f"{human_bytes(c.memory_bytes[worst])} per device but {human_bytes(c.capacity_bytes)} is usable; use more "
-            f"stages, smaller micro-batches, or strategy=auto")
+            f"stages, smaller micro-batches, or strategy=auto"
+        )
     dp = data_parallel(profile, topology, global_batch, replace(limits, schedule="1f1b", chunks=1))
     return to_plan(c, profile, topology, global_batch, "fixed", data_parallel_s=dp.iteration_s if dp else None)

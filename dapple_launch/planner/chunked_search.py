@@ -20,6 +20,7 @@ reaches the best plan found, it is skipped. Replica counts: every composition of
 groups up to 8 devices; beyond, equal groups and every split into two groups. Groups take
 contiguous devices in order.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -48,14 +49,16 @@ def groupings(topology: Topology, groups: int) -> list[tuple[int, ...]]:
     """Up to 8 devices every composition; beyond, equal groups and every split into two groups whose
     counts the plain search allows a stage (1 .. a node, then whole nodes: branch.replica_choices)."""
     from .branch import replica_choices
+
     devices = topology.num_devices
     if devices <= 8:
         return list(_compositions(devices, groups))
     out = [(devices // groups,) * groups] if devices % groups == 0 else []
     if groups == 2:
         allowed = set(replica_choices(topology, devices))
-        out += [(r, devices - r) for r in range(1, devices)
-                if r * 2 != devices and r in allowed and devices - r in allowed]
+        out += [
+            (r, devices - r) for r in range(1, devices) if r * 2 != devices and r in allowed and devices - r in allowed
+        ]
     return out
 
 
@@ -69,7 +72,7 @@ def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits:
     L, D = profile.num_layers, topology.num_devices
     families = [f for f in (limits.schedules or (limits.schedule,)) if f in CHUNKED]
     for family in families:
-        for v in (INTERLEAVED_CHUNKS if family in INTERLEAVED else (2,)):
+        for v in INTERLEAVED_CHUNKS if family in INTERLEAVED else (2,):
             most = min(D, L) if family == "chimera" else min(D, L // v)
             for P in range(2, most + 1):  # (one group: a plain stage does as well)
                 if family == "chimera" and P % 2:
@@ -89,8 +92,16 @@ def runs_micro_batches(family: str, groups: tuple[int, ...], b: int, M: int) -> 
     return b >= max(groups) and (family == "zbv" or (M % len(groups) == 0 and len(groups) <= M))
 
 
-def shape_bound(profile: ModelProfile, topology: Topology, global_batch: int, groups: tuple[int, ...], b: int,
-                memo: dict | None = None, family: str | None = None, v: int = 2) -> float:
+def shape_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict | None = None,
+    family: str | None = None,
+    v: int = 2,
+) -> float:
     """T >= the busiest group's time >= any weighted average of the groups' busy times: by group
     (M / P) Σ_l min_g t_l(r_g), and by device (M / D) Σ_l min_g r_g t_l(r_g) — the compute bound at
     this micro-batch size, each replica paying a call's fixed cost. With `family`, the by-group
@@ -123,8 +134,15 @@ def _layer_times(profile: ModelProfile, topology: Topology, replicas: int, b: in
     return memo[(replicas, b)]
 
 
-def tail_bound(profile: ModelProfile, topology: Topology, global_batch: int, family: str, groups: tuple[int, ...],
-               b: int, memo: dict) -> float:
+def tail_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    family: str,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> float:
     """T >= every layer's least tail: the stage holding layer l sits on some group g, which runs all its
     copy's micro-batches (M; Chimera: M / 2 per pipeline) through the stage before the stage's last
     backward ends, and the stage's gradient all-reduce (over at least l's weights, on g's devices and,
@@ -156,6 +174,7 @@ def pipeline_ends(family: str, v: int, groups: int, least_forward: float, least_
     stages), after which the last micro-batch's gradient still crosses those k stages on other
     groups: + k_g B. A split backward may end a group on a W, so it counts no drain."""
     from .chunked import groups_of
+
     S = num_stages(family, v, (1,) * groups)
     first = [S] * groups
     for s in range(S):
@@ -165,8 +184,9 @@ def pipeline_ends(family: str, v: int, groups: int, least_forward: float, least_
     return sum(first) / groups * (least_forward + drain)
 
 
-def link_bound(profile: ModelProfile, topology: Topology, global_batch: int, family: str, v: int,
-               groups: tuple[int, ...], b: int) -> float:
+def link_bound(
+    profile: ModelProfile, topology: Topology, global_batch: int, family: str, v: int, groups: tuple[int, ...], b: int
+) -> float:
     """T >= the busiest directed link's time. The simulator (rank_simulate.py) sends one transfer at a
     time over the link from one group to another; every micro-batch crosses each boundary between two
     stages on different groups, its activation one way and its gradient back, and every boundary's
@@ -178,7 +198,7 @@ def link_bound(profile: ModelProfile, topology: Topology, global_batch: int, fam
     if L < 2 or S < 2:
         return 0.0
     devices = group_devices(groups)
-    cuts = sorted(profile.cut_bytes[:L - 1])
+    cuts = sorted(profile.cut_bytes[: L - 1])
     least_cuts = [0.0, *itertools.accumulate(x * b / profile.batch_size for x in cuts)]  # the n least, summed
     crossings: dict[tuple[int, int], int] = {}
     for s in range(S - 1):
@@ -221,17 +241,23 @@ def _unsimulated_cost(S: int) -> int:
     return -(-S * CELLS_PER_STAGE_COSTED // CELLS_PER_NODE)
 
 
-def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int],
-                   incumbent: float) -> tuple[list[Costed], dict[int, float], int]:
+def search_chunked(
+    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int], incumbent: float
+) -> tuple[list[Costed], dict[int, float], int]:
     """(candidates found, per micro-batch size the least bound of any shape not searched exactly,
     candidates scored). `incumbent`: the best plan so far (shapes that cannot beat it are cut)."""
     from .baselines import balanced_boundaries
+
     L = profile.num_layers
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
-    todo = sorted(((shape_bound(profile, topology, global_batch, g, b, memo, f, v), f, v, g, b)
-                   for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes)),
-                  key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
+    todo = sorted(
+        (
+            (shape_bound(profile, topology, global_batch, g, b, memo, f, v), f, v, g, b)
+            for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes)
+        ),
+        key=lambda x: (x[0], x[1], x[2], x[3], x[4]),
+    )
     found: list[Costed] = []
     bounds: dict[int, float] = {}
     best, scored = incumbent, 0
@@ -316,12 +342,22 @@ def search_chunked(profile: ModelProfile, topology: Topology, global_batch: int,
                         break
                     # a fitting current is only left for a faster trial: one whose busiest group's
                     # compute alone is as slow is not simulated (costed: None)
-                    c = costed(family, v, groups, b, trial,
-                               (step or current).iteration_s * (1 - 1e-12) if current.fits else math.inf)
+                    c = costed(
+                        family,
+                        v,
+                        groups,
+                        b,
+                        trial,
+                        (step or current).iteration_s * (1 - 1e-12) if current.fits else math.inf,
+                    )
                     if c is None:
                         continue
-                    if c.fits and c.iteration_s < (step or current).iteration_s * (1 - 1e-12) \
-                            or not current.fits and c.fits:
+                    if (
+                        c.fits
+                        and c.iteration_s < (step or current).iteration_s * (1 - 1e-12)
+                        or not current.fits
+                        and c.fits
+                    ):
                         step, step_stops = c, trial
             if step is not None:
                 current, stops, moved = step, step_stops, True

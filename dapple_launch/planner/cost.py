@@ -14,6 +14,7 @@ schedule's dependency cycles, and its steady phase spans the warm-up). What surv
 forms are the lower bounds the branch and bound cuts with (branch.py, warmup.py,
 planner/schedules.py), each checked below the simulator by the tests.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,29 +62,38 @@ class Limits:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.optimality_gap < 0.5:
-            raise ValueError(f"strategy.optimality_gap={self.optimality_gap} must be in [0, 0.5): it is the fraction "
-                             f"a first pass may leave on the table (0 = exact from the start, 0.01 = 1%)")
+            raise ValueError(
+                f"strategy.optimality_gap={self.optimality_gap} must be in [0, 0.5): it is the fraction "
+                f"a first pass may leave on the table (0 = exact from the start, 0.01 = 1%)"
+            )
         if self.search_nodes < 1:
             raise ValueError(f"strategy.search_nodes={self.search_nodes} must be >= 1")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"strategy.recompute={self.recompute!r}: valid choices are {list(RECOMPUTE)}")
         if self.recompute == "selective" and not (self.recompute_layers or self.recompute_counts):
-            raise ValueError("strategy.recompute=selective needs strategy.recompute_layers=[positions] or "
-                             "strategy.recompute_counts=[first layers per stage]")
+            raise ValueError(
+                "strategy.recompute=selective needs strategy.recompute_layers=[positions] or "
+                "strategy.recompute_counts=[first layers per stage]"
+            )
         split = [f for f in SPLIT_BACKWARD if f in (self.schedule, *self.schedules)]
         if self.recompute in ("full", "selective") and split:
-            raise ValueError(f"strategy.recompute={self.recompute} with schedule {split[0]}: a split backward's W would "
-                             f"run the recomputed forward a second time; use strategy.schedule=1f1b, gpipe, "
-                             f"interleaved_1f1b or chimera (or strategy.schedules=[1f1b, interleaved_1f1b, chimera]) "
-                             f"with recomputation")
+            raise ValueError(
+                f"strategy.recompute={self.recompute} with schedule {split[0]}: a split backward's W would "
+                f"run the recomputed forward a second time; use strategy.schedule=1f1b, gpipe, "
+                f"interleaved_1f1b or chimera (or strategy.schedules=[1f1b, interleaved_1f1b, chimera]) "
+                f"with recomputation"
+            )
         if self.token_slices and (min(self.token_slices) < 1):
             raise ValueError(f"strategy.token_slices={list(self.token_slices)}: every slice needs at least one token")
         if (self.token_slices or self.auto_token_slices) and self.recompute in ("full", "selective"):
-            raise ValueError(f"strategy.recompute={self.recompute} with token slices: a recomputed forward would not "
-                             f"see the slice's cached keys and values; use strategy.recompute=none (or auto) with them")
+            raise ValueError(
+                f"strategy.recompute={self.recompute} with token slices: a recomputed forward would not "
+                f"see the slice's cached keys and values; use strategy.recompute=none (or auto) with them"
+            )
         if self.max_warmup_depth < 1:
-            raise ValueError(f"strategy.max_warmup_depth={self.max_warmup_depth} must be >= 1 (1 = DAPPLE's minimum "
-                             f"warm-up only)")
+            raise ValueError(
+                f"strategy.max_warmup_depth={self.max_warmup_depth} must be >= 1 (1 = DAPPLE's minimum warm-up only)"
+            )
 
 
 RECOMPUTE = ("none", "full", "selective", "auto")
@@ -126,17 +136,20 @@ class Costed:
     def summary(self) -> str:
         cut = ",".join(str(s.stop) for s in self.layout[:-1])
         ratio = ":".join(str(s.replicas) for s in self.layout)
-        return (f"{len(self.layout)} stage{'s' if len(self.layout) > 1 else ''} {ratio}"
-                + (f" cut@{cut}" if cut else "") + f", {self.num_micro_batches}×{self.micro_batch_size}"
-                + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
-                + (f", {self.schedule}" if self.schedule != "1f1b" else "")
-                + (f" copies {':'.join(map(str, self.extra['copies']))}" if "copies" in self.extra else "")
-                + (f", recompute {recompute_text(self.layout, self.recompute)}" if any(self.recompute) else "")
-                + (f", token slices {list(self.extra['token_slices'])}" if "token_slices" in self.extra else ""))
+        return (
+            f"{len(self.layout)} stage{'s' if len(self.layout) > 1 else ''} {ratio}"
+            + (f" cut@{cut}" if cut else "")
+            + f", {self.num_micro_batches}×{self.micro_batch_size}"
+            + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
+            + (f", {self.schedule}" if self.schedule != "1f1b" else "")
+            + (f" copies {':'.join(map(str, self.extra['copies']))}" if "copies" in self.extra else "")
+            + (f", recompute {recompute_text(self.layout, self.recompute)}" if any(self.recompute) else "")
+            + (f", token slices {list(self.extra['token_slices'])}" if "token_slices" in self.extra else "")
+        )
 
 
 def recompute_text(layout, recompute) -> str:
-    """"full", or the recomputed layers per stage as counts ("2+0+1": prefix counts, "+"-joined)."""
+    """ "full", or the recomputed layers per stage as counts ("2+0+1": prefix counts, "+"-joined)."""
     if all(len(r) == st.stop - st.start for r, st in zip(recompute, layout)):
         return "full"
     return "+".join(str(len(r)) for r in recompute)
@@ -158,14 +171,23 @@ def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int
     return min(num_stages - stage, num_micro_batches)
 
 
-def memory_per_device(profile: ModelProfile, layout: tuple[StageSpec, ...], costs: list[StageCosts],
-                      num_micro_batches: int, limits: Limits, warmup: tuple[int, ...] = ()) -> list[float]:
+def memory_per_device(
+    profile: ModelProfile,
+    layout: tuple[StageSpec, ...],
+    costs: list[StageCosts],
+    num_micro_batches: int,
+    limits: Limits,
+    warmup: tuple[int, ...] = (),
+) -> list[float]:
     """Per stage, the bytes one of its devices keeps: parameters × optimizer factor plus the
     activations of the micro-batches the schedule (and warm-up) keeps in flight."""
     S = len(layout)
-    return [profile.span(st.start, st.stop)[3] * limits.optimizer_factor
-            + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes + c.recompute_bytes
-            for s, (st, c) in enumerate(zip(layout, costs))]
+    return [
+        profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+        + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes
+        + c.recompute_bytes
+        for s, (st, c) in enumerate(zip(layout, costs))
+    ]
 
 
 def recompute_sets(layout: tuple[StageSpec, ...], limits: Limits) -> tuple[tuple[int, ...], ...]:
@@ -180,17 +202,27 @@ def recompute_sets(layout: tuple[StageSpec, ...], limits: Limits) -> tuple[tuple
     counts = limits.recompute_counts
     counts = counts * len(layout) if len(counts) == 1 else counts
     if len(counts) != len(layout):
-        raise ValueError(f"strategy.recompute_counts={list(limits.recompute_counts)}: one count per stage "
-                         f"({len(layout)}) or one for all")
+        raise ValueError(
+            f"strategy.recompute_counts={list(limits.recompute_counts)}: one count per stage "
+            f"({len(layout)}) or one for all"
+        )
     for s, (k, st) in enumerate(zip(counts, layout)):
         if not 0 <= k <= st.stop - st.start:
-            raise ValueError(f"strategy.recompute_counts={list(limits.recompute_counts)}: stage {s} has "
-                             f"{st.stop - st.start} layers, so its count must be in 0..{st.stop - st.start}")
+            raise ValueError(
+                f"strategy.recompute_counts={list(limits.recompute_counts)}: stage {s} has "
+                f"{st.stop - st.start} layers, so its count must be in 0..{st.stop - st.start}"
+            )
     return tuple(tuple(range(st.start, st.start + k)) for k, st in zip(counts, layout))
 
 
-def recomputed_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs: list[StageCosts],
-                     micro_batch_size: int, sets) -> list[StageCosts]:
+def recomputed_costs(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    costs: list[StageCosts],
+    micro_batch_size: int,
+    sets,
+) -> list[StageCosts]:
     """The stages' costs with their recomputed layers: the backward runs their forward again, a
     micro-batch keeps less (ModelProfile.recompute_bytes) and holds one segment's more during its backward."""
     out = list(costs)
@@ -206,9 +238,17 @@ def recomputed_costs(profile: ModelProfile, topology: Topology, layout: tuple[St
     return out
 
 
-def fit_by_recomputation(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
-                         costs: list[StageCosts], micro_batch_size: int, num_micro_batches: int, limits: Limits,
-                         warmup: tuple[int, ...], capacity: float):
+def fit_by_recomputation(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    costs: list[StageCosts],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    limits: Limits,
+    warmup: tuple[int, ...],
+    capacity: float,
+):
     """strategy.recompute=auto: each stage over `capacity` recomputes its fewest first layers that make
     it fit (the least forward added to its backward); a stage no count fits takes its least memory.
     (sets, costs, memory)."""
@@ -247,18 +287,29 @@ def fit_by_recomputation(profile: ModelProfile, topology: Topology, layout: tupl
             fitting = [k for k in range(1, layers + 1) if need(k) <= capacity]
             k = fitting[0] if fitting else min(range(1, layers + 1), key=need)
         kept, extra, again = profile.first_layers_recomputed(st.start, st.stop, k, n)
-        best = (tuple(range(st.start, st.start + k)), (kept, extra, again * speed_ratio(profile, topology)),
-                params + count * kept + extra)
+        best = (
+            tuple(range(st.start, st.start + k)),
+            (kept, extra, again * speed_ratio(profile, topology)),
+            params + count * kept + extra,
+        )
         marks, (kept, extra, again), m = best
-        best = (marks, replace(costs[s], backward_s=costs[s].backward_s + again, activation_bytes=kept,
-                               recompute_bytes=extra), m)
+        best = (
+            marks,
+            replace(costs[s], backward_s=costs[s].backward_s + again, activation_bytes=kept, recompute_bytes=extra),
+            m,
+        )
         if best[2] < memory[s]:
             sets[s], costs[s], memory[s] = best
     return tuple(sets) if any(sets) else (), costs, memory
 
 
-def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...],
-                micro_batch_size: int, memo: dict | None = None) -> list[StageCosts]:
+def stage_costs(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    micro_batch_size: int,
+    memo: dict | None = None,
+) -> list[StageCosts]:
     """`memo`: a dict shared by calls costing many layouts of one profile and cluster that differ in
     a few stages (local search): each stage's and link's costs are computed once."""
     pbs, speed, S = profile.batch_size, speed_ratio(profile, topology), len(layout)
@@ -282,15 +333,30 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
             n = math.ceil(micro_batch_size / st.replicas)
             f, b = profile.seconds(st.start, st.stop, n)
             share = profile.weight_share(st.start, st.stop)
-            memo[key] = (f * speed, b * speed, stage_allreduce(profile, topology, st, n, share),
-                         profile.kept_bytes(st.start, st.stop, n), share)
+            memo[key] = (
+                f * speed,
+                b * speed,
+                stage_allreduce(profile, topology, st, n, share),
+                profile.kept_bytes(st.start, st.stop, n),
+                share,
+            )
         f, b, allreduce, activation, share = memo[key]
         # the first stage's input needs no gradient: its split backward is all W (models/split_backward.py);
         # elsewhere W's measured share of the backward, or the simulator's rule (half) when not measured
-        costs.append(StageCosts(f, b, sends[s], sends[s - 1] if s else 0.0, allreduce[0], activation,
-                                weight_grad_s=b if s == 0 else None if share is None else b * share,
-                                action_s=topology.action_overhead_s, allreduce_after_b_s=allreduce[1],
-                                allreduce_after_w_s=allreduce[2]))
+        costs.append(
+            StageCosts(
+                f,
+                b,
+                sends[s],
+                sends[s - 1] if s else 0.0,
+                allreduce[0],
+                activation,
+                weight_grad_s=b if s == 0 else None if share is None else b * share,
+                action_s=topology.action_overhead_s,
+                allreduce_after_b_s=allreduce[1],
+                allreduce_after_w_s=allreduce[2],
+            )
+        )
     for layers, nbytes in profile.tied:
         # A weight several stages hold (a tied embedding): after their own all-reduces, the stages
         # holding a copy sum its gradient among all their devices (runtime/tied.py).
@@ -299,14 +365,18 @@ def stage_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
             extra = topology.allreduce_s(tuple(d for s in holders for d in layout[s].devices), nbytes)
             for s in holders:  # after the stage's own buckets: it adds to what is left of them
                 c = costs[s]
-                costs[s] = replace(c, allreduce_s=c.allreduce_s + extra,
-                                   allreduce_after_b_s=c.exposed_allreduce_s(False) + extra,
-                                   allreduce_after_w_s=c.exposed_allreduce_s(True) + extra)
+                costs[s] = replace(
+                    c,
+                    allreduce_s=c.allreduce_s + extra,
+                    allreduce_after_b_s=c.exposed_allreduce_s(False) + extra,
+                    allreduce_after_w_s=c.exposed_allreduce_s(True) + extra,
+                )
     return costs
 
 
-def stage_allreduce(profile: ModelProfile, topology: Topology, st: StageSpec, samples: int,
-                    share: float | None) -> tuple[float, float, float]:
+def stage_allreduce(
+    profile: ModelProfile, topology: Topology, st: StageSpec, samples: int, share: float | None
+) -> tuple[float, float, float]:
     """(all-reduce in all, left after a last B, left after a last W) of a stage's gradients over its
     devices, in buckets overlapping that action (planner/allreduce.py). Each layer's W is its share of
     the layer's backward: all of it on the first stage (no input gradient), else the stage's
@@ -324,8 +394,9 @@ def stage_allreduce(profile: ModelProfile, topology: Topology, st: StageSpec, sa
     return memo[key]
 
 
-def _stage_allreduce(profile: ModelProfile, topology: Topology, st: StageSpec, samples: int,
-                     share: float | None) -> tuple[float, float, float]:
+def _stage_allreduce(
+    profile: ModelProfile, topology: Topology, st: StageSpec, samples: int, share: float | None
+) -> tuple[float, float, float]:
     """allreduce.overlapped's account from the profile's prefix sums: O(buckets), not O(layers)."""
     buckets = _buckets(profile, st.start, st.stop)
     if not buckets:
@@ -336,6 +407,7 @@ def _stage_allreduce(profile: ModelProfile, topology: Topology, st: StageSpec, s
     def backward(a: int) -> float:  # ModelProfile.seconds(a, z, samples)[1], inline: the planner's hot path
         part = fixed[z] - fixed[a]
         return (part + (b[z] - b[a] - part) * n) * speed
+
     duration = backward(st.start)
     # a bucket is complete once the action has run the layers from its lowest weighted one up
     ready = [backward(low) for low, _ in buckets]
@@ -353,15 +425,24 @@ def _buckets(profile: ModelProfile, start: int, stop: int) -> list[tuple[int, fl
     key = (start, stop)
     if key not in memo:
         weights = [profile.layers[i].parameter_bytes for i in range(start, stop)]
-        memo[key] = [(start + min(i for i in b if weights[i] > 0), sum(weights[i] for i in b))
-                     for b in bucket_layers(weights)]
+        memo[key] = [
+            (start + min(i for i in b if weights[i] > 0), sum(weights[i] for i in b)) for b in bucket_layers(weights)
+        ]
     return memo[key]
 
 
-def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
-             num_micro_batches: int, limits: Limits, warmup_depth: int = 1,
-             costs: list[StageCosts] | None = None, time_unless_fits: bool = True,
-             cutoff: float = math.inf) -> Costed:
+def evaluate(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    limits: Limits,
+    warmup_depth: int = 1,
+    costs: list[StageCosts] | None = None,
+    time_unless_fits: bool = True,
+    cutoff: float = math.inf,
+) -> Costed:
     """A candidate costed in full: its time by the simulator of the schedule's compute orders (the one
     cost path; the branch and bound's closed forms only bound it from below, branch.py).
     `costs`: the layout's stage_costs when the caller already has them. `time_unless_fits=False`: a
@@ -374,8 +455,10 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
     warmup = ()
     if warmup_depth > 1:
         if limits.schedule not in WARMUP_FAMILIES:
-            raise ValueError(f"warm-up depth {warmup_depth} needs a schedule with a warm-up ({sorted(WARMUP_FAMILIES)}), "
-                             f"not {limits.schedule}")
+            raise ValueError(
+                f"warm-up depth {warmup_depth} needs a schedule with a warm-up ({sorted(WARMUP_FAMILIES)}), "
+                f"not {limits.schedule}"
+            )
         warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     sets = recompute_sets(layout, limits)
@@ -383,12 +466,29 @@ def evaluate(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
         costs = recomputed_costs(profile, topology, layout, costs, micro_batch_size, sets)
     memory = memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
     if limits.recompute == "auto" and max(memory) > capacity and limits.schedule != "zb_h1":
-        sets, costs, memory = fit_by_recomputation(profile, topology, layout, costs, micro_batch_size,
-                                                   num_micro_batches, limits, warmup, capacity)
-    iteration_s = math.inf if not time_unless_fits and max(memory) > capacity else \
-        orders_time(compute_orders_of(limits.schedule, S, num_micro_batches, warmup), costs, num_micro_batches, cutoff)
-    return Costed(layout, micro_batch_size, num_micro_batches, limits.schedule, costs, iteration_s, memory,
-                  capacity, warmup=warmup, warmup_depth=warmup_depth, recompute=tuple(sets))
+        sets, costs, memory = fit_by_recomputation(
+            profile, topology, layout, costs, micro_batch_size, num_micro_batches, limits, warmup, capacity
+        )
+    iteration_s = (
+        math.inf
+        if not time_unless_fits and max(memory) > capacity
+        else orders_time(
+            compute_orders_of(limits.schedule, S, num_micro_batches, warmup), costs, num_micro_batches, cutoff
+        )
+    )
+    return Costed(
+        layout,
+        micro_batch_size,
+        num_micro_batches,
+        limits.schedule,
+        costs,
+        iteration_s,
+        memory,
+        capacity,
+        warmup=warmup,
+        warmup_depth=warmup_depth,
+        recompute=tuple(sets),
+    )
 
 
 WARMUP_FAMILIES = ("1f1b", "zb_h1")  # the schedules with a warm-up depth to search
@@ -405,7 +505,9 @@ def compute_orders_of(schedule: str, num_stages: int, num_micro_batches: int, wa
     elif schedule == "gpipe":
         compute = gpipe_orders(num_stages, num_micro_batches)
     elif schedule == "1f1b":
-        compute = compute_orders(num_stages, num_micro_batches, warmup or deeper_warmup(num_stages, num_micro_batches, 1))
+        compute = compute_orders(
+            num_stages, num_micro_batches, warmup or deeper_warmup(num_stages, num_micro_batches, 1)
+        )
     else:
         raise ValueError(f"no stage-order generator for schedule {schedule!r} (device groups: planner/chunked.py)")
     return encode_orders(compute)
@@ -424,16 +526,31 @@ def simulate_costed(c: Costed, record: bool = False):
     its timeline, which a plan's check of its estimate does not need)."""
     if "copies" in c.extra:  # stages of round-robin copies: the rank orders' simulator
         from .round_robin import simulate_rr
+
         return simulate_rr(c, record)
     if "chunks" in c.extra:  # device groups holding several stages: the rank orders' simulator
         from .chunked import simulate_chunked
+
         return simulate_chunked(c, record)
     if c.schedule == "terapipe":  # its per-slice costs: planner/terapipe.py
         from .terapipe import stage_scales
+
         lengths = c.extra["token_slices"]
         sched = build_schedule("terapipe", len(c.layout), c.num_micro_batches, token_slices=lengths)
-        return simulate(sched, c.costs, record, steps=program(sched, validated=True),
-                        scale=stage_scales(c.extra["profile"], c.extra["topology"], c.layout, c.costs,
-                                           c.micro_batch_size, lengths, c.num_micro_batches))
+        return simulate(
+            sched,
+            c.costs,
+            record,
+            steps=program(sched, validated=True),
+            scale=stage_scales(
+                c.extra["profile"],
+                c.extra["topology"],
+                c.layout,
+                c.costs,
+                c.micro_batch_size,
+                lengths,
+                c.num_micro_batches,
+            ),
+        )
     sched, steps = _program(c.schedule, len(c.layout), c.num_micro_batches, tuple(c.warmup))
     return simulate(sched, c.costs, record, steps=steps)

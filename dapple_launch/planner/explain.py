@@ -1,4 +1,5 @@
 """Plan.explain(): the chosen layout as a table, memory per stage, and the runners-up."""
+
 from __future__ import annotations
 
 
@@ -63,22 +64,42 @@ def _spans(marks) -> str:
 
 def explain(plan) -> str:
     e = plan.estimate
-    header = (f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
-              f"layout {plan.layout()}, schedule {plan.schedule}"
-              + (f" ({plan.num_stages // plan.chunks} device groups of {plan.chunks} stages each; "
-                 f"a group's stages share its devices)" if plan.chunks > 1 else "")
-              + (f" (round-robin copies per stage {':'.join(str(s.copies) for s in plan.stages)}: a copy runs "
-                 f"whole micro-batches in turn)" if any(s.copies > 1 for s in plan.stages) else "")
-              + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
-              + (f", token slices {list(plan.token_slices)}" if plan.token_slices else "")
-              + f", global batch {plan.global_batch_size} = "
-              f"{plan.num_micro_batches} micro-batches × {plan.micro_batch_size}")
-    rows = [("stage", "layers", "names", "replicas", "devices", "memory/device")
-            + (("recomputed",) if plan.recomputes else ())]
+    header = (
+        f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
+        f"layout {plan.layout()}, schedule {plan.schedule}"
+        + (
+            f" ({plan.num_stages // plan.chunks} device groups of {plan.chunks} stages each; "
+            f"a group's stages share its devices)"
+            if plan.chunks > 1
+            else ""
+        )
+        + (
+            f" (round-robin copies per stage {':'.join(str(s.copies) for s in plan.stages)}: a copy runs "
+            f"whole micro-batches in turn)"
+            if any(s.copies > 1 for s in plan.stages)
+            else ""
+        )
+        + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
+        + (f", token slices {list(plan.token_slices)}" if plan.token_slices else "")
+        + f", global batch {plan.global_batch_size} = "
+        f"{plan.num_micro_batches} micro-batches × {plan.micro_batch_size}"
+    )
+    rows = [
+        ("stage", "layers", "names", "replicas", "devices", "memory/device")
+        + (("recomputed",) if plan.recomputes else ())
+    ]
     for i, (s, mem) in enumerate(zip(plan.stages, e.peak_memory_bytes)):
-        rows.append((str(i), f"{s.layers[0]}-{s.layers[1] - 1}", _names(s.layer_names), str(s.replicas),
-                     _devices(s.devices), human_bytes(mem))
-                    + ((_recomputed(s),) if plan.recomputes else ()))
+        rows.append(
+            (
+                str(i),
+                f"{s.layers[0]}-{s.layers[1] - 1}",
+                _names(s.layer_names),
+                str(s.replicas),
+                _devices(s.devices),
+                human_bytes(mem),
+            )
+            + ((_recomputed(s),) if plan.recomputes else ())
+        )
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     lines = [header]
     for j, r in enumerate(rows):
@@ -96,6 +117,8 @@ def explain(plan) -> str:
     if plan.runners_up:
         lines.append("runners-up:")
         for r in plan.runners_up:
-            lines.append(f"  {r.summary:<40} {human_seconds(r.iteration_s):>11}  peak {human_bytes(r.peak_memory_bytes)}"
-                         + (f"  ({r.note})" if r.note else ""))
+            lines.append(
+                f"  {r.summary:<40} {human_seconds(r.iteration_s):>11}  peak {human_bytes(r.peak_memory_bytes)}"
+                + (f"  ({r.note})" if r.note else "")
+            )
     return "\n".join(lines)

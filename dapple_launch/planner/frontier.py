@@ -14,6 +14,7 @@ exact frontier point (t*, m*) is dominated by a returned point (t, m) with t <= 
 m < m* / (1 - e) (the last search whose cap was >= m* found t <= t*, and its peak m satisfies
 m (1 - e) < m*, else the next cap would still be >= m*). Tests check both against enumeration.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,6 +33,7 @@ LATER_SHARE = 0.25  # of strategy.search_nodes, what each search below the first
 class Frontier:
     """Plans to choose from: one device count's time-memory frontier (fastest first), or, with
     strategy.devices=auto, each device count's (fewest devices first); `chosen` indexes `points`."""
+
     points: tuple[Plan, ...]
     chosen: int | None  # None: no point meets the budget or the deadline
     step: float
@@ -75,14 +77,23 @@ def non_dominated(plans: list[Plan]) -> list[Plan]:
     return out
 
 
-def frontier(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, step: float = 0.1,
-             max_points: int = 64) -> tuple[list[Plan], int]:
+def frontier(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    step: float = 0.1,
+    max_points: int = 64,
+) -> tuple[list[Plan], int]:
     """(non-dominated plans fastest first, searches run). Searches use `limits` with recompute=auto
     unless recomputation is switched off (none) or fixed (full / selective)."""
     from .search import NoFeasiblePlan, plan
+
     if not 0 <= step < 1:
-        raise ValueError(f"strategy.frontier_step={step} must be in [0, 1): the relative memory step between "
-                         f"frontier searches (0 = exact)")
+        raise ValueError(
+            f"strategy.frontier_step={step} must be in [0, 1): the relative memory step between "
+            f"frontier searches (0 = exact)"
+        )
     keep = 1 - limits.memory_headroom
     cap = topology.device_memory_bytes * keep
     found: list[Plan] = []
@@ -93,9 +104,13 @@ def frontier(profile: ModelProfile, topology: Topology, global_batch: int, limit
         try:
             # below the card, each search gets a share of the node budget (each point states its own gap)
             # and leaves the baselines out (compared once, on the whole card: they are no point's bound)
-            p = plan(profile, capped, global_batch,
-                     limits if not found else replace(limits, search_nodes=max(1, int(limits.search_nodes * LATER_SHARE))),
-                     with_baselines=not found)
+            p = plan(
+                profile,
+                capped,
+                global_batch,
+                limits if not found else replace(limits, search_nodes=max(1, int(limits.search_nodes * LATER_SHARE))),
+                with_baselines=not found,
+            )
         except NoFeasiblePlan:
             break
         found.append(replace(p, device_memory_bytes=topology.device_memory_bytes))
@@ -107,18 +122,25 @@ def frontier(profile: ModelProfile, topology: Topology, global_batch: int, limit
     return non_dominated(found), searches
 
 
-def choose(points: list[Plan], objective: str, budget_bytes: float | None = None, max_slowdown: float = 0.1,
-           deadline_s: float | None = None) -> int | None:
+def choose(
+    points: list[Plan],
+    objective: str,
+    budget_bytes: float | None = None,
+    max_slowdown: float = 0.1,
+    deadline_s: float | None = None,
+) -> int | None:
     """Among the points within the memory budget: with a deadline, the cheapest (device-seconds per
     sample) that meets it, faster first on ties; else time: the fastest (fewer devices on ties);
     memory: the least memory among those within `max_slowdown` of the fastest; pareto: as time (the
     frontier is the answer, the chosen point is where a run starts)."""
-    within = [k for k, p in enumerate(points)
-              if budget_bytes is None or max(p.estimate.peak_memory_bytes) <= budget_bytes]
+    within = [
+        k for k, p in enumerate(points) if budget_bytes is None or max(p.estimate.peak_memory_bytes) <= budget_bytes
+    ]
     if deadline_s is not None:
         ok = [k for k in within if points[k].estimate.iteration_s <= deadline_s]
-        return min(ok, key=lambda k: (device_seconds_per_sample(points[k]), points[k].estimate.iteration_s),
-                   default=None)
+        return min(
+            ok, key=lambda k: (device_seconds_per_sample(points[k]), points[k].estimate.iteration_s), default=None
+        )
     if not within:
         return None
     fastest = min(within, key=lambda k: (points[k].estimate.iteration_s, points[k].world_size))
@@ -143,19 +165,31 @@ def sub_cluster(topology: Topology, devices: int) -> Topology:
     return replace(topology, nodes=devices // k)
 
 
-def plan_choice(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-                objective: str = "time", budget_bytes: float | None = None, max_slowdown: float = 0.1,
-                step: float = 0.1, devices: str = "all", deadline_s: float | None = None,
-                max_devices: int | None = None) -> Frontier:
+def plan_choice(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    objective: str = "time",
+    budget_bytes: float | None = None,
+    max_slowdown: float = 0.1,
+    step: float = 0.1,
+    devices: str = "all",
+    deadline_s: float | None = None,
+    max_devices: int | None = None,
+) -> Frontier:
     """The plans an objective chooses among, and its choice (see choose)."""
     from .explain import human_bytes, human_seconds
     from .search import NoFeasiblePlan, plan
+
     t0 = time.perf_counter()
     usable = topology.device_memory_bytes * (1 - limits.memory_headroom)
     if budget_bytes is not None and budget_bytes > usable:
-        raise ValueError(f"strategy.memory_budget_gib={budget_bytes / 2**30:g} is more than the "
-                         f"{human_bytes(usable)} usable on {topology.name} ({human_bytes(topology.device_memory_bytes)} "
-                         f"less {limits.memory_headroom:.0%} headroom); give a budget below it")
+        raise ValueError(
+            f"strategy.memory_budget_gib={budget_bytes / 2**30:g} is more than the "
+            f"{human_bytes(usable)} usable on {topology.name} ({human_bytes(topology.device_memory_bytes)} "
+            f"less {limits.memory_headroom:.0%} headroom); give a budget below it"
+        )
     counts = device_counts(topology, global_batch, max_devices) if devices == "auto" else [topology.num_devices]
     points: list[Plan] = []
     searches = 0
@@ -178,64 +212,106 @@ def plan_choice(profile: ModelProfile, topology: Topology, global_batch: int, li
                 last = exc
             if not found and len(counts) == 1 and budget_bytes is None:
                 raise last  # its message says what would fit
-        points += [replace(p, device_memory_bytes=topology.device_memory_bytes,
-                           devices_per_node=topology.devices_per_node) for p in found]
+        points += [
+            replace(p, device_memory_bytes=topology.device_memory_bytes, devices_per_node=topology.devices_per_node)
+            for p in found
+        ]
     if not points and budget_bytes is not None and objective == "time":
         # nothing within the budget: the frontier under the card says what the least memory is
         for n in counts:
-            found, k = frontier(profile, sub_cluster(topology, n) if n != topology.num_devices else topology,
-                                global_batch, limits, step)
+            found, k = frontier(
+                profile, sub_cluster(topology, n) if n != topology.num_devices else topology, global_batch, limits, step
+            )
             searches += k
-            points += [replace(p, device_memory_bytes=topology.device_memory_bytes,
-                               devices_per_node=topology.devices_per_node) for p in found]
+            points += [
+                replace(p, device_memory_bytes=topology.device_memory_bytes, devices_per_node=topology.devices_per_node)
+                for p in found
+            ]
     # one order for the table, pareto.json and strategy.plan_index: fastest first
     points.sort(key=lambda p: (p.estimate.iteration_s, p.world_size, max(p.estimate.peak_memory_bytes)))
     chosen = choose(points, objective, budget_bytes, max_slowdown, deadline_s) if points else None
     why = ""
     if chosen is None:
         if not points:
-            why = (f"no plan fits on {'any of ' if len(counts) > 1 else ''}{counts} devices of {topology.name}"
-                   + (f" within strategy.memory_budget_gib={budget_bytes / 2**30:g}" if budget_bytes else "")
-                   + "; add devices, lower the global batch's micro-batch size or the optimizer_factor")
+            why = (
+                f"no plan fits on {'any of ' if len(counts) > 1 else ''}{counts} devices of {topology.name}"
+                + (f" within strategy.memory_budget_gib={budget_bytes / 2**30:g}" if budget_bytes else "")
+                + "; add devices, lower the global batch's micro-batch size or the optimizer_factor"
+            )
         elif deadline_s is not None:
             fastest = min(points, key=lambda p: p.estimate.iteration_s)
-            why = (f"no device count meets strategy.deadline_s_per_iteration={deadline_s:g}: the fastest plan, on "
-                   f"{fastest.world_size} devices, takes {human_seconds(fastest.estimate.iteration_s)}; raise the "
-                   f"deadline or strategy.max_devices, or use a larger cluster")
+            why = (
+                f"no device count meets strategy.deadline_s_per_iteration={deadline_s:g}: the fastest plan, on "
+                f"{fastest.world_size} devices, takes {human_seconds(fastest.estimate.iteration_s)}; raise the "
+                f"deadline or strategy.max_devices, or use a larger cluster"
+            )
         else:
             least = min(points, key=lambda p: max(p.estimate.peak_memory_bytes))
-            why = (f"no plan fits strategy.memory_budget_gib={budget_bytes / 2**30:g} ({human_bytes(budget_bytes)}): "
-                   f"the least memory is {human_bytes(max(least.estimate.peak_memory_bytes))} per device "
-                   f"({least.num_stages} stages {least.layout()}, {least.num_micro_batches}×{least.micro_batch_size}, "
-                   f"{human_seconds(least.estimate.iteration_s)}); raise the budget or add devices")
-    return Frontier(tuple(points), chosen, step, searches, time.perf_counter() - t0, usable, budget_bytes,
-                    deadline_s, why)
+            why = (
+                f"no plan fits strategy.memory_budget_gib={budget_bytes / 2**30:g} ({human_bytes(budget_bytes)}): "
+                f"the least memory is {human_bytes(max(least.estimate.peak_memory_bytes))} per device "
+                f"({least.num_stages} stages {least.layout()}, {least.num_micro_batches}×{least.micro_batch_size}, "
+                f"{human_seconds(least.estimate.iteration_s)}); raise the budget or add devices"
+            )
+    return Frontier(
+        tuple(points), chosen, step, searches, time.perf_counter() - t0, usable, budget_bytes, deadline_s, why
+    )
 
 
 def describe(f: Frontier) -> str:
     """The frontier as a table, the chosen point marked."""
     from .explain import human_bytes, human_seconds, recomputed_per_stage
+
     if not f.points:
         return "frontier: no plan fits"
-    rows = [("", "#", "iteration", "memory/device", "devices", "samples/s", "device·s/sample", "layout",
-             "recompute", "schedule")]
+    rows = [
+        (
+            "",
+            "#",
+            "iteration",
+            "memory/device",
+            "devices",
+            "samples/s",
+            "device·s/sample",
+            "layout",
+            "recompute",
+            "schedule",
+        )
+    ]
     for k, p in enumerate(f.points):
         e = p.estimate
         rec = recomputed_per_stage(p)
         even = len({s.replicas for s in p.stages}) == 1
-        layout = (f"{p.num_stages} stage{'s' if p.num_stages > 1 else ''} × {p.stages[0].replicas}" if even
-                  else f"{p.num_stages} stages {p.layout()}")
-        rows.append(("→" if k == f.chosen else "", str(k), human_seconds(e.iteration_s),
-                     human_bytes(max(e.peak_memory_bytes)), str(p.world_size), f"{e.samples_per_s:.1f}",
-                     f"{device_seconds_per_sample(p):.4g}",
-                     f"{layout}, {p.num_micro_batches}×{p.micro_batch_size}", rec,
-                     p.schedule + (" (deeper warm-up)" if p.warmup else "")))
+        layout = (
+            f"{p.num_stages} stage{'s' if p.num_stages > 1 else ''} × {p.stages[0].replicas}"
+            if even
+            else f"{p.num_stages} stages {p.layout()}"
+        )
+        rows.append(
+            (
+                "→" if k == f.chosen else "",
+                str(k),
+                human_seconds(e.iteration_s),
+                human_bytes(max(e.peak_memory_bytes)),
+                str(p.world_size),
+                f"{e.samples_per_s:.1f}",
+                f"{device_seconds_per_sample(p):.4g}",
+                f"{layout}, {p.num_micro_batches}×{p.micro_batch_size}",
+                rec,
+                p.schedule + (" (deeper warm-up)" if p.warmup else ""),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    how = ("exact" if f.step == 0 else
-           f"memory steps of {f.step:.0%}: each exact point is matched by one no slower within ×{1 / (1 - f.step):.3f} its memory")
-    lines = [f"frontier: {len(f.points)} plans (time against memory per device; {f.searches} searches, "
-             f"{f.seconds:.2f} s; {how}); → marks the chosen plan; pareto.json lists them in this order "
-             f"(strategy=file strategy.plan_file=pareto.json strategy.plan_index=#)"]
+    how = (
+        "exact"
+        if f.step == 0
+        else f"memory steps of {f.step:.0%}: each exact point is matched by one no slower within ×{1 / (1 - f.step):.3f} its memory"
+    )
+    lines = [
+        f"frontier: {len(f.points)} plans (time against memory per device; {f.searches} searches, "
+        f"{f.seconds:.2f} s; {how}); → marks the chosen plan; pareto.json lists them in this order "
+        f"(strategy=file strategy.plan_file=pareto.json strategy.plan_index=#)"
+    ]
     for j, r in enumerate(rows):
         lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if j == 0:
@@ -247,4 +323,5 @@ def describe(f: Frontier) -> str:
 
 def frontier_to_json(f: Frontier) -> str:
     import json
+
     return json.dumps([p.to_dict() for p in f.points], indent=2)

@@ -1,4 +1,5 @@
 """The Plan: the one contract between planner and runtime. Frozen, JSON/YAML round-trip."""
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,11 @@ class Plan:
     @property
     def world_size(self) -> int:
         """Devices the plan runs on (a device group holding several stages counts once)."""
-        return len({d for s in self.stages for d in s.devices}) if all(s.devices for s in self.stages) \
+        return (
+            len({d for s in self.stages for d in s.devices})
+            if all(s.devices for s in self.stages)
             else sum(s.replicas for s in self.stages)
+        )
 
     @property
     def num_layers(self) -> int:
@@ -112,16 +116,26 @@ class Plan:
         needs the previous stage's F of that micro-batch, its B or I the next stage's B or I."""
         schedule = self.build_schedule()
         if hasattr(schedule, "orders"):  # device groups holding several stages: one order per group
-            return [{"devices": list(self.group_devices(schedule, r)), "actions": [a.to_json() for a in order]}
-                    for r, order in enumerate(schedule.orders)]
+            return [
+                {"devices": list(self.group_devices(schedule, r)), "actions": [a.to_json() for a in order]}
+                for r, order in enumerate(schedule.orders)
+            ]
         K = schedule.num_slices
         if K > 1:  # token slices: [kind, stage, micro_batch, slice]
-            return [{"devices": list(st.devices),
-                     "actions": [[a.kind.value, s, *divmod(a.micro_batch, K)] for a in schedule.compute_order(s)]}
-                    for s, st in enumerate(self.stages)]
-        return [{"devices": list(st.devices),
-                 "actions": [[a.kind.value, s, a.micro_batch] for a in schedule.compute_order(s)]}
-                for s, st in enumerate(self.stages)]
+            return [
+                {
+                    "devices": list(st.devices),
+                    "actions": [[a.kind.value, s, *divmod(a.micro_batch, K)] for a in schedule.compute_order(s)],
+                }
+                for s, st in enumerate(self.stages)
+            ]
+        return [
+            {
+                "devices": list(st.devices),
+                "actions": [[a.kind.value, s, a.micro_batch] for a in schedule.compute_order(s)],
+            }
+            for s, st in enumerate(self.stages)
+        ]
 
     def group_devices(self, schedule, group: int) -> tuple[int, ...]:
         """The devices of the device group running orders[group]: its first stage's, or where a stage
@@ -134,15 +148,22 @@ class Plan:
         a stage's devices split evenly among its groups (Chimera: the down copy's first)."""
         groups, devices = schedule.placement[stage], self.stages[stage].devices
         part = len(devices) // len(groups)
-        return tuple((g, tuple(devices[j * part:(j + 1) * part])) for j, g in enumerate(groups))
+        return tuple((g, tuple(devices[j * part : (j + 1) * part])) for j, g in enumerate(groups))
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
         d = dict(d)
         d["stages"] = tuple(
-            StagePlan(tuple(s["layers"]), tuple(s["layer_names"]), int(s["replicas"]), tuple(s["devices"]),
-                      tuple(int(i) for i in s.get("recompute_layers", ())), int(s.get("copies", 1)))
-            for s in d["stages"])
+            StagePlan(
+                tuple(s["layers"]),
+                tuple(s["layer_names"]),
+                int(s["replicas"]),
+                tuple(s["devices"]),
+                tuple(int(i) for i in s.get("recompute_layers", ())),
+                int(s.get("copies", 1)),
+            )
+            for s in d["stages"]
+        )
         e = dict(d["estimate"])
         e["peak_memory_bytes"] = tuple(e["peak_memory_bytes"])
         e["stage_costs"] = tuple(dict(c) for c in e.get("stage_costs", ()))
@@ -156,36 +177,52 @@ class Plan:
         for k, st in enumerate(plan.stages):
             outside = [i for i in st.recompute_layers if not st.layers[0] <= i < st.layers[1]]
             if outside:
-                raise ValueError(f"stage {k}'s recompute_layers {outside} are not among its layers "
-                                 f"[{st.layers[0]}, {st.layers[1]}): list positions of the stage's own layers")
+                raise ValueError(
+                    f"stage {k}'s recompute_layers {outside} are not among its layers "
+                    f"[{st.layers[0]}, {st.layers[1]}): list positions of the stage's own layers"
+                )
         if plan.token_slices and plan.recomputes:
-            raise ValueError("recompute_layers with token_slices: a recomputed forward would not see the slice's "
-                             "cached keys and values; use one or the other")
+            raise ValueError(
+                "recompute_layers with token_slices: a recomputed forward would not see the slice's "
+                "cached keys and values; use one or the other"
+            )
         if plan.recomputes and plan.schedule in SPLIT_BACKWARD:
-            raise ValueError(f"recompute_layers with schedule {plan.schedule}: a split backward's W would run the "
-                             f"recomputed forward a second time; use schedule 1f1b, gpipe, interleaved_1f1b or "
-                             f"chimera, or empty recompute_layers")
+            raise ValueError(
+                f"recompute_layers with schedule {plan.schedule}: a split backward's W would run the "
+                f"recomputed forward a second time; use schedule 1f1b, gpipe, interleaved_1f1b or "
+                f"chimera, or empty recompute_layers"
+            )
         # (their devices follow `stages`: an edited placement is checked against the cluster elsewhere)
         if orders is not None and [o.get("actions") for o in orders] != [o["actions"] for o in plan.orders()]:
-            raise ValueError(f"its orders are not what schedule {plan.schedule!r} (warm-up {list(plan.warmup)}) runs "
-                             f"on its {plan.num_stages} stages, devices and {plan.num_micro_batches} micro-batches: "
-                             f"orders are written from those for outside tools, never read; delete the orders entry "
-                             f"after editing the plan (or change schedule and warmup, not orders)")
+            raise ValueError(
+                f"its orders are not what schedule {plan.schedule!r} (warm-up {list(plan.warmup)}) runs "
+                f"on its {plan.num_stages} stages, devices and {plan.num_micro_batches} micro-batches: "
+                f"orders are written from those for outside tools, never read; delete the orders entry "
+                f"after editing the plan (or change schedule and warmup, not orders)"
+            )
         return plan
 
     def build_schedule(self):
         """The action lists every reader of this plan uses: runtime, simulator, timeline."""
         from ..schedule import CHUNKED_SCHEDULES, build_rank_schedule, build_schedule, num_groups
         from ..schedule.round_robin import RR_FAMILIES, round_robin
+
         if self.schedule in RR_FAMILIES:
-            return round_robin(self.schedule, tuple(s.copies for s in self.stages), self.num_micro_batches,
-                               self.warmup or None)
+            return round_robin(
+                self.schedule, tuple(s.copies for s in self.stages), self.num_micro_batches, self.warmup or None
+            )
         if any(s.copies != 1 for s in self.stages):
-            raise ValueError(f"stage copies are a setting of schedules {sorted(RR_FAMILIES)}; schedule "
-                             f"{self.schedule!r} splits every micro-batch across a stage's replicas: set copies to 1")
+            raise ValueError(
+                f"stage copies are a setting of schedules {sorted(RR_FAMILIES)}; schedule "
+                f"{self.schedule!r} splits every micro-batch across a stage's replicas: set copies to 1"
+            )
         if self.schedule in CHUNKED_SCHEDULES:
-            return build_rank_schedule(self.schedule, num_groups(self.schedule, self.num_stages, self.chunks),
-                                       self.num_micro_batches, self.chunks)
+            return build_rank_schedule(
+                self.schedule,
+                num_groups(self.schedule, self.num_stages, self.chunks),
+                self.num_micro_batches,
+                self.chunks,
+            )
         return build_schedule(self.schedule, self.num_stages, self.num_micro_batches, self.warmup, self.token_slices)
 
     def group_ranks(self, schedule) -> tuple[tuple[int, ...], ...]:
@@ -203,7 +240,7 @@ class Plan:
                 groups, ds = schedule.placement[k], devices[k]
                 part = len(ds) // len(groups)
                 for j, g in enumerate(groups):
-                    by_group.setdefault(g, tuple(rank[d] for d in ds[j * part:(j + 1) * part]))
+                    by_group.setdefault(g, tuple(rank[d] for d in ds[j * part : (j + 1) * part]))
             return tuple(by_group[g] for g in range(schedule.num_ranks))
         return tuple(tuple(rank[d] for d in ds) for ds in devices)
 
@@ -212,6 +249,7 @@ class Plan:
         (schedule/transfers.py), for micro-batches of `micro_batch_size` samples."""
         from ..schedule.ranks import from_stages
         from ..schedule.transfers import lower
+
         schedule = self.build_schedule()
         x = schedule if hasattr(schedule, "orders") else from_stages(schedule)
         return lower(x, self.group_ranks(schedule), (self.micro_batch_size,) * x.num_micro_batches)
@@ -220,6 +258,7 @@ class Plan:
         """Raise ValueError unless every rank's transfers pass the NCCL model (schedule/nccl.py)."""
         from ..schedule.nccl import NcclOrderError, check_lowered
         from ..schedule.transfers import LoweringError
+
         try:
             check_lowered(self.transfer_programs())
         except (NcclOrderError, LoweringError) as exc:
@@ -234,11 +273,13 @@ class Plan:
 
     def to_yaml(self) -> str:
         from omegaconf import OmegaConf
+
         return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))
 
     @classmethod
     def from_yaml(cls, text: str) -> Plan:
         from omegaconf import OmegaConf
+
         return cls.from_dict(OmegaConf.to_container(OmegaConf.create(text)))
 
     def save(self, path: str | Path) -> Path:
@@ -255,6 +296,7 @@ class Plan:
 
     def explain(self) -> str:
         from .explain import explain
+
         return explain(self)
 
 

@@ -16,6 +16,7 @@ near-optimal incumbent and a budget-limited search still answers well. Under a d
 same moves (and a step deeper or shallower) are simulated: a plan that hides its links behind a
 deeper warm-up wants different cuts than DAPPLE's minimal warm-up rewards (GNMT on 10 Gbps: 18%).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .warmup import WARMUP_MAX_ACTIONS, worth_simulating
 @dataclass(frozen=True)
 class Shape:
     """A plan in the search's space: stage stops, replica counts, fresh-node flags, micro-batch size."""
+
     stops: tuple[int, ...]  # stop of each stage (the last is the layer count)
     replicas: tuple[int, ...]
     fresh: tuple[bool, ...]  # the stage starts on the next node's first device, not the next free one
@@ -58,8 +60,7 @@ def shape_of(c: Costed, topology: Topology) -> Shape:
         first = s.devices[0]
         fresh.append(first != d and first == int(fresh_node_start(d, k, D)))
         d = first + s.replicas
-    return Shape(tuple(s.stop for s in c.layout), tuple(s.replicas for s in c.layout), tuple(fresh),
-                 c.micro_batch_size)
+    return Shape(tuple(s.stop for s in c.layout), tuple(s.replicas for s in c.layout), tuple(fresh), c.micro_batch_size)
 
 
 def _neighbours(x: Shape, allowed_replicas: frozenset[int], sizes: list[int]):
@@ -69,7 +70,7 @@ def _neighbours(x: Shape, allowed_replicas: frozenset[int], sizes: list[int]):
         for delta in (-2, -1, 1, 2):
             cut = stops[s] + delta
             if starts[s] < cut < stops[s + 1]:
-                yield Shape(tuple(stops[:s] + [cut] + stops[s + 1:]), x.replicas, x.fresh, x.micro_batch)
+                yield Shape(tuple(stops[:s] + [cut] + stops[s + 1 :]), x.replicas, x.fresh, x.micro_batch)
     for s in range(S - 1):  # hand one device to the neighbouring stage
         for give, take in ((s, s + 1), (s + 1, s)):
             if reps[give] > 1 and reps[take] + 1 in allowed_replicas:
@@ -90,25 +91,41 @@ def _neighbours(x: Shape, allowed_replicas: frozenset[int], sizes: list[int]):
     for s in range(S - 1):  # merge stages s and s+1
         r = reps[s] + reps[s + 1]
         if r in allowed_replicas:
-            yield Shape(tuple(stops[:s] + stops[s + 1:]), tuple(reps[:s] + [r] + reps[s + 2:]),
-                        tuple(fresh[:s + 1] + fresh[s + 2:]), x.micro_batch)
+            yield Shape(
+                tuple(stops[:s] + stops[s + 1 :]),
+                tuple(reps[:s] + [r] + reps[s + 2 :]),
+                tuple(fresh[: s + 1] + fresh[s + 2 :]),
+                x.micro_batch,
+            )
     for s in range(S):  # split stage s in the middle of its layers, its devices shared out
         if stops[s] - starts[s] >= 2:
             mid = (starts[s] + stops[s]) // 2
             r1 = max(1, reps[s] // 2)
             r2 = reps[s] - r1 if reps[s] > 1 else 1
             if r1 in allowed_replicas and r2 in allowed_replicas:
-                yield Shape(tuple(stops[:s] + [mid] + stops[s:]), tuple(reps[:s] + [r1, r2] + reps[s + 1:]),
-                            tuple(fresh[:s + 1] + [False] + fresh[s + 1:]), x.micro_batch)
+                yield Shape(
+                    tuple(stops[:s] + [mid] + stops[s:]),
+                    tuple(reps[:s] + [r1, r2] + reps[s + 1 :]),
+                    tuple(fresh[: s + 1] + [False] + fresh[s + 1 :]),
+                    x.micro_batch,
+                )
     i = sizes.index(x.micro_batch)  # the next smaller and larger micro-batch size
     for j in (i - 1, i + 1):
         if 0 <= j < len(sizes):
             yield Shape(x.stops, x.replicas, x.fresh, sizes[j])
 
 
-def descend(start: Costed, profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-            allowed_replicas: list[int], sizes: list[int], max_steps: int = 200,
-            cost_budget: float = float("inf")) -> tuple[Costed, int]:
+def descend(
+    start: Costed,
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    allowed_replicas: list[int],
+    sizes: list[int],
+    max_steps: int = 200,
+    cost_budget: float = float("inf"),
+) -> tuple[Costed, int]:
     """Steepest descent from `start`; (the local optimum, the cost of the neighbours costed).
 
     A start with a deeper 1F1B warm-up descends at that depth, one step deeper or shallower being
@@ -131,15 +148,21 @@ def descend(start: Costed, profile: ModelProfile, topology: Topology, global_bat
             seen.add((n, d))
             layout = n.layout(topology)
             M = global_batch // n.micro_batch
-            if layout is None or MIN_MICRO_BATCHES[limits.schedule](len(layout)) > M \
-                    or n.micro_batch < max(n.replicas) or (d > 1 and len(layout) * M > WARMUP_MAX_ACTIONS):
+            if (
+                layout is None
+                or MIN_MICRO_BATCHES[limits.schedule](len(layout)) > M
+                or n.micro_batch < max(n.replicas)
+                or (d > 1 and len(layout) * M > WARMUP_MAX_ACTIONS)
+            ):
                 continue
             costs = stage_costs(profile, topology, layout, n.micro_batch, memo)
             beat = (step or best).iteration_s * (1 - 1e-12)
             if not worth_simulating(profile, layout, costs, M, d, limits, capacity, beat):
                 costed += 1  # screened out by memory or by its bound (O(S)): no simulation (O(S M))
                 continue
-            cand = evaluate(profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs, cutoff=beat)
+            cand = evaluate(
+                profile, topology, layout, n.micro_batch, M, limits, warmup_depth=d, costs=costs, cutoff=beat
+            )
             costed += -(-len(layout) * M // CELLS_PER_NODE)  # a simulated candidate costs its schedule's size
             if cand.fits and cand.iteration_s < (step or best).iteration_s * (1 - 1e-12):
                 step, step_shape, step_depth = cand, n, d

@@ -21,6 +21,7 @@ M micro-batches' work over all layers, each layer at its cheapest copy size g (g
 ceil(b / g) samples each), is shared by at most D devices: T >= (M / D) Σ_l min_g g t_l(ceil(b / g)),
 the compute bound at this granularity (a weak bound, as the chunked families' is).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,7 @@ def canonical_copies(replicas: int, micro_batch_size: int) -> int:
 
 def copy_specs(layout: tuple[StageSpec, ...], copies: tuple[int, ...]) -> tuple[StageSpec, ...]:
     """Each stage as one of its copies (its first g devices): what a copy's costs are computed on."""
-    return tuple(StageSpec(st.start, st.stop, st.devices[:st.replicas // c]) for st, c in zip(layout, copies))
+    return tuple(StageSpec(st.start, st.stop, st.devices[: st.replicas // c]) for st, c in zip(layout, copies))
 
 
 def check_copies(layout: tuple[StageSpec, ...], copies: tuple[int, ...], num_micro_batches: int) -> str:
@@ -60,13 +61,21 @@ def check_copies(layout: tuple[StageSpec, ...], copies: tuple[int, ...], num_mic
     for s, (st, c) in enumerate(zip(layout, copies)):
         if c < 1 or st.replicas % c:
             ok = [d for d in range(1, st.replicas + 1) if st.replicas % d == 0]
-            return (f"stage {s} has {st.replicas} replicas, which {c} copies cannot share evenly (a copy runs "
-                    f"whole micro-batches on its devices); use one of {ok}")
+            return (
+                f"stage {s} has {st.replicas} replicas, which {c} copies cannot share evenly (a copy runs "
+                f"whole micro-batches on its devices); use one of {ok}"
+            )
     return round_robin_constraint(tuple(copies), num_micro_batches)
 
 
-def rr_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], copies: tuple[int, ...],
-             b: int, memo: dict | None = None) -> list:
+def rr_costs(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    copies: tuple[int, ...],
+    b: int,
+    memo: dict | None = None,
+) -> list:
     """Per stage, one copy's step costs; transfers over the slower link of the two stages' devices;
     the all-reduce (and a tied weight's) over every device of the stage."""
     one = copy_specs(layout, copies)
@@ -87,14 +96,28 @@ def rr_costs(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec,
     for s, (st, c1) in enumerate(zip(layout, one)):
         n = math.ceil(b / c1.replicas)
         total, after_b, after_w = stage_allreduce(profile, topology, st, n, profile.weight_share(st.start, st.stop))
-        costs[s] = replace(costs[s], allreduce_s=total + tied[s], allreduce_after_b_s=after_b + tied[s],
-                           allreduce_after_w_s=after_w + tied[s])
+        costs[s] = replace(
+            costs[s],
+            allreduce_s=total + tied[s],
+            allreduce_after_b_s=after_b + tied[s],
+            allreduce_after_w_s=after_w + tied[s],
+        )
     return costs
 
 
-def evaluate_rr(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], copies: tuple[int, ...],
-                b: int, num_micro_batches: int, limits: Limits, family: str, depth: int = 1,
-                cutoff: float = math.inf, memo: dict | None = None) -> Costed | None:
+def evaluate_rr(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    copies: tuple[int, ...],
+    b: int,
+    num_micro_batches: int,
+    limits: Limits,
+    family: str,
+    depth: int = 1,
+    cutoff: float = math.inf,
+    memo: dict | None = None,
+) -> Costed | None:
     """A candidate of copies costed in full by the simulator of its rank orders; None where it is
     slower than `cutoff`: unsimulated where its busiest copy's compute alone passes it, else as
     soon as the simulation does (simulate_ranks)."""
@@ -110,13 +133,24 @@ def evaluate_rr(profile: ModelProfile, topology: Topology, layout: tuple[StageSp
     first = 0
     memory = []
     for st, c in zip(layout, copies):
-        peak = max(sim.peak_activation_bytes[first:first + c])
+        peak = max(sim.peak_activation_bytes[first : first + c])
         first += c
         memory.append(profile.span(st.start, st.stop)[3] * limits.optimizer_factor + peak)
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
-    return Costed(layout, b, num_micro_batches, family, costs, sim.iteration_s, memory, capacity,
-                  extra={"copies": tuple(copies)}, warmup=warmup, warmup_depth=depth,
-                  recompute=sets if any(sets) else ())
+    return Costed(
+        layout,
+        b,
+        num_micro_batches,
+        family,
+        costs,
+        sim.iteration_s,
+        memory,
+        capacity,
+        extra={"copies": tuple(copies)},
+        warmup=warmup,
+        warmup_depth=depth,
+        recompute=sets if any(sets) else (),
+    )
 
 
 def simulate_rr(c: Costed, record: bool = True):
@@ -160,8 +194,9 @@ class _Loads(dict):
     def __missing__(self, key: tuple[int, int]) -> float:
         start, stop = key
         r = len(self.devices)
-        load = _copy_compute(self.profile, self.topology, self.M, self.b, start, stop, r) \
-            + (self.topology.allreduce_s(self.devices, self.profile.span(start, stop)[3]) if r > 1 else 0.0)
+        load = _copy_compute(self.profile, self.topology, self.M, self.b, start, stop, r) + (
+            self.topology.allreduce_s(self.devices, self.profile.span(start, stop)[3]) if r > 1 else 0.0
+        )
         self[key] = load
         return load
 
@@ -176,8 +211,16 @@ def _loads(profile: ModelProfile, topology: Topology, M: int, b: int, devices: t
     return table
 
 
-def _stage_load(profile: ModelProfile, topology: Topology, M: int, b: int, start: int, stop: int,
-                devices: tuple[int, ...], memo: dict) -> float:
+def _stage_load(
+    profile: ModelProfile,
+    topology: Topology,
+    M: int,
+    b: int,
+    start: int,
+    stop: int,
+    devices: tuple[int, ...],
+    memo: dict,
+) -> float:
     """A stage's busiest copy's compute with canonical copies (ceil(M / c) micro-batches of b / g
     samples) and its gradient all-reduce over all its devices: what the stage adds to the
     iteration at the least. The proxy the layout moves are ranked by (each pick is then simulated)."""
@@ -190,21 +233,45 @@ def _copy_compute(profile: ModelProfile, topology: Topology, M: int, b: int, sta
     return math.ceil(M / c) * speed_ratio(profile, topology) * sum(profile.seconds(start, stop, math.ceil(b * c / r)))
 
 
-def compute_floor(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],
-                  replicas: tuple[int, ...], b: int) -> float:
+def compute_floor(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    stops: tuple[int, ...],
+    replicas: tuple[int, ...],
+    b: int,
+) -> float:
     """The busiest copy's compute: no plan of these stages and copies is faster."""
-    return max(_copy_compute(profile, topology, global_batch // b, b, start, stop, r)
-               for start, stop, r in zip((0, *stops), stops, replicas))
+    return max(
+        _copy_compute(profile, topology, global_batch // b, b, start, stop, r)
+        for start, stop, r in zip((0, *stops), stops, replicas)
+    )
 
 
-def proxy(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],
-          replicas: tuple[int, ...], b: int, memo: dict) -> float:
+def proxy(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    stops: tuple[int, ...],
+    replicas: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> float:
     layout = contiguous((0, *stops), replicas)
-    return max(_stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo) for st in layout)
+    return max(
+        _stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo) for st in layout
+    )
 
 
-def share_devices(profile: ModelProfile, topology: Topology, global_batch: int, stops: tuple[int, ...],
-                  b: int, memo: dict, start: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+def share_devices(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    stops: tuple[int, ...],
+    b: int,
+    memo: dict,
+    start: tuple[int, ...] | None = None,
+) -> tuple[int, ...] | None:
     """Replica counts for copies at micro-batch size b: from `start` (default: one device each, then
     each next device to the slowest stage), moves of 1 to 3 devices between two stages while the
     proxy (the slowest stage's load, all-reduce included) falls."""
@@ -215,8 +282,10 @@ def share_devices(profile: ModelProfile, topology: Topology, global_batch: int, 
         replicas = [1] * S
         for _ in range(D - S):
             layout = contiguous((0, *stops), tuple(replicas))
-            loads = [_stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo)
-                     for st in layout]
+            loads = [
+                _stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo)
+                for st in layout
+            ]
             replicas[max(range(S), key=lambda k: (loads[k], -k))] += 1
     else:
         replicas = list(start)
@@ -237,8 +306,9 @@ def share_devices(profile: ModelProfile, topology: Topology, global_batch: int, 
     return tuple(replicas)
 
 
-def balance_cuts(profile: ModelProfile, topology: Topology, global_batch: int, replicas: tuple[int, ...],
-                 b: int, memo: dict) -> tuple[int, ...]:
+def balance_cuts(
+    profile: ModelProfile, topology: Topology, global_batch: int, replicas: tuple[int, ...], b: int, memo: dict
+) -> tuple[int, ...]:
     """Cuts minimising the proxy for these replica counts (a dynamic program over layers: O(S L^2))."""
     L, S, M = profile.num_layers, len(replicas), global_batch // b
     devices = [st.devices for st in contiguous(tuple(range(S + 1)), replicas)]
@@ -263,9 +333,16 @@ def balance_cuts(profile: ModelProfile, topology: Topology, global_batch: int, r
     return tuple(reversed(stops))
 
 
-def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-                       sizes: list[int], starts: list[Costed], families: list[str],
-                       incumbent: float) -> tuple[list[Costed], dict[int, float], int]:
+def search_round_robin(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    sizes: list[int],
+    starts: list[Costed],
+    families: list[str],
+    incumbent: float,
+) -> tuple[list[Costed], dict[int, float], int]:
     """(candidates found, bound per micro-batch size, candidates simulated)."""
     memo: dict = {}
     # a budget of simulated steps, not candidates: a candidate's simulation walks every (stage,
@@ -283,8 +360,11 @@ def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: 
         M = global_batch // b
         copies = tuple(canonical_copies(st.replicas, b) for st in layout)
         # (all copies of one: the plain stage, which the exact passes cost, unless they are not asked)
-        if (all(c == 1 for c in copies) and incumbent < math.inf) or round_robin_constraint(copies, M) \
-                or walked >= budget:
+        if (
+            (all(c == 1 for c in copies) and incumbent < math.inf)
+            or round_robin_constraint(copies, M)
+            or walked >= budget
+        ):
             return None
         c = evaluate_rr(profile, topology, layout, copies, b, M, limits, family, depth, cutoff=cut, memo=memo)
         scored += 1
@@ -322,8 +402,11 @@ def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: 
                 st = balance_cuts(profile, topology, global_batch, r, b, memo)
                 layouts.append((st, r, b))
         for st, r, b in layouts:
-            if (st, r, b) in tried or r is None or (incumbent < math.inf and
-                                                     compute_floor(profile, topology, global_batch, st, r, b) >= floor):
+            if (
+                (st, r, b) in tried
+                or r is None
+                or (incumbent < math.inf and compute_floor(profile, topology, global_batch, st, r, b) >= floor)
+            ):
                 continue
             tried.add((st, r, b))
             # at the deepest warm-up first (copies keep fewer micro-batches in flight each; the winner tries every depth)
@@ -355,8 +438,10 @@ def search_round_robin(profile: ModelProfile, topology: Topology, global_batch: 
                 st[k] += d
                 if (st[k - 1] if k else 0) < st[k] < st[k + 1]:
                     moves.add((tuple(st), replicas))
-        ranked = sorted((m for m in moves if (m, b) not in done),
-                        key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m))
+        ranked = sorted(
+            (m for m in moves if (m, b) not in done),
+            key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m),
+        )
         for st, r in ranked[:MOVES_SIMULATED]:
             done.add(((st, r), b))
             consider(contiguous((0, *st), r), b, here.schedule, here.warmup_depth)

@@ -16,6 +16,7 @@ gradient, so its backward round trips are shorter. Its own pass, after the 1F1B 
 
 The proven gap is then over both families: the least lower bound of anything either pass left.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,9 @@ def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tupl
     return out
 
 
-def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits,
-           kept: list[Costed], top: int = 3) -> list[Costed]:
+def starts(
+    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, kept: list[Costed], top: int = 3
+) -> list[Costed]:
     """ZB-H1 on the layouts found so far, at every depth that fits, and local search from the best few
     distinct layouts."""
     fam = replace(limits, schedule=FAMILY)
@@ -79,14 +81,23 @@ def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits:
             continue
         seen.add(key)
         for depth, _ in depths(len(c.layout), c.num_micro_batches, limits):
-            z = evaluate(profile, topology, c.layout, c.micro_batch_size, c.num_micro_batches, fam,
-                         warmup_depth=depth, costs=c.costs)
+            z = evaluate(
+                profile,
+                topology,
+                c.layout,
+                c.micro_batch_size,
+                c.num_micro_batches,
+                fam,
+                warmup_depth=depth,
+                costs=c.costs,
+            )
             if not z.fits:
                 break  # deeper keeps more
             if c.schedule != FAMILY:
                 z.extra["over"] = c  # the layout's plan under the family it was found with, for the plan's note
             costed.append(z)
     from .search import micro_batch_sizes  # (search.py imports this module)
+
     allowed_replicas = replica_choices(topology, global_batch)
     sizes = micro_batch_sizes(global_batch, limits)
     out, tried = list(costed), set()
@@ -96,10 +107,21 @@ def starts(profile: ModelProfile, topology: Topology, global_batch: int, limits:
         if (z.layout, z.micro_batch_size) in tried:  # the same layout at another depth: descent tries depths itself
             continue
         tried.add((z.layout, z.micro_batch_size))
-        if any(s.replicas not in allowed_replicas for s in z.layout) or shape_of(z, topology).layout(topology) != z.layout:
+        if (
+            any(s.replicas not in allowed_replicas for s in z.layout)
+            or shape_of(z, topology).layout(topology) != z.layout
+        ):
             continue
-        better, _ = descend(z, profile, topology, global_batch, fam, allowed_replicas, sizes,
-                            cost_budget=limits.search_nodes * DESCENT_SHARE / top)
+        better, _ = descend(
+            z,
+            profile,
+            topology,
+            global_batch,
+            fam,
+            allowed_replicas,
+            sizes,
+            cost_budget=limits.search_nodes * DESCENT_SHARE / top,
+        )
         if better is not z:
             out.append(better)
     return out
@@ -132,8 +154,11 @@ class ZeroBubbleSearch(DeepWarmupSearch):
         # some later stage (or link) takes at least the least bottleneck per micro-batch, M times, after the
         # reach; and each later stage starts after the first micro-batch reached it, computes M times its
         # stage time and all-reduces (bounds.py: compute_end)
-        return max(placed.compute_end, reach + self.M * max(rest, float(self.suffix[i, d])),
-                   reach + float(self.bounds.compute_end[i, d]))
+        return max(
+            placed.compute_end,
+            reach + self.M * max(rest, float(self.suffix[i, d])),
+            reach + float(self.bounds.compute_end[i, d]),
+        )
 
     def _leaf(self, placed: Prefix) -> None:
         self.stats.leaves += 1
@@ -146,8 +171,17 @@ class ZeroBubbleSearch(DeepWarmupSearch):
             if max(memory_per_device(self.p, layout, costs, M, self.family, warmup)) > self.cap:
                 return  # a deeper warm-up keeps more micro-batches: it does not fit either
             self._spend(math.ceil(S * M / CELLS_PER_NODE), placed.compute_end)
-            cand = evaluate(self.p, self.t, layout, self.b, M, self.family, warmup_depth=depth, costs=costs,
-                            cutoff=self.best_t * (1 - 1e-12))
+            cand = evaluate(
+                self.p,
+                self.t,
+                layout,
+                self.b,
+                M,
+                self.family,
+                warmup_depth=depth,
+                costs=costs,
+                cutoff=self.best_t * (1 - 1e-12),
+            )
             if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
                 self.best_t, self.best = cand.iteration_s, cand
 

@@ -12,6 +12,7 @@ no slower than t_max, where t(l, c) is the bottleneck stage's forward + backward
 tokens after c; its estimate M·f[L] + (S - 1)·t_max. The best few slicings it finds are then
 costed by the simulator, which decides.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,9 @@ from .cost import Costed, Limits, StageSpec, speed_ratio, stage_costs
 SIMULATED_SLICINGS = 2  # of the DP's candidates (one per t_max), how many the simulator costs
 
 
-def stage_shares(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs,
-                 micro_batch_size: int) -> list[dict]:
+def stage_shares(
+    profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs, micro_batch_size: int
+) -> list[dict]:
     """Per stage, what slice_scale needs: the profile's shares, the part of its compute each call
     pays whatever its tokens (the layers' fixed parts), and the latency part of each send."""
     out = []
@@ -45,32 +47,64 @@ def stage_shares(profile: ModelProfile, topology: Topology, layout: tuple[StageS
     return out
 
 
-def stage_scales(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], costs,
-                 micro_batch_size: int, lengths: tuple[int, ...], num_micro_batches: int):
-    return [unit_scales(slice_scale(lengths, **shares), num_micro_batches)
-            for shares in stage_shares(profile, topology, layout, costs, micro_batch_size)]
+def stage_scales(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    costs,
+    micro_batch_size: int,
+    lengths: tuple[int, ...],
+    num_micro_batches: int,
+):
+    return [
+        unit_scales(slice_scale(lengths, **shares), num_micro_batches)
+        for shares in stage_shares(profile, topology, layout, costs, micro_batch_size)
+    ]
 
 
-def evaluate_sliced(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
-                    num_micro_batches: int, lengths: tuple[int, ...], limits: Limits, costs=None) -> Costed:
+def evaluate_sliced(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    lengths: tuple[int, ...],
+    limits: Limits,
+    costs=None,
+) -> Costed:
     """A layout run with token slices `lengths`, costed by the simulator."""
     if costs is None:
         costs = stage_costs(profile, topology, layout, micro_batch_size)
     schedule = build_schedule("terapipe", len(layout), num_micro_batches, token_slices=tuple(lengths))
-    sim = simulate(schedule, costs, record=False, steps=program(schedule, validated=True),
-                   scale=stage_scales(profile, topology, layout, costs, micro_batch_size, tuple(lengths),
-                                      num_micro_batches))
-    memory = [profile.span(st.start, st.stop)[3] * limits.optimizer_factor + sim.peak_activation_bytes[s]
-              for s, st in enumerate(layout)]
-    c = Costed(layout, micro_batch_size, num_micro_batches, "terapipe", costs, sim.iteration_s, memory,
-               topology.device_memory_bytes * (1 - limits.memory_headroom))
+    sim = simulate(
+        schedule,
+        costs,
+        record=False,
+        steps=program(schedule, validated=True),
+        scale=stage_scales(profile, topology, layout, costs, micro_batch_size, tuple(lengths), num_micro_batches),
+    )
+    memory = [
+        profile.span(st.start, st.stop)[3] * limits.optimizer_factor + sim.peak_activation_bytes[s]
+        for s, st in enumerate(layout)
+    ]
+    c = Costed(
+        layout,
+        micro_batch_size,
+        num_micro_batches,
+        "terapipe",
+        costs,
+        sim.iteration_s,
+        memory,
+        topology.device_memory_bytes * (1 - limits.memory_headroom),
+    )
     c.extra["token_slices"] = tuple(lengths)
     c.extra["profile"], c.extra["topology"] = profile, topology  # (for simulate_costed's per-slice scales)
     return c
 
 
-def slice_time(profile: ModelProfile, topology: Topology, costs, layout: tuple[StageSpec, ...], seq_len: int,
-               micro_batch_size: int):
+def slice_time(
+    profile: ModelProfile, topology: Topology, costs, layout: tuple[StageSpec, ...], seq_len: int, micro_batch_size: int
+):
     """t(l, c): the slowest stage's forward + backward of a slice of l tokens after c, with its
     sends (whole-sequence costs scaled as schedule/terapipe.py states), for the dynamic programme."""
     shares = stage_shares(profile, topology, layout, costs, micro_batch_size)
@@ -87,11 +121,13 @@ def slice_time(profile: ModelProfile, topology: Topology, costs, layout: tuple[S
             variable = (1 - sh["compute"]) * length / L + sh["compute"] * length * (2 * stop - length) / L**2
             out = max(out, w * (f + (1 - f) * variable) + x * (lat + (1 - lat) * length / L))
         return out
+
     return t
 
 
-def dp_slicings(t, seq_len: int, num_stages: int, num_micro_batches: int, grid: int = 1,
-                max_candidates: int | None = None) -> list[tuple[float, tuple[int, ...]]]:
+def dp_slicings(
+    t, seq_len: int, num_stages: int, num_micro_batches: int, grid: int = 1, max_candidates: int | None = None
+) -> list[tuple[float, tuple[int, ...]]]:
     """TeraPipe's dynamic programme: for each bound t_max (the distinct slice times on the grid, or
     `max_candidates` of them evenly by rank), the least M·Σ t + (S - 1)·t_max slicing whose slices
     take at most t_max; (estimate, lengths) per bound, best first. Slice edges lie on multiples of
@@ -138,15 +174,23 @@ def grid_for(seq_len: int) -> int:
     return max(1, min(8, seq_len), -(-seq_len // 64))
 
 
-def best_slicing(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int,
-                 num_micro_batches: int, seq_len: int, limits: Limits) -> Costed | None:
+def best_slicing(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    seq_len: int,
+    limits: Limits,
+) -> Costed | None:
     """The DP's best few slicings of this layout (and no slicing: one slice), costed by the simulator;
     the fastest that fits memory."""
     costs = stage_costs(profile, topology, layout, micro_batch_size)
     t = slice_time(profile, topology, costs, layout, seq_len, micro_batch_size)
     grid = grid_for(seq_len)
-    candidates = [lengths for _, lengths in dp_slicings(t, seq_len, len(layout), num_micro_batches, grid,
-                                                       max_candidates=48)]
+    candidates = [
+        lengths for _, lengths in dp_slicings(t, seq_len, len(layout), num_micro_batches, grid, max_candidates=48)
+    ]
     seen, out = set(), None
     for lengths in [*candidates[:SIMULATED_SLICINGS], (seq_len,)]:
         if lengths in seen:
@@ -158,12 +202,14 @@ def best_slicing(profile: ModelProfile, topology: Topology, layout: tuple[StageS
     return out
 
 
-def improve_with_slices(found: list[Costed], profile: ModelProfile, topology: Topology, global_batch: int,
-                        limits: Limits, layouts: int = 3) -> Costed | None:
+def improve_with_slices(
+    found: list[Costed], profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, layouts: int = 3
+) -> Costed | None:
     """strategy.token_slices=auto: the best few layouts found, at every micro-batch count up to twice
     their stages (beyond that the pipeline's fill is small and slicing has little to gain), with the
     DP's slices; the fastest sliced plan that fits, or None."""
     from .baselines import divisors
+
     if not (limits.seq_len and profile.slices_tokens):
         return None
     seen, best = [], None
@@ -179,6 +225,10 @@ def improve_with_slices(found: list[Costed], profile: ModelProfile, topology: To
             if 2 * len(c.layout) < M or b < widest or (limits.micro_batch_size and b != limits.micro_batch_size):
                 continue
             s = best_slicing(profile, topology, c.layout, b, M, limits.seq_len, limits)
-            if s is not None and len(s.extra["token_slices"]) > 1 and (best is None or s.iteration_s < best.iteration_s):
+            if (
+                s is not None
+                and len(s.extra["token_slices"]) > 1
+                and (best is None or s.iteration_s < best.iteration_s)
+            ):
                 best = s
     return best

@@ -7,6 +7,7 @@ under the same cost model as the planner, so the planner's speed-up over it is w
 schedule with an uneven layout buys. Planned only by the benchmarks: sweeping every configuration
 costs more than the planner's one-second budget allows.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -44,11 +45,20 @@ def _chunked(family: str, chunk_choices: tuple[int, ...]):
                     # with its default group size; ZB-V: any count)
                     if not runs_micro_batches(family, (r,) * P, b, M):
                         continue
-                    c = evaluate_chunked(profile, topology, layout, b, M,
-                                         replace(limits, schedule=family, chunks=v, recompute="none"), family, v)
+                    c = evaluate_chunked(
+                        profile,
+                        topology,
+                        layout,
+                        b,
+                        M,
+                        replace(limits, schedule=family, chunks=v, recompute="none"),
+                        family,
+                        v,
+                    )
                     if c.fits and (best is None or c.iteration_s < best.iteration_s * (1 - 1e-12)):
                         best = c
         return best
+
     plan.__doc__ = f"{family}: the best even-by-count uniform configuration."
     return plan
 
@@ -61,6 +71,7 @@ TORCH_STYLE = {
 }
 
 
-def torch_style_baselines(profile: ModelProfile, topology: Topology, global_batch: int,
-                          limits: Limits) -> dict[str, Costed | None]:
+def torch_style_baselines(
+    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits
+) -> dict[str, Costed | None]:
     return {name: fn(profile, topology, global_batch, limits) for name, fn in TORCH_STYLE.items()}

@@ -28,6 +28,7 @@ bounds.py (reach_end, round_end) bound the stages not placed yet, that term incl
 micro-batches 1F1B already keeps all of them in flight: there is no deeper warm-up to search.
 Checked against the simulator for every depth by the tests.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,8 +91,10 @@ def split_bound(costs: list[StageCosts], num_micro_batches: int, warmup: tuple[i
     bound, reach = 0.0, 0.0
     for s, c in enumerate(costs):
         ahead = min(M, warmup[s] + 1) - 1
-        bound = max(bound, reach + M * (c.forward_s + c.backward_s) + max(0.0, R[s] - ahead * F[s])
-                    + c.exposed_allreduce_s(True))
+        bound = max(
+            bound,
+            reach + M * (c.forward_s + c.backward_s) + max(0.0, R[s] - ahead * F[s]) + c.exposed_allreduce_s(True),
+        )
         reach += F[s] + c.send_activation_s
     return bound
 
@@ -108,8 +111,7 @@ def deeper_depths(num_stages: int, num_micro_batches: int, limits: Limits) -> li
     return out
 
 
-def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: Topology,
-                        limits: Limits) -> list[Costed]:
+def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: Topology, limits: Limits) -> list[Costed]:
     """Layouts found so far again with deeper warm-ups: a strong incumbent for the exact pass
     (deep_sweep), found in a few simulations. Two kinds are worth it: the few fastest under the
     minimal warm-up, and the few whose bound under the deepest warm-up that fits is least: a layout
@@ -137,8 +139,17 @@ def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: To
         for depth, warmup in depths:
             if warmup_bound(c.costs, c.num_micro_batches, warmup) >= min(best, incumbent):
                 continue  # cannot beat what is known: not worth a simulation
-            cand = evaluate(profile, topology, c.layout, c.micro_batch_size, c.num_micro_batches, limits,
-                            warmup_depth=depth, costs=c.costs, cutoff=best * (1 + 1e-9))
+            cand = evaluate(
+                profile,
+                topology,
+                c.layout,
+                c.micro_batch_size,
+                c.num_micro_batches,
+                limits,
+                warmup_depth=depth,
+                costs=c.costs,
+                cutoff=best * (1 + 1e-9),
+            )
             if cand.iteration_s < best * (1 - 1e-9):
                 best = cand.iteration_s
                 incumbent = min(incumbent, best)
@@ -158,9 +169,16 @@ def _fitting_depths(c: Costed, profile: ModelProfile, limits: Limits) -> list[tu
     return out
 
 
-def worth_simulating(profile: ModelProfile, layout: tuple[StageSpec, ...], costs: list[StageCosts],
-                     num_micro_batches: int, depth: int, limits: Limits, capacity_bytes: float,
-                     beat: float) -> bool:
+def worth_simulating(
+    profile: ModelProfile,
+    layout: tuple[StageSpec, ...],
+    costs: list[StageCosts],
+    num_micro_batches: int,
+    depth: int,
+    limits: Limits,
+    capacity_bytes: float,
+    beat: float,
+) -> bool:
     """Whether a layout under warm-up `depth` could fit memory and beat `beat`: a check of O(S)
     before a simulation of O(S M). A deeper warm-up must fit without recomputation (the deeper
     searches do not pair the two); the minimal one may still fit by recomputing (evaluate decides).
@@ -208,18 +226,32 @@ class DeepWarmupSearch(BranchAndBound):
                 self.open_bound = min(self.open_bound, bound)  # too large to simulate: left open, said so
                 continue
             self._spend(math.ceil(S * M / CELLS_PER_NODE), bound)
-            cand = evaluate(self.p, self.t, layout, self.b, M, self.limits, warmup_depth=depth, costs=costs,
-                            cutoff=self.best_t * (1 - 1e-12))
+            cand = evaluate(
+                self.p,
+                self.t,
+                layout,
+                self.b,
+                M,
+                self.limits,
+                warmup_depth=depth,
+                costs=costs,
+                cutoff=self.best_t * (1 - 1e-12),
+            )
             if cand.fits and cand.iteration_s < self.best_t * (1 - 1e-12):
                 self.best_t, self.best = cand.iteration_s, cand
 
 
-def deep_sweep(searches: list[BranchAndBound], incumbent: float, limits: Limits,
-               budget: int) -> tuple[list[Costed], dict[int, float], int]:
+def deep_sweep(
+    searches: list[BranchAndBound], incumbent: float, limits: Limits, budget: int
+) -> tuple[list[Costed], dict[int, float], int]:
     """The exact pass over deeper warm-ups, every micro-batch size, least root bound first:
     (best found per size, a lower bound per size on every deeper-warm-up plan, candidates scored)."""
     if limits.schedule != "1f1b" or limits.max_warmup_depth < 2:
         return [], {}, 0
     # (M <= 2: 1F1B already keeps every micro-batch in flight: no layout of that size has a deeper warm-up)
-    return exact_sweep([DeepWarmupSearch.over(s) for s in searches], incumbent, budget,
-                       lambda x: not any(deeper_depths(S, x.M, limits) for S in range(2, x.max_stages + 1)))
+    return exact_sweep(
+        [DeepWarmupSearch.over(s) for s in searches],
+        incumbent,
+        budget,
+        lambda x: not any(deeper_depths(S, x.M, limits) for S in range(2, x.max_stages + 1)),
+    )

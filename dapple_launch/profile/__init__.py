@@ -4,6 +4,7 @@ The analytic estimate and the measurement run the model, so they need torch; the
 first use rather than here, because the planner imports this package and must stay pure (no torch at
 import, ARCHITECTURE.md) so that planning a file profile never pays for, or depends on, torch.
 """
+
 from importlib import import_module
 
 from .graph_file import ProfileFileError, parse_graph_text, read_profile_file
@@ -11,8 +12,16 @@ from .model_profile import LayerProfile, ModelProfile, chain
 
 _NEEDS_TORCH = {"analytic_profile": ".analytic", "measure_profile": ".measure"}
 
-__all__ = ["LayerProfile", "ModelProfile", "ProfileFileError", "analytic_profile", "chain",
-           "measure_profile", "parse_graph_text", "read_profile_file"]
+__all__ = [
+    "LayerProfile",
+    "ModelProfile",
+    "ProfileFileError",
+    "analytic_profile",
+    "chain",
+    "measure_profile",
+    "parse_graph_text",
+    "read_profile_file",
+]
 
 
 def __getattr__(name: str):

@@ -7,6 +7,7 @@ autograd's saved-tensor hooks (parameters themselves excluded: they are counted 
 their half-precision copies are activations of the micro-batch that made them). Times = FLOPs /
 (device TFLOPS × efficiency), so `model=bert cluster=v100x16` plans on a laptop.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,6 +43,7 @@ def backward_roots(carry) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 def autocast(device_type: str, precision: str):
     import contextlib
+
     if precision in MIXED:
         return torch.autocast(device_type, dtype=MIXED[precision])
     return contextlib.nullcontext()
@@ -55,6 +57,7 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
     applies. The last layer's figures include the loss, whose saved tensors (the log-softmax over the
     vocabulary) its stage keeps with every micro-batch in flight."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     real, target = model.batch(batch_size, torch.Generator().manual_seed(0))  # real: a batch may read its values
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     compute = MIXED.get(precision)
@@ -73,6 +76,7 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
                 if id(t) not in owned and (t._base is None or id(t._base) not in owned):
                     saved.append(nbytes(t))
                 return t
+
             last = index == len(specs) - 1
             counter = FlopCounterMode(display=False)
             with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -99,6 +103,7 @@ def _trace_call(layer, x, owned: set, precision: str) -> tuple[float, float]:
         if id(t) not in owned and (t._base is None or id(t._base) not in owned):
             saved.append(nbytes(t))
         return t
+
     x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
     counter = FlopCounterMode(display=False)
     with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -109,7 +114,9 @@ def _trace_call(layer, x, owned: set, precision: str) -> tuple[float, float]:
     return float(counter.get_total_flops()), float(sum(saved))
 
 
-def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "32") -> list[tuple[float, float, float]]:
+def trace_slice_shares(
+    model: PipelineModel, batch_size: int, precision: str = "32"
+) -> list[tuple[float, float, float]]:
     """Per layer of a model that supports token slicing (models/token_slices.py), how its cost grows
     with a slice's context: (compute share that is causal attention, l·(2c + l)/L² of it per slice; saved-bytes share that grows
     with c + l (the keys and values attended to), saved-bytes share that grows with l·(c + l)), all
@@ -117,6 +124,7 @@ def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "
     calls per layer on the meta device: the whole sequence (L, 0), its first half (L/2, 0) and its
     second half after the first (L/2, L/2)."""
     from ..models.token_slices import KVCache, TokenSlice, running
+
     real, _ = model.batch(batch_size, torch.Generator().manual_seed(0))
     x = tuple(t.to("meta") for t in as_tuple(real))
     L = x[0].shape[1]
@@ -126,8 +134,11 @@ def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "
     for spec in model.layers():
         with torch.device("meta"):
             layer = spec.build()
-        key = (type(layer).__qualname__, tuple((n, tuple(p.shape)) for n, p in layer.named_parameters()),
-               tuple((tuple(t.shape), t.dtype) for t in x))
+        key = (
+            type(layer).__qualname__,
+            tuple((n, tuple(p.shape)) for n, p in layer.named_parameters()),
+            tuple((tuple(t.shape), t.dtype) for t in x),
+        )
         if key in seen:
             out.append(seen[key])
             with torch.no_grad():
@@ -154,8 +165,14 @@ def trace_slice_shares(model: PipelineModel, batch_size: int, precision: str = "
     return out
 
 
-def analytic_profile(model: PipelineModel, batch_size: int, device_tflops: float, device: str,
-                     efficiency: float = 0.4, precision: str = "32") -> ModelProfile:
+def analytic_profile(
+    model: PipelineModel,
+    batch_size: int,
+    device_tflops: float,
+    device: str,
+    efficiency: float = 0.4,
+    precision: str = "32",
+) -> ModelProfile:
     """`device_tflops`: the device's speed at the run's precision."""
     if device_tflops <= 0:
         raise ValueError(f"analytic profile needs the device speed: device_tflops={device_tflops} must be > 0")
@@ -166,12 +183,32 @@ def analytic_profile(model: PipelineModel, batch_size: int, device_tflops: float
     twice = [saved for *_, saved, _ in trace_layers(model, 2 * batch_size, precision)]
     for (name, fwd, bwd, out, saved, params), saved2 in zip(trace_layers(model, batch_size, precision), twice):
         fixed = min(max(0.0, 2.0 * saved - saved2), float(saved))
-        layers.append(LayerProfile(name, fwd / rate, bwd / rate, float(out), float(params), saved_bytes=float(saved),
-                                   saved_fixed_bytes=fixed))
+        layers.append(
+            LayerProfile(
+                name,
+                fwd / rate,
+                bwd / rate,
+                float(out),
+                float(params),
+                saved_bytes=float(saved),
+                saved_fixed_bytes=fixed,
+            )
+        )
     from ..models.token_slices import supports_slicing
+
     if supports_slicing(model):  # shares are ratios: traced in fp32 on the meta device at any precision
         from dataclasses import replace
-        layers = [replace(layer, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
-                  for layer, (c, kv, att) in zip(layers, trace_slice_shares(model, batch_size))]
-    return chain(model.name, layers, batch_size, source="analytic", device=device, device_tflops=device_tflops,
-                 precision=precision)
+
+        layers = [
+            replace(layer, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
+            for layer, (c, kv, att) in zip(layers, trace_slice_shares(model, batch_size))
+        ]
+    return chain(
+        model.name,
+        layers,
+        batch_size,
+        source="analytic",
+        device=device,
+        device_tflops=device_tflops,
+        precision=precision,
+    )

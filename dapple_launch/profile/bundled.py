@@ -3,6 +3,7 @@
 profiles/index.json states each one's profile batch size and the factor that corrects its
 parameter unit (vgg-19-pbs-32.txt states MiB × 10^6 where it means bytes).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,16 @@ def locate(profile: str, batch_size: int | None, parameter_scale: float | None) 
         return path, batch_size or known["batch_size"], parameter_scale or known["parameter_scale"]
     path = Path(profile).expanduser()
     if not path.is_file():
-        raise ValueError(f"model.profile={profile}: no such file, and not one of the shipped profiles "
-                         f"({', '.join(sorted(bundled()))})")
+        raise ValueError(
+            f"model.profile={profile}: no such file, and not one of the shipped profiles "
+            f"({', '.join(sorted(bundled()))})"
+        )
     if batch_size is None:
         m = re.search(r"-pbs-(\d+)", path.stem)
         if not m:
-            raise ValueError(f"model.profile={profile}: its profile batch size is unknown (no '-pbs-N' in the file "
-                             f"name); set model.profile_batch_size to the batch its times were measured at")
+            raise ValueError(
+                f"model.profile={profile}: its profile batch size is unknown (no '-pbs-N' in the file "
+                f"name); set model.profile_batch_size to the batch its times were measured at"
+            )
         batch_size = int(m.group(1))
     return path, batch_size, parameter_scale or 1.0

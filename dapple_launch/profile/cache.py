@@ -2,6 +2,7 @@
 per action, a token file's largest id): standard library only, so the link probe and the data checks
 use it without loading torch. Entries are written atomically and read defensively: the cache only
 saves measuring again, so nothing in it may end a run."""
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,14 @@ def read_cached(path: Path, parse: Callable[[str], T]) -> T | None:
         return None
     try:
         return parse(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # (bad bytes and bad JSON are ValueErrors)
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as exc:  # (bad bytes and bad JSON are ValueErrors)
         from ..log import get_logger
+
         get_logger().warning(f"cache entry {path} cannot be read ({type(exc).__name__}: {exc}); measuring again")
         return None

@@ -6,6 +6,7 @@
 Times are milliseconds per profile batch; sizes are bytes (a list `[a; b]` sums). Nodes are
 sorted topologically, keeping file order wherever the edges allow.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -52,8 +53,10 @@ def parse_graph_text(text: str, name: str, batch_size: int, source: str = "") ->
             continue
         m = _NODE.match(line)
         if not m:
-            raise ProfileFileError(f"{where}: expected 'nodeK -- NAME -- forward_compute_time=..., ...' "
-                                   f"or an indented 'nodeX -- nodeY' edge, got {line[:80]!r}")
+            raise ProfileFileError(
+                f"{where}: expected 'nodeK -- NAME -- forward_compute_time=..., ...' "
+                f"or an indented 'nodeX -- nodeY' edge, got {line[:80]!r}"
+            )
         node_id, desc, rest = m.groups()
         fields = {}
         for part in re.split(r",\s*(?=\w+=)", rest):
@@ -98,32 +101,43 @@ def parse_graph_text(text: str, name: str, batch_size: int, source: str = "") ->
     for old in topo:
         node_id = order[old]
         _, desc, f = nodes[node_id]
-        layers.append(LayerProfile(
-            name=node_id,
-            forward_s=f["forward_compute_time"] / 1e3,
-            backward_s=f["backward_compute_time"] / 1e3,
-            activation_bytes=f["activation_size"],
-            parameter_bytes=f["parameter_size"],
-            inputs=tuple(sorted(position[p] for p in preds[old])),
-            description=desc,
-        ))
+        layers.append(
+            LayerProfile(
+                name=node_id,
+                forward_s=f["forward_compute_time"] / 1e3,
+                backward_s=f["backward_compute_time"] / 1e3,
+                activation_bytes=f["activation_size"],
+                parameter_bytes=f["parameter_size"],
+                inputs=tuple(sorted(position[p] for p in preds[old])),
+                description=desc,
+            )
+        )
     try:
         return ModelProfile(name=name, layers=tuple(layers), batch_size=batch_size, source=f"file:{where0}")
     except ValueError as e:  # a rule every profile keeps (ModelProfile's), said of this file
         raise ProfileFileError(f"{where0}: {e}") from None
 
 
-def read_profile_file(path: str | Path, batch_size: int, name: str | None = None,
-                      device: str = "", device_tflops: float | None = None) -> ModelProfile:
+def read_profile_file(
+    path: str | Path, batch_size: int, name: str | None = None, device: str = "", device_tflops: float | None = None
+) -> ModelProfile:
     path = Path(path)
     if not path.is_file():
         raise ProfileFileError(f"profile file {path} does not exist")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ProfileFileError(f"profile file {path}: byte {e.object[e.start]:#04x} at offset {e.start} is not UTF-8 text; "
-                               "a profile is the text PipeDream/DAPPLE's profiler writes, one "
-                               "'nodeN -- NAME -- forward_compute_time=..., ...' line per layer") from None
+        raise ProfileFileError(
+            f"profile file {path}: byte {e.object[e.start]:#04x} at offset {e.start} is not UTF-8 text; "
+            "a profile is the text PipeDream/DAPPLE's profiler writes, one "
+            "'nodeN -- NAME -- forward_compute_time=..., ...' line per layer"
+        ) from None
     p = parse_graph_text(text, name or path.stem, batch_size, source=str(path))
-    return ModelProfile(name=p.name, layers=p.layers, batch_size=p.batch_size, source=p.source,
-                        device=device, device_tflops=device_tflops)
+    return ModelProfile(
+        name=p.name,
+        layers=p.layers,
+        batch_size=p.batch_size,
+        source=p.source,
+        device=device,
+        device_tflops=device_tflops,
+    )

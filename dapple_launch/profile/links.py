@@ -11,6 +11,7 @@ small and a large size, and fits the cost model's own forms to them:
 
 Cached on disk keyed by process count and core count, like the measured layer profile.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ def _probe_rank(rank: int, worker, world: int, port: int, threads: int, out: str
     worker(rank, world, *args), whose dict it writes for the parent."""
     import torch
     import torch.distributed as dist
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -72,10 +74,16 @@ def run_gloo_probe(worker, processes: int, threads: int, *args) -> list[dict]:
     import torch.multiprocessing as mp
 
     from ..host import free_port
+
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "probe")
-        mp.start_processes(_probe_rank, args=(worker, processes, free_port(), threads, out, args), nprocs=processes,
-                           join=True, start_method="spawn")
+        mp.start_processes(
+            _probe_rank,
+            args=(worker, processes, free_port(), threads, out, args),
+            nprocs=processes,
+            join=True,
+            start_method="spawn",
+        )
         return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(processes)]
 
 
@@ -84,6 +92,7 @@ def _time_links(rank: int, world: int) -> dict:
     (as a string), the median one-way transfer and all-reduce seconds."""
     import torch
     import torch.distributed as dist
+
     timings = {}
     for size in (SMALL, LARGE):
         buf = torch.zeros(size // 4, dtype=torch.float32)
@@ -114,6 +123,7 @@ def measure_links(processes: int, use_cache: bool = True) -> LinkProfile:
     if processes < 2:
         raise ValueError(f"measuring links needs at least 2 processes, got {processes}")
     from ..host import threads_per_rank, usable_cores
+
     cores = usable_cores()
     path = _cache_path(processes, cores)
     cached = read_cached(path, lambda text: LinkProfile(**json.loads(text))) if use_cache else None

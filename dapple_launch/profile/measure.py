@@ -6,6 +6,7 @@ output and saved-for-backward bytes are counted exactly. The repetitions run as 
 layer, apart in time, until two passes agree on each layer (settled_times). Results are cached on disk keyed by the model's description, the batch size
 and the device, so a second plan of the same model costs nothing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,10 +35,22 @@ def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str
     # "saved": from before parameters were left out of the saved bytes; "passes": from before the
     # passes apart in time (one pass kept a busy machine's slowdown)
     from ..models import identity
-    ident = json.dumps({"model": identity(model), "batch": batch_size, "device": device, "fit": "per-call",
-                        "precision": precision, "saved": "no-parameters, fixed part", "split": "I and W",
-                        "slices": "context shares", "passes": "until two agree"},
-                       sort_keys=True, default=str)
+
+    ident = json.dumps(
+        {
+            "model": identity(model),
+            "batch": batch_size,
+            "device": device,
+            "fit": "per-call",
+            "precision": precision,
+            "saved": "no-parameters, fixed part",
+            "split": "I and W",
+            "slices": "context shares",
+            "passes": "until two agree",
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
@@ -46,8 +59,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int,
-                 precision: str = "32") -> list[tuple]:
+def _time_layers(
+    model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int, precision: str = "32"
+) -> list[tuple]:
     """Per layer: (name, forward s, backward s, output bytes, parameter bytes, saved bytes, W s) on one
     batch; W s: the weight gradients' part of a split backward (models/split_backward.py), timed on a
     second forward of the same repetition."""
@@ -67,6 +81,7 @@ def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repea
                 if t.untyped_storage().data_ptr() not in owned:  # a weight is counted once, as a weight
                     saved.append(nbytes(t))
                 return t
+
             _sync(dev)
             t0 = time.perf_counter()
             with autocast(dev.type, precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -85,8 +100,9 @@ def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repea
             _sync(dev)
             t3 = t4 = t5 = time.perf_counter()
             if roots2:
-                _, weights = backward_input(roots2, ones2, [t for t in x_in if t.requires_grad],
-                                            list(layer.parameters()))
+                _, weights = backward_input(
+                    roots2, ones2, [t for t in x_in if t.requires_grad], list(layer.parameters())
+                )
                 _sync(dev)
                 t4 = time.perf_counter()
                 weights.run()
@@ -98,20 +114,37 @@ def _time_layers(model: PipelineModel, batch_size: int, dev: torch.device, repea
                 if t5 > t3:  # W's share of this split backward (a ratio within one run: robust to noise)
                     wgt.append((t5 - t4) / (t5 - t3))
         b = statistics.median(bwd)
-        out.append((spec.name, statistics.median(fwd), b, float(wire_bytes(y, MIXED.get(precision))),
-                    float(params), float(sum(saved)), b * statistics.median(wgt) if wgt else 0.0))
+        out.append(
+            (
+                spec.name,
+                statistics.median(fwd),
+                b,
+                float(wire_bytes(y, MIXED.get(precision))),
+                float(params),
+                float(sum(saved)),
+                b * statistics.median(wgt) if wgt else 0.0,
+            )
+        )
         x = tuple(t.detach() for t in as_tuple(y))
     return out
 
 
-def _slice_shares(model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int, precision: str,
-                  profiled: list[LayerProfile]) -> list[tuple[float, float, float]]:
+def _slice_shares(
+    model: PipelineModel,
+    batch_size: int,
+    dev: torch.device,
+    repeats: int,
+    seed: int,
+    precision: str,
+    profiled: list[LayerProfile],
+) -> list[tuple[float, float, float]]:
     """Per layer of a sliceable model, the shares schedule/terapipe.py scales a slice by, measured:
     the layer timed (forward and backward) and its saved bytes counted on the sequence's second half
     after its first (a token slice with the first half cached) against the whole sequence. Compute:
     the second half costs 1/2 + a/4 of the whole's variable part (per-call fixed parts aside), so
     a = 4 r - 2; saved bytes as profile/analytic.py fits them (first half alone, second after it)."""
     from ..models.token_slices import KVCache, TokenSlice, running
+
     x, _ = model.batch(batch_size, torch.Generator().manual_seed(seed), device=dev)
     x = as_tuple(x)
     L = x[0].shape[1]
@@ -125,6 +158,7 @@ def _slice_shares(model: PipelineModel, batch_size: int, dev: torch.device, repe
             if t.untyped_storage().data_ptr() not in owned:
                 saved.append(nbytes(t))
             return t
+
         times = []
         for rep in range(repeats + 1):
             cache = KVCache()
@@ -135,8 +169,11 @@ def _slice_shares(model: PipelineModel, batch_size: int, dev: torch.device, repe
             saved.clear()
             _sync(dev)
             t0 = time.perf_counter()
-            with running(piece(cache)), autocast(dev.type, precision), \
-                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with (
+                running(piece(cache)),
+                autocast(dev.type, precision),
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            ):
                 y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
             roots, ones = backward_roots(y)
             if roots:
@@ -185,8 +222,7 @@ def _agree(values: list[float]) -> bool:
 
 def unsettled(passes: list[list[tuple]]) -> list[int]:
     """The layers on whose forward or backward time no two passes agree."""
-    return [i for i in range(len(passes[0]))
-            if not all(_agree([p[i][k] for p in passes]) for k in (1, 2))]
+    return [i for i in range(len(passes[0])) if not all(_agree([p[i][k] for p in passes]) for k in (1, 2))]
 
 
 def combine_passes(passes: list[list[tuple]]) -> list[tuple]:
@@ -213,8 +249,15 @@ def per_call(small_s: float, large_s: float, small_n: int, large_n: int) -> floa
     return min(small_s, max(0.0, small_s - slope * small_n))
 
 
-def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.device = "cpu",
-                    repeats: int = 5, use_cache: bool = True, seed: int = 0, precision: str = "32") -> ModelProfile:
+def measure_profile(
+    model: PipelineModel,
+    batch_size: int,
+    device: str | torch.device = "cpu",
+    repeats: int = 5,
+    use_cache: bool = True,
+    seed: int = 0,
+    precision: str = "32",
+) -> ModelProfile:
     """Each layer timed at `batch_size` and at 4 × `batch_size`: the times at `batch_size` are the
     profile's, and the two together give each layer's fixed cost per call (Python, kernel
     launches), which small batches are made of and which does not scale with the samples."""
@@ -230,21 +273,37 @@ def measure_profile(model: PipelineModel, batch_size: int, device: str | torch.d
     noisy = sorted({*noisy, *noisy_large})
     if noisy:
         from ..log import get_logger
+
         get_logger().warning(
             f"measured profile of {model.name} on {name}: no two of {MAX_PASSES} passes agreed within {AGREE:.0%} "
             f"on layers {noisy} (a busy machine?); their times are the median over the passes and an estimate "
             f"from them may be off as much; for a closer one, measure again on a quieter machine "
-            f"(delete {cache_dir()})")
-    layers = [LayerProfile(name_, f, b, out, params, saved_bytes=saved,
-                           forward_fixed_s=per_call(f, f4, small, large), backward_fixed_s=per_call(b, b4, small, large),
-                           saved_fixed_bytes=per_call(saved, saved4, small, large), weight_grad_s=w)
-              for (name_, f, b, out, params, saved, w), (_, f4, b4, _o, _p, saved4, _w) in zip(at_small, at_large)]
+            f"(delete {cache_dir()})"
+        )
+    layers = [
+        LayerProfile(
+            name_,
+            f,
+            b,
+            out,
+            params,
+            saved_bytes=saved,
+            forward_fixed_s=per_call(f, f4, small, large),
+            backward_fixed_s=per_call(b, b4, small, large),
+            saved_fixed_bytes=per_call(saved, saved4, small, large),
+            weight_grad_s=w,
+        )
+        for (name_, f, b, out, params, saved, w), (_, f4, b4, _o, _p, saved4, _w) in zip(at_small, at_large)
+    ]
     from ..models.token_slices import supports_slicing
+
     if supports_slicing(model):  # how a token slice's cost grows with its context: timed and counted here
         from dataclasses import replace
-        layers = [replace(x, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
-                  for x, (c, kv, att) in zip(layers, _slice_shares(model, batch_size, dev, repeats, seed, precision,
-                                                                   layers))]
+
+        layers = [
+            replace(x, slice_compute=c, slice_memory_kv=kv, slice_memory_att=att)
+            for x, (c, kv, att) in zip(layers, _slice_shares(model, batch_size, dev, repeats, seed, precision, layers))
+        ]
     profile = chain(model.name, layers, batch_size, source=f"measured:{name}", device=name, precision=precision)
     if use_cache:
         write_cached(path, profile.to_json())

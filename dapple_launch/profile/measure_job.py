@@ -8,6 +8,7 @@ as long as the command runs. So the planner asks this job for the profile and re
 writes (the measured-profile cache keeps it for the next plan). Only the standard library and the
 model's config cross over: the model is built again here from its config, as every rank builds it.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -22,11 +23,24 @@ def measure_elsewhere(model_cfg, batch_size: int, device: str, precision: str):
     from omegaconf import OmegaConf
 
     from .model_profile import ModelProfile
+
     with tempfile.TemporaryDirectory(prefix="dapple-measure-") as tmp:
         model_yaml, out = Path(tmp) / "model.yaml", Path(tmp) / "profile.json"
         model_yaml.write_text(OmegaConf.to_yaml(model_cfg, resolve=True))
-        done = subprocess.run([sys.executable, "-m", "dapple_launch.profile.measure_job", str(model_yaml),
-                               str(batch_size), device, precision, str(out)], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dapple_launch.profile.measure_job",
+                str(model_yaml),
+                str(batch_size),
+                device,
+                precision,
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0 or not out.is_file():
             lines = (done.stderr or done.stdout or "").strip().splitlines()
             raise ValueError(f"measuring the profile on {device} failed: {lines[-1] if lines else done.returncode}")
@@ -38,6 +52,7 @@ def main(model_yaml: str, batch_size: str, device: str, precision: str, out: str
 
     from ..plan_config import model_from_config
     from .measure import measure_profile
+
     model = model_from_config(OmegaConf.load(model_yaml))
     profile = measure_profile(model, int(batch_size), device=device, precision=precision)
     Path(out).write_text(profile.to_json())

@@ -1,4 +1,5 @@
 """ModelProfile: plain per-layer data the planner reads. Knows nothing of torch.distributed."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,10 @@ class ModelProfile:
             raise ValueError(f"profile {self.name!r}: profile batch size must be >= 1, got {self.batch_size}")
         if not sum(x.forward_s + x.backward_s for x in self.layers) > 0:
             # the planner balances stages by time and states its plans as shares of the total
-            raise ValueError(f"profile {self.name!r}: all {len(self.layers)} layers have forward and backward time 0; "
-                             f"give each layer its measured time (forward_compute_time, backward_compute_time)")
+            raise ValueError(
+                f"profile {self.name!r}: all {len(self.layers)} layers have forward and backward time 0; "
+                f"give each layer its measured time (forward_compute_time, backward_compute_time)"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -94,6 +97,7 @@ class ModelProfile:
     def _prefix(self) -> dict[str, tuple[float, ...]]:
         def pre(xs):
             return (0.0, *accumulate(xs))
+
         return {
             "f": pre(layer.forward_s for layer in self.layers),
             "b": pre(layer.backward_s for layer in self.layers),
@@ -108,8 +112,12 @@ class ModelProfile:
     def span(self, start: int, stop: int) -> tuple[float, float, float, float]:
         """(forward s, backward s, bytes kept for backward, parameter bytes) of layers [start, stop)."""
         p = self._prefix
-        return (p["f"][stop] - p["f"][start], p["b"][stop] - p["b"][start],
-                p["m"][stop] - p["m"][start], p["p"][stop] - p["p"][start])
+        return (
+            p["f"][stop] - p["f"][start],
+            p["b"][stop] - p["b"][start],
+            p["m"][stop] - p["m"][start],
+            p["p"][stop] - p["p"][start],
+        )
 
     def kept_bytes(self, start: int, stop: int, samples: float) -> float:
         """Bytes one micro-batch of `samples` keeps on layers [start, stop) until its backward: what
@@ -226,7 +234,5 @@ class ModelProfile:
 
 def chain(name: str, layers: list[LayerProfile], batch_size: int, **kw) -> ModelProfile:
     """A profile whose layers form a chain: each layer feeds the next."""
-    linked = tuple(
-        LayerProfile(**{**asdict(layer), "inputs": (i - 1,) if i else ()}) for i, layer in enumerate(layers)
-    )
+    linked = tuple(LayerProfile(**{**asdict(layer), "inputs": (i - 1,) if i else ()}) for i, layer in enumerate(layers))
     return ModelProfile(name=name, layers=linked, batch_size=batch_size, **kw)

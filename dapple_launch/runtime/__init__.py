@@ -7,9 +7,11 @@ loading Lightning (seconds of start-up), which only the ranks need."""
 def __getattr__(name: str):
     if name == "PipelineModule":
         from .module import PipelineModule
+
         return PipelineModule
     if name == "DappleStrategy":
         from .strategy import DappleStrategy
+
         return DappleStrategy
     raise AttributeError(name)
 

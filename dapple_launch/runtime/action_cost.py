@@ -20,6 +20,7 @@ So the figure is what the simulator is missing, not the wall time divided by the
 transfers' latencies, which the links already count, are not counted twice. Cached on disk by
 process count, cores and torch version, like the measured links.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def _cache_path(processes: int, cores: int) -> Path:
     import torch
 
     from ..profile.cache import cache_dir
+
     return cache_dir() / f"actions-gloo-{processes}p-{cores}c-torch{torch.__version__.split('+')[0]}.json"
 
 
@@ -53,11 +55,13 @@ def _time_idle_pipeline(rank: int, world: int) -> dict:
     from .executor import StageExecutor
     from .grid import ProcessGrid
     from .p2p import PointToPoint
+
     torch.manual_seed(0)
     layer = nn.Linear(WIDTH, WIDTH)
     M = 2 * world
-    ex = StageExecutor([layer], lambda y, t: y.float().pow(2).mean(1), PointToPoint(ProcessGrid((1,) * world), rank, 0),
-                       world)
+    ex = StageExecutor(
+        [layer], lambda y, t: y.float().pow(2).mean(1), PointToPoint(ProcessGrid((1,) * world), rank, 0), world
+    )
     schedule = build_schedule("1f1b", world, M)
     batch = (torch.randn(ROWS * M, WIDTH), torch.zeros(ROWS * M))
     times = []
@@ -77,8 +81,11 @@ def _time_idle_pipeline(rank: int, world: int) -> dict:
         y.backward(torch.ones_like(y))
         fwd.append(t1 - t0)
         bwd.append(time.perf_counter() - t1)
-    return {"iteration_s": statistics.median(times), "forward_s": statistics.median(fwd),
-            "backward_s": statistics.median(bwd)}
+    return {
+        "iteration_s": statistics.median(times),
+        "forward_s": statistics.median(fwd),
+        "backward_s": statistics.median(bwd),
+    }
 
 
 def fit_action_cost(world: int, iteration_s: float, forward_s: float, backward_s: float, send_s: float) -> float:
@@ -86,11 +93,14 @@ def fit_action_cost(world: int, iteration_s: float, forward_s: float, backward_s
     2 world micro-batches, each stage `forward_s` + a and `backward_s` + a, every transfer `send_s`)
     takes `iteration_s`; 0 when it takes that long without one (the simulator grows with a)."""
     from ..schedule import StageCosts, build_schedule, simulate
+
     schedule = build_schedule("1f1b", world, 2 * world)
 
     def predicted(a: float) -> float:
-        costs = [StageCosts(forward_s, backward_s, send_s if s < world - 1 else 0.0, send_s if s else 0.0, action_s=a)
-                 for s in range(world)]
+        costs = [
+            StageCosts(forward_s, backward_s, send_s if s < world - 1 else 0.0, send_s if s else 0.0, action_s=a)
+            for s in range(world)
+        ]
         return simulate(schedule, costs, record=False).iteration_s
 
     if predicted(0.0) >= iteration_s:
@@ -115,6 +125,7 @@ def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bo
     from ..host import threads_per_rank, usable_cores
     from ..profile.cache import read_cached, write_cached
     from ..profile.links import run_gloo_probe
+
     cores = usable_cores()
     path = _cache_path(processes, cores)
     cached = read_cached(path, _cached_cost) if use_cache else None
@@ -129,7 +140,20 @@ def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bo
     backward = statistics.median(r["backward_s"] for r in ranks)
     cost = fit_action_cost(processes, iteration, forward, backward, send)
     if use_cache:
-        write_cached(path, json.dumps({"version": VERSION, "processes": processes, "cores": cores, "threads": threads,
-                                       "iteration_s": iteration, "forward_s": forward, "backward_s": backward,
-                                       "send_s": send, "action_overhead_s": cost}))
+        write_cached(
+            path,
+            json.dumps(
+                {
+                    "version": VERSION,
+                    "processes": processes,
+                    "cores": cores,
+                    "threads": threads,
+                    "iteration_s": iteration,
+                    "forward_s": forward,
+                    "backward_s": backward,
+                    "send_s": send,
+                    "action_overhead_s": cost,
+                }
+            ),
+        )
     return cost

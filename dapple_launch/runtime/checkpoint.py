@@ -15,6 +15,7 @@ manifest lists, after checking their sizes and digests: a flipped byte, a trunca
 shard, or a damaged meta.pt is refused with the file named. Any layout loads a checkpoint: each
 rank reads the shards and keeps the names of its own layers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,6 +46,7 @@ class NonFiniteState(RuntimeError):
 def all_finite(tensors) -> bool:
     """No inf or NaN in any floating tensor of `tensors` (one fused pass over them)."""
     import torch
+
     floats = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
     if not floats:
         return True
@@ -54,8 +56,9 @@ def all_finite(tensors) -> bool:
 def layer_of(name: str) -> int:
     m = _LAYER.match(name)
     if not m:
-        raise ValueError(f"parameter {name!r} is not under layers.<index>: the model contract keeps every "
-                         f"weight inside a layer")
+        raise ValueError(
+            f"parameter {name!r} is not under layers.<index>: the model contract keeps every weight inside a layer"
+        )
     return int(m.group(1))
 
 
@@ -73,7 +76,7 @@ class _Hashing:
         self.digest.update(view)
         try:
             while view:
-                view = view[os.write(self.fd, view):]
+                view = view[os.write(self.fd, view) :]
         except OSError as exc:
             self.error = self.error or exc
             raise
@@ -269,10 +272,15 @@ def check_compatible(meta: dict, model: dict, path) -> None:
     """Refuse a checkpoint of another model (its identity, models.identity, differs)."""
     saved = meta.get("dapple", {}).get("model")
     if saved != model:
-        diff = {k: (saved.get(k) if saved else None, model.get(k)) for k in set(model) | set(saved or {})
-                if (saved or {}).get(k) != model.get(k)}
-        raise ValueError(f"checkpoint {path} was saved from another model: {diff} (saved, this run); resume it "
-                         f"with the same model config, or start fresh without ckpt_path")
+        diff = {
+            k: (saved.get(k) if saved else None, model.get(k))
+            for k in set(model) | set(saved or {})
+            if (saved or {}).get(k) != model.get(k)
+        }
+        raise ValueError(
+            f"checkpoint {path} was saved from another model: {diff} (saved, this run); resume it "
+            f"with the same model config, or start fresh without ckpt_path"
+        )
 
 
 def find_checkpoints(root: str | Path) -> list[Path]:
@@ -303,10 +311,15 @@ def newest_intact(root: str | Path) -> Path | None:
                 break
             except CheckpointError:
                 continue
-        fix = (f"the newest intact one is {older} (step {step_of(older)}): resume from it with ckpt_path={older}"
-               if older else "no older checkpoint is intact either: start fresh without ckpt_path")
-        raise CheckpointError(f"the newest checkpoint {found[-1].name} (step {step_of(found[-1])}) is damaged: "
-                              f"{damage}; {fix}. Nothing on disk was changed") from None
+        fix = (
+            f"the newest intact one is {older} (step {step_of(older)}): resume from it with ckpt_path={older}"
+            if older
+            else "no older checkpoint is intact either: start fresh without ckpt_path"
+        )
+        raise CheckpointError(
+            f"the newest checkpoint {found[-1].name} (step {step_of(found[-1])}) is damaged: "
+            f"{damage}; {fix}. Nothing on disk was changed"
+        ) from None
 
 
 def crash_leftovers(root: str | Path) -> list[Path]:

@@ -6,6 +6,7 @@ is on disk, so the checkpoint a run resumed from is counted like any other: the 
 `trainer.keep_checkpoints` complete ones stay. `last.ckpt` is a link replaced atomically to point
 at the newest complete checkpoint after every save.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,6 +38,7 @@ class Checkpointing(Callback):
         except ckpt.NonFiniteState as exc:  # nothing written, nothing rotated: the finite ones stay
             if trainer.is_global_zero:
                 from ..log import get_logger
+
                 get_logger().warning(f"step {step} not saved: {exc}")
             return None
         self.saved_step = step
@@ -46,7 +48,7 @@ class Checkpointing(Callback):
 
     def _rotate_and_link(self) -> None:
         found = [p for p in ckpt.find_checkpoints(self.dirpath) if p.parent == self.dirpath]
-        for old in found[:-self.keep]:
+        for old in found[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         newest = found[-1]
         link, tmp = self.dirpath / "last.ckpt", self.dirpath / f".last.ckpt.{os.getpid()}"

@@ -6,6 +6,7 @@ iteration span the plan's estimate is compared with, the recorded timeline, the 
 the step time) reads the clock through `now(device)`, which first waits for the device's queued
 work on a CUDA device and costs nothing on the CPU.
 """
+
 from __future__ import annotations
 
 import time

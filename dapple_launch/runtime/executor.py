@@ -4,6 +4,7 @@ A micro-batch's state on a stage: what arrived (the wire tensors, whose gradient
 the stage's layers returned (cast for the wire), and the gradient that came back for it. Every
 action reads and writes that state; see models/contract.py for what a carry is.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -48,6 +49,7 @@ class StepResult:
 @dataclass
 class _Iteration:
     """What one run() keeps per micro-batch while its actions execute."""
+
     batch: tuple
     n_total: int
     micro: tuple  # (lo, hi) sample range of each micro-batch
@@ -84,10 +86,19 @@ class _Iteration:
 
 
 class StageExecutor:
-    def __init__(self, layers: Iterable[nn.Module], loss_fn: Callable, p2p: PointToPoint, num_stages: int,
-                 replica_group=None, on_last_backward: Callable[[], None] | None = None,
-                 before_last_backward: Callable[[], None] | None = None, precision: MixedPrecision | None = None, recompute: Iterable[int] = (),
-                 slice_loss_fn: Callable | None = None):
+    def __init__(
+        self,
+        layers: Iterable[nn.Module],
+        loss_fn: Callable,
+        p2p: PointToPoint,
+        num_stages: int,
+        replica_group=None,
+        on_last_backward: Callable[[], None] | None = None,
+        before_last_backward: Callable[[], None] | None = None,
+        precision: MixedPrecision | None = None,
+        recompute: Iterable[int] = (),
+        slice_loss_fn: Callable | None = None,
+    ):
         """`recompute`: indices into `layers` whose activations the backward recomputes (the plan's
         recompute_layers, local): consecutive ones run as one segment (runtime/recompute.py)."""
         self.layers, self.loss_fn, self.p2p = list(layers), loss_fn, p2p
@@ -107,7 +118,7 @@ class StageExecutor:
 
     def _slice(self, carry, micro: tuple[int, int]):
         lo, hi = split_bounds(micro[1] - micro[0], self.replicas)[self.replica]
-        return carry_map(lambda t: t[micro[0] + lo: micro[0] + hi], carry)
+        return carry_map(lambda t: t[micro[0] + lo : micro[0] + hi], carry)
 
     def run(self, schedule: Schedule, batch: tuple, loss_scale: float = 1.0) -> StepResult:
         """One iteration over the global batch. Backward populates .grad of this stage's parameters;
@@ -159,11 +170,14 @@ class StageExecutor:
         tokens = ()
         if K > 1:
             from ..schedule.terapipe import bounds
+
             tokens = tuple(bounds(slice_lengths))
             width = as_tuple(batch[0])[0].shape[1]
             if width != tokens[-1][1]:
-                raise ValueError(f"token slices {list(slice_lengths)} cover {tokens[-1][1]} tokens but the "
-                                 f"batch's sequences have {width}: the slices must sum to the sequence length")
+                raise ValueError(
+                    f"token slices {list(slice_lengths)} cover {tokens[-1][1]} tokens but the "
+                    f"batch's sequences have {width}: the slices must sum to the sequence length"
+                )
             if self.is_last and self.slice_loss_fn is None:
                 raise ValueError("token slicing needs the model's slice_loss (models/token_slices.py)")
         stages = range(len(self.p2p.grid.replicas))  # this stage and its neighbours split each micro-batch
@@ -171,7 +185,8 @@ class StageExecutor:
         if min(hi - lo for lo, hi in micro) < widest:
             raise ValueError(
                 f"a batch of {n_total} samples split into {sequences * K} micro-batches leaves fewer "
-                f"samples per micro-batch than a stage has replicas ({widest})")
+                f"samples per micro-batch than a stage has replicas ({widest})"
+            )
         device = as_tuple(batch[0])[0].device
         return _Iteration(batch, n_total, micro, train, {}, {}, torch.zeros((), device=device), {}, K, tokens, {})
 
@@ -197,7 +212,7 @@ class StageExecutor:
         if self.is_first:
             x = self._slice(it.batch[0], it.micro[seq])
             if piece is not None:
-                x = carry_map(lambda t: t[:, piece.start:piece.stop], x)
+                x = carry_map(lambda t: t[:, piece.start : piece.stop], x)
         else:
             got = self.p2p.recv_activation(m)
             wire = tuple(t.requires_grad_(it.train and t.is_floating_point()) for t in got.wire)
@@ -213,8 +228,9 @@ class StageExecutor:
                     y = run_layers(self.blocks, x)
             if self.is_last:
                 target = self._slice(it.batch[1], it.micro[seq])
-                loss = (self.loss_fn(y, target) if piece is None else
-                        self.slice_loss_fn(y, target, piece.start, piece.stop)).sum() / it.n_total
+                loss = (
+                    self.loss_fn(y, target) if piece is None else self.slice_loss_fn(y, target, piece.start, piece.stop)
+                ).sum() / it.n_total
                 it.loss_sum = it.loss_sum + loss.detach().float()
                 if it.train:
                     it.outputs[m] = loss * loss_scale if loss_scale != 1.0 else loss
@@ -248,7 +264,9 @@ class StageExecutor:
                 del it.caches[seq]  # the sequence's first slice: its cache is done with
         if split:
             if self.recompute:
-                raise RuntimeError("a split backward (I/W) cannot run recomputed layers: plan with schedule 1f1b or gpipe")
+                raise RuntimeError(
+                    "a split backward (I/W) cannot run recomputed layers: plan with schedule 1f1b or gpipe"
+                )
             if outputs:
                 back, it.weights[m] = backward_input(outputs, grads, wire, self.params)
             else:
@@ -272,8 +290,9 @@ def stopped(stage: int, replica: int, action, step: int, steps: int, schedule: s
     return stopped_at(stage, replica, f"at action {action} (step {step + 1} of {steps} in schedule {schedule})", exc)
 
 
-PREPARING = ("before its first action, preparing its transfers (what crosses stages and the pair groups: "
-             "every rank takes part)")
+PREPARING = (
+    "before its first action, preparing its transfers (what crosses stages and the pair groups: every rank takes part)"
+)
 SENDS_DRAINING = "after its last action, waiting for its sends to be received"
 
 
@@ -281,7 +300,8 @@ def stopped_at(stage: int, replica: int, where: str, exc: Exception) -> RuntimeE
     rank = dist.get_rank() if dist.is_initialized() else 0
     return RuntimeError(
         f"stage {stage} replica {replica} (rank {rank}) stopped {where}: {str(exc).splitlines()[0]}. A peer stage "
-        f"may have died or stalled; see its log (logs/rank-N.log)")
+        f"may have died or stalled; see its log (logs/rank-N.log)"
+    )
 
 
 class GradientSync:
@@ -295,8 +315,14 @@ class GradientSync:
     the layers below it. `start()` after the action sends what never reported (a parameter this
     iteration gave no gradient), `finish()` waits and writes the sums back."""
 
-    def __init__(self, params: list[nn.Parameter], group, replicas: int,
-                 layers: list[list[nn.Parameter]] | None = None, bucket_bytes: int | None = None):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        group,
+        replicas: int,
+        layers: list[list[nn.Parameter]] | None = None,
+        bucket_bytes: int | None = None,
+    ):
         self.params, self.group, self.replicas = params, group, replicas
         self.device = params[0].device if params else None  # (its span read after the device's work)
         mine = {id(p) for p in params}
@@ -372,7 +398,7 @@ class GradientSync:
             offset = 0
             for p in bucket:  # the sums as views of the reduced buffer: no second copy
                 n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p)
+                p.grad = flat[offset : offset + n].view_as(p)
                 offset += n
         self.span = (self.span[0], now(self.device))
         self.works = []

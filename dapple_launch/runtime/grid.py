@@ -1,4 +1,5 @@
 """The process grid: which rank runs which replica of which stage, and on which device."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ class ProcessGrid:
     used device (Slurm's block distribution does: node by node, local index by local index) thus
     puts every replica on the device the planner placed it on. For the planner's contiguous
     placements this is stage-major numbering (stage 0's replicas first)."""
+
     replicas: tuple[int, ...]
     devices: tuple[tuple[int, ...], ...] = ()
 
@@ -26,10 +28,15 @@ class ProcessGrid:
         # the two copies of stages s and D-1-s on the same two groups): then all of them; else none
         groups = list(dict.fromkeys(frozenset(ds) for ds in self.devices))
         flat = [d for ds in groups for d in ds]
-        if [len(d) for d in self.devices] != list(self.replicas) or len(set(flat)) != len(flat) \
-                or any(len(set(ds)) != len(ds) for ds in self.devices):
-            raise ValueError(f"devices {list(map(list, self.devices))} must name {list(self.replicas)} distinct "
-                             f"devices per stage; stages sharing devices share all of them")
+        if (
+            [len(d) for d in self.devices] != list(self.replicas)
+            or len(set(flat)) != len(flat)
+            or any(len(set(ds)) != len(ds) for ds in self.devices)
+        ):
+            raise ValueError(
+                f"devices {list(map(list, self.devices))} must name {list(self.replicas)} distinct "
+                f"devices per stage; stages sharing devices share all of them"
+            )
         order = {d: r for r, d in enumerate(sorted(flat))}
         object.__setattr__(self, "_ranks", tuple(tuple(order[d] for d in ds) for ds in self.devices))
 

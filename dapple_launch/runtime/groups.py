@@ -13,6 +13,7 @@ new_group; a non-member's call returns at once). Pair groups too: torch 2.13's l
 groups (`use_local_synchronization`) are named from the ranks and the number of groups the caller
 already has, which differs between ranks holding different pairs, so their rendezvous never meets.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

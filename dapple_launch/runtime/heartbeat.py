@@ -8,6 +8,7 @@ writing; a rank waiting on a peer keeps writing while it waits, in a receive or 
 the launcher can name the rank that stopped making progress and the action it was in, and say
 which ranks were only waiting on it.
 """
+
 from __future__ import annotations
 
 import json
@@ -102,5 +103,7 @@ def describe(beat: dict, now: float, alive: bool = True) -> str:
     where = f"stage {beat.get('stage')}, replica {beat.get('replica')}, device {beat.get('device')}"
     if not alive:
         return f"rank {beat['rank']} ({where}), last seen in {beat.get('action')} of step {beat.get('step')}"
-    return (f"rank {beat['rank']} ({where}) in {beat.get('action')} of step {beat.get('step')} for "
-            f"{now - beat.get('since', now):.0f} s")
+    return (
+        f"rank {beat['rank']} ({where}) in {beat.get('action')} of step {beat.get('step')} for "
+        f"{now - beat.get('since', now):.0f} s"
+    )

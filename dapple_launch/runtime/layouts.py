@@ -8,6 +8,7 @@ on the batch's first sample (stage 0) or on zeros of the previous boundary's lay
 what came out. Every rank decides the same way whether a pass is needed (the schedule and the batch
 fix the keys), so the broadcasts line up. Inside the loop nothing is read on the host.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,6 +29,7 @@ def output_layouts(ex, batch, inputs: dict, slice_lengths: tuple[int, ...]) -> d
     slices in order (each sees the ones before it), from `batch` (first stage) or zeros of `inputs`
     (variant -> the previous boundary's layout)."""
     from ..schedule.terapipe import bounds
+
     tokens = bounds(slice_lengths) if slice_lengths else [None]
     modes = {m: m.training for layer in ex.layers for m in layer.modules()}
     device = ex.device
@@ -42,14 +44,16 @@ def output_layouts(ex, batch, inputs: dict, slice_lengths: tuple[int, ...]) -> d
                 if ex.is_first:
                     x = carry_map(lambda t: t[0:1], batch[0])
                     if tok is not None:
-                        x = carry_map(lambda t: t[:, tok[0]:tok[1]], x)
+                        x = carry_map(lambda t: t[:, tok[0] : tok[1]], x)
                 else:
-                    x = tuple(torch.zeros((1, *tail), dtype=logical, device=device)
-                              for tail, _, logical in inputs[variant])
+                    x = tuple(
+                        torch.zeros((1, *tail), dtype=logical, device=device) for tail, _, logical in inputs[variant]
+                    )
                 with ex.precision.autocast(), running(TokenSlice(i, *tok, cache) if tok else None):
                     members = as_tuple(run_layers(ex.layers, x))
-                out.setdefault(variant, tuple((tuple(t.shape[1:]), ex.precision.to_wire(t).dtype, t.dtype)
-                                              for t in members))
+                out.setdefault(
+                    variant, tuple((tuple(t.shape[1:]), ex.precision.to_wire(t).dtype, t.dtype) for t in members)
+                )
     finally:
         for m, training in modes.items():
             m.training = training
@@ -78,11 +82,13 @@ def ensure_layouts(comms, executors: dict, batch, slice_lengths: tuple[int, ...]
 
 def _bounds(lengths):
     from ..schedule.terapipe import bounds
+
     return bounds(lengths)
 
 
-def program(comms, x: RankSchedule, group_ranks: tuple[tuple[int, ...], ...], rows: tuple[int, ...],
-            source=None) -> RankProgram:
+def program(
+    comms, x: RankSchedule, group_ranks: tuple[tuple[int, ...], ...], rows: tuple[int, ...], source=None
+) -> RankProgram:
     """This rank's lowered program for schedule `x` over units of `rows` samples; on first sight the
     schedule it came from (`source`, else `x`) is validated, the whole run's programs are checked
     against the NCCL model and this rank's pair groups made. A schedule the validator refuses never

@@ -1,4 +1,5 @@
 """The learning-rate schedule: linear warm-up, then cosine decay to a tenth."""
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Under DappleStrategy it materialises only this rank's layers and hands each step
 strategy's schedule; under any other strategy (one process: the reference) it runs all layers.
 Optimisation is manual because the schedule runs backward inside the step.
 """
+
 from __future__ import annotations
 
 import lightning as L
@@ -17,9 +18,18 @@ from .tied import tie_local
 
 
 class PipelineModule(L.LightningModule):
-    def __init__(self, model: PipelineModel, lr: float = 3e-3, weight_decay: float = 0.0,
-                 warmup_steps: int = 0, total_steps: int = 0, gradient_clip_val: float | None = None,
-                 seed: int = 0, precision: str = "32", max_bad_steps: int = 10):
+    def __init__(
+        self,
+        model: PipelineModel,
+        lr: float = 3e-3,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        total_steps: int = 0,
+        gradient_clip_val: float | None = None,
+        seed: int = 0,
+        precision: str = "32",
+        max_bad_steps: int = 10,
+    ):
         super().__init__()
         self.model, self.seed = model, seed
         self.lr, self.weight_decay, self.warmup_steps, self.total_steps = lr, weight_decay, warmup_steps, total_steps
@@ -54,7 +64,9 @@ class PipelineModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, self.warmup_steps, self.total_steps))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: lr_factor(step, self.warmup_steps, self.total_steps)
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # ---- steps ----------------------------------------------------------------------------
@@ -115,18 +127,23 @@ class PipelineModule(L.LightningModule):
             self.first_bad_step = step
         limit = self.max_bad_steps
         from ..log import get_logger
+
         if self.trainer.is_global_zero:
-            get_logger().warning(f"step {step}: non-finite loss or gradient norm; skipped on every rank "
-                                 f"({self.bad_in_row} in a row, {self.bad_steps} in all; at {limit} in a row the run stops)")
+            get_logger().warning(
+                f"step {step}: non-finite loss or gradient norm; skipped on every rank "
+                f"({self.bad_in_row} in a row, {self.bad_steps} in all; at {limit} in a row the run stops)"
+            )
         if self.bad_in_row >= limit:
             from .checkpoint import find_checkpoints
+
             found = find_checkpoints(f"{self.trainer.default_root_dir}/checkpoints")
             newest = f"the newest finite checkpoint is {found[-1]}" if found else "no checkpoint was saved"
             raise FloatingPointError(
                 f"{self.bad_in_row} steps in a row had a non-finite loss or gradient norm, the first at step "
                 f"{self.first_bad_step}; the run was stopped with the weights of step {self.first_bad_step - 1} "
                 f"(skipped steps change nothing); {newest}. Lower trainer.lr, clip harder "
-                f"(trainer.gradient_clip_val) or use trainer.precision=32, then resume (ckpt_path=last)")
+                f"(trainer.gradient_clip_val) or use trainer.precision=32, then resume (ckpt_path=last)"
+            )
 
     def validation_step(self, batch, batch_idx):
         if self._pipelined():

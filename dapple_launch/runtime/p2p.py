@@ -16,6 +16,7 @@ order the NCCL model (schedule/nccl.py) proved:
 `PointToPoint` is one stage's view of its rank's comms: the executor hands it what a compute made
 and asks it for what a compute needs, by stage and micro-batch; the program decides when.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,6 +38,7 @@ Layout = tuple[tuple[tuple[int, ...], torch.dtype, torch.dtype], ...]
 class Received:
     """A received carry: the wire tensors (what gradients are taken against) and the dtypes the
     sender's tensors had before they were cast for the wire."""
+
     wire: tuple
     logical: tuple
 
@@ -102,7 +104,7 @@ class RankComms:
         key = (t.space, t.src_stage, t.unit)
         carry, _ = self.outbox[key]
         n = t.hi - t.lo
-        pieces = tuple((m if t.at == 0 and n == m.shape[0] else m[t.at:t.at + n]).contiguous() for m in carry)
+        pieces = tuple((m if t.at == 0 and n == m.shape[0] else m[t.at : t.at + n]).contiguous() for m in carry)
         group = self._group(t.dst)
         works = dist.batch_isend_irecv([dist.P2POp(dist.isend, p, t.dst, group) for p in pieces])
         self.pending.append((works, pieces))
@@ -134,7 +136,8 @@ class RankComms:
             raise RuntimeError(
                 f"{what} of micro-batch {unit} from stage {stage} is {[(str(d), ['n', *s]) for s, d in got]} but the "
                 f"layout learned before the first step is {[(str(w), ['n', *s]) for s, w, _ in layout]}: what a stage "
-                f"passes on must keep its tensors, dtypes and shapes from batch to batch")
+                f"passes on must keep its tensors, dtypes and shapes from batch to batch"
+            )
         self.outbox[key] = (carry, logical)
 
     def take(self, space: str, stage: int, unit: int) -> Received:
@@ -174,6 +177,7 @@ class RankComms:
 @dataclass
 class PointToPoint:
     """One stage's transfers on its rank's comms: activations down to the next stage, gradients back."""
+
     grid: ProcessGrid
     stage: int
     replica: int
@@ -214,4 +218,3 @@ class PointToPoint:
 
     def recv_gradient(self, micro_batch: int) -> tuple:
         return self.comms.take("G", self.stage, micro_batch).wire
-

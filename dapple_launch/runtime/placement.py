@@ -6,6 +6,7 @@ Device id = node × devices_per_node + local index. Rank r runs the replica the 
 process per device of the nodes the plan touches; a process whose device the plan leaves idle
 exits at once instead of joining the process group.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,31 +28,40 @@ def check_plan_runs_on(plan: Plan, topology: Topology, num_layers: int | None = 
             f"the plan was made for {plan.devices_per_node} devices per node (device id = node × "
             f"{plan.devices_per_node} + local index) but cluster {topology.name} has cluster.devices_per_node={k}, "
             f"so its device ids would land on other GPUs; re-plan for this cluster or set "
-            f"cluster.devices_per_node={plan.devices_per_node}")
+            f"cluster.devices_per_node={plan.devices_per_node}"
+        )
     for s, stage in enumerate(plan.stages):
         if len(stage.devices) != stage.replicas:
-            raise ValueError(f"stage {s} has replicas={stage.replicas} but lists {len(stage.devices)} devices "
-                             f"{list(stage.devices)}; list exactly one device per replica")
+            raise ValueError(
+                f"stage {s} has replicas={stage.replicas} but lists {len(stage.devices)} devices "
+                f"{list(stage.devices)}; list exactly one device per replica"
+            )
         bad = [d for d in stage.devices if not 0 <= d < D]
         if bad:
             raise ValueError(
                 f"stage {s} is placed on device(s) {bad}, which cluster {topology.name} does not have: it has "
                 f"{topology.nodes} node(s) × {k} devices = ids 0..{D - 1}; re-plan for this cluster or use one "
-                f"with more nodes (cluster.nodes)")
+                f"with more nodes (cluster.nodes)"
+            )
     _check_device_sharing(plan)
     stops = [s.layers for s in plan.stages]
     expected = 0
     for s, (a, z) in enumerate(stops):
         if a != expected or z <= a:
-            raise ValueError(f"stage {s} covers layers [{a}, {z}) but must start at {expected} and hold at least "
-                             f"one layer: stages cut the model's layers in order, without gaps or overlap")
+            raise ValueError(
+                f"stage {s} covers layers [{a}, {z}) but must start at {expected} and hold at least "
+                f"one layer: stages cut the model's layers in order, without gaps or overlap"
+            )
         expected = z
     if num_layers is not None and expected != num_layers:
-        raise ValueError(f"the plan's stages cover {expected} layers but the model has {num_layers}; re-plan for "
-                         f"this model")
+        raise ValueError(
+            f"the plan's stages cover {expected} layers but the model has {num_layers}; re-plan for this model"
+        )
     if plan.micro_batch_size * plan.num_micro_batches != plan.global_batch_size:
-        raise ValueError(f"micro_batch_size {plan.micro_batch_size} × num_micro_batches {plan.num_micro_batches} "
-                         f"must equal global_batch_size {plan.global_batch_size}")
+        raise ValueError(
+            f"micro_batch_size {plan.micro_batch_size} × num_micro_batches {plan.num_micro_batches} "
+            f"must equal global_batch_size {plan.global_batch_size}"
+        )
 
 
 def _check_device_sharing(plan: Plan) -> None:
@@ -60,6 +70,7 @@ def _check_device_sharing(plan: Plan) -> None:
     order (a replica's rank hands its slice of a micro-batch to the same replica of the group's
     next stage), and no device is in two groups."""
     from ..schedule import CHUNKED_SCHEDULES, RANK_ORDER_SCHEDULES
+
     if plan.schedule not in RANK_ORDER_SCHEDULES:
         owners: dict[int, list[int]] = {}
         for s, stage in enumerate(plan.stages):
@@ -71,38 +82,48 @@ def _check_device_sharing(plan: Plan) -> None:
             raise ValueError(
                 f"device {d} is given to stages {sorted(set(st))} (and {len(shared) - 1} more shared device(s)); under "
                 f"schedule {plan.schedule} each device runs one replica of one stage: give every replica its own "
-                f"device id, or use a schedule that puts several stages on a device group ({', '.join(CHUNKED_SCHEDULES)})")
+                f"device id, or use a schedule that puts several stages on a device group ({', '.join(CHUNKED_SCHEDULES)})"
+            )
         return
     schedule = plan.build_schedule()  # a ValueError naming the rule where stages and chunks do not fit the family
     group_devices: dict[int, tuple[int, tuple[int, ...]]] = {}  # group -> (the first stage listing it, its devices)
     for s, stage in enumerate(plan.stages):
         groups = schedule.placement[s]
         if len(stage.devices) % len(groups):
-            raise ValueError(f"stage {s} lists {len(stage.devices)} devices but sits on {len(groups)} device groups "
-                             f"under {plan.schedule} (a Chimera stage lists its down copy's devices, then its up "
-                             f"copy's): list the same number for each")
+            raise ValueError(
+                f"stage {s} lists {len(stage.devices)} devices but sits on {len(groups)} device groups "
+                f"under {plan.schedule} (a Chimera stage lists its down copy's devices, then its up "
+                f"copy's): list the same number for each"
+            )
         for g, devices in plan.devices_by_group(schedule, s):
             if len(set(devices)) != len(devices):
-                raise ValueError(f"stage {s} lists device(s) {sorted({d for d in devices if devices.count(d) > 1})} "
-                                 f"more than once in {list(devices)}: each replica runs on its own device")
+                raise ValueError(
+                    f"stage {s} lists device(s) {sorted({d for d in devices if devices.count(d) > 1})} "
+                    f"more than once in {list(devices)}: each replica runs on its own device"
+                )
             first, known = group_devices.setdefault(g, (s, devices))
             if known != devices:
                 raise ValueError(
                     f"stages {first} and {s} share device group {g} under {plan.schedule} but list its devices as "
-                    f"{list(known)} and {list(devices)}: the stages of a group list the same devices in the same order")
+                    f"{list(known)} and {list(devices)}: the stages of a group list the same devices in the same order"
+                )
     seen: dict[int, int] = {}
     for g, (_, devices) in sorted(group_devices.items()):
         for d in devices:
             if seen.setdefault(d, g) != g:
-                raise ValueError(f"device {d} is in device groups {seen[d]} and {g} under {plan.schedule}; each device "
-                                 f"belongs to one group: give each group its own device ids")
+                raise ValueError(
+                    f"device {d} is in device groups {seen[d]} and {g} under {plan.schedule}; each device "
+                    f"belongs to one group: give each group its own device ids"
+                )
 
 
 def check_world_size(plan: Plan, world_size: int) -> None:
     if world_size != plan.world_size:
-        raise ValueError(f"the plan needs {plan.world_size} ranks ({plan.layout()}, devices "
-                         f"{[list(s.devices) for s in plan.stages]}) but this run has {world_size}; launch exactly "
-                         f"{plan.world_size} processes (one per planned device)")
+        raise ValueError(
+            f"the plan needs {plan.world_size} ranks ({plan.layout()}, devices "
+            f"{[list(s.devices) for s in plan.stages]}) but this run has {world_size}; launch exactly "
+            f"{plan.world_size} processes (one per planned device)"
+        )
 
 
 @dataclass(frozen=True)
@@ -127,8 +148,9 @@ def job_shape(plan: Plan, devices_per_node: int) -> tuple[int, int]:
 def idle_devices(plan: Plan, devices_per_node: int) -> list[int]:
     nodes, per_node = job_shape(plan, devices_per_node)
     used = Counter(d for s in plan.stages for d in s.devices)
-    return [n * devices_per_node + j for n in range(nodes) for j in range(per_node)
-            if n * devices_per_node + j not in used]
+    return [
+        n * devices_per_node + j for n in range(nodes) for j in range(per_node) if n * devices_per_node + j not in used
+    ]
 
 
 class PlannedEnvironment(ClusterEnvironment):

@@ -12,6 +12,7 @@ gradients; one all-reduce over the world says whether any is inf or NaN, and if 
 the step and halves the scale; after `growth_interval` clean steps it doubles. The decisions are
 made from the same all-reduced flag on every rank, so the scales never drift apart.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,14 @@ class MixedPrecision:
 class LossScaler:
     """The dynamic loss scale of `16-mixed` (torch.amp.GradScaler's rule, shared by all ranks)."""
 
-    def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+    def __init__(
+        self,
+        enabled: bool,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ):
         self.enabled = enabled
         self.scale = init_scale if enabled else 1.0
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
@@ -93,6 +100,7 @@ def grads_finite_everywhere(params, device) -> bool:
     """No rank of the process group has an inf or NaN gradient: one all-reduce, so every rank
     reaches the same decision (skip the step, or take it)."""
     import torch.distributed as dist
+
     bad = torch.tensor([0.0 if grads_finite(params) else 1.0], device=device)
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bad.item() == 0

@@ -11,6 +11,7 @@ all-reduces (DappleStrategy.pipeline_s times that span); the whole step adds the
 moving the batch and Lightning's hooks, which no plan changes. Comparing the estimate with the
 whole step would blame the plan for them.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,10 @@ class Progress(Callback):
         self.first_step = trainer.global_step
         if trainer.is_global_zero and self.show and sys.stdout.isatty():
             from tqdm import tqdm
-            self._bar = tqdm(total=self.max_steps, initial=self.first_step, unit="step", dynamic_ncols=True,
-                             desc="training")
+
+            self._bar = tqdm(
+                total=self.max_steps, initial=self.first_step, unit="step", dynamic_ncols=True, desc="training"
+            )
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         BEAT.step(trainer.global_step + 1)
@@ -59,8 +62,10 @@ class Progress(Callback):
             self._bar.set_postfix(loss=f"{self.train_loss:.4f}", refresh=False)
         elif step % self._every == 0 or step == self.max_steps:
             from ..log import get_logger
-            get_logger().info(f"step {step}/{self.max_steps}  loss {self.train_loss:.4f}  "
-                              f"{self.step_s[-1]:.3f} s/iteration")
+
+            get_logger().info(
+                f"step {step}/{self.max_steps}  loss {self.train_loss:.4f}  {self.step_s[-1]:.3f} s/iteration"
+            )
 
     def on_validation_end(self, trainer, pl_module) -> None:
         v = trainer.callback_metrics.get("val_loss")
@@ -79,13 +84,18 @@ class Progress(Callback):
         step = self.measured_s()
         # a pipelined run: its pipeline span, what the estimate describes; one process: the step
         pipeline = _steady_median(getattr(trainer.strategy, "pipeline_s", None) or []) or step
-        summary = {"steps": [self.first_step, trainer.global_step], "train_loss": self.train_loss,
-                   "val_loss": self.val_loss, "measured_s_per_iteration": pipeline,
-                   "estimated_s_per_iteration": self.estimate_s, "measured_s_per_step": step,
-                   "samples_per_s": self.global_batch / step if step else None,
-                   # steps skipped for a non-finite loss or gradient norm (16-mixed overflows aside)
-                   "skipped_steps": getattr(pl_module, "bad_steps", 0),
-                   "loss_scale_overflows": getattr(getattr(pl_module, "scaler", None), "skipped", 0)}
+        summary = {
+            "steps": [self.first_step, trainer.global_step],
+            "train_loss": self.train_loss,
+            "val_loss": self.val_loss,
+            "measured_s_per_iteration": pipeline,
+            "estimated_s_per_iteration": self.estimate_s,
+            "measured_s_per_step": step,
+            "samples_per_s": self.global_batch / step if step else None,
+            # steps skipped for a non-finite loss or gradient norm (16-mixed overflows aside)
+            "skipped_steps": getattr(pl_module, "bad_steps", 0),
+            "loss_scale_overflows": getattr(getattr(pl_module, "scaler", None), "skipped", 0),
+        }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
 
 

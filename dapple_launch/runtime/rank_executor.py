@@ -9,6 +9,7 @@ stage takes gradients against them exactly as against a received activation, so 
 those of a transfer. Transfers to and from other ranks follow the rank's lowered program
 (schedule/transfers.py), one for all the stages it holds, as StageExecutor's do.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -88,15 +89,21 @@ def _walk(order: tuple, several: bool) -> tuple:
         if a.kind.frees_activations:
             last[a.stage] = i
     finishing = {i: s for s, i in last.items()}
-    labels = [f"{Action(a.kind, a.micro_batch)}·s{a.stage}" if several else str(Action(a.kind, a.micro_batch))
-              for a in order]
+    labels = [
+        f"{Action(a.kind, a.micro_batch)}·s{a.stage}" if several else str(Action(a.kind, a.micro_batch)) for a in order
+    ]
     return finishing, labels
 
 
 class RankExecutor:
-    def __init__(self, chunks: dict[int, StageExecutor], group: int,
-                 on_last_backward: dict[int, Callable[[], None]] | None = None,
-                 before_last_backward: dict[int, Callable[[], None]] | None = None, routes: dict | None = None):
+    def __init__(
+        self,
+        chunks: dict[int, StageExecutor],
+        group: int,
+        on_last_backward: dict[int, Callable[[], None]] | None = None,
+        before_last_backward: dict[int, Callable[[], None]] | None = None,
+        routes: dict | None = None,
+    ):
         """`chunks`: stage -> its executor (built on ChunkLinks); `group`: the device group (rank of the
         schedule's orders) this process belongs to; `on_last_backward`: stage -> what to start once
         that stage's gradients are complete (its all-reduce)."""
@@ -162,12 +169,20 @@ def group_ranks(grid, schedule: RankSchedule, group: int) -> list[int]:
     ranks, groups = grid.stage_ranks(s), schedule.placement[s]
     part = len(ranks) // len(groups)
     j = groups.index(group)
-    return ranks[j * part:(j + 1) * part]
+    return ranks[j * part : (j + 1) * part]
 
 
-def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module], loss_fn: Callable,
-                        stage_groups: dict[int, object], precision=None, device=None,
-                        bucket_bytes: int | None = None) -> tuple[RankExecutor, list]:
+def build_rank_executor(
+    plan,
+    grid,
+    rank: int,
+    layers: dict[int, torch.nn.Module],
+    loss_fn: Callable,
+    stage_groups: dict[int, object],
+    precision=None,
+    device=None,
+    bucket_bytes: int | None = None,
+) -> tuple[RankExecutor, list]:
     """This rank's executor for a plan whose device groups hold several stages, and the gradient
     syncs to finish after each iteration (one per local stage, in the order they start).
 
@@ -176,6 +191,7 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
     when both stages' contributions are in. `bucket_bytes`: the all-reduce's bucket size (default
     planner/allreduce.BUCKET_BYTES, what the planner costs)."""
     from .executor import GradientSync
+
     schedule = plan.build_schedule()
     groups = [group_ranks(grid, schedule, g) for g in range(schedule.num_ranks)]
     group = next(g for g, ranks in enumerate(groups) if rank in ranks)  # the device group whose order it runs
@@ -190,19 +206,29 @@ def build_rank_executor(plan, grid, rank: int, layers: dict[int, torch.nn.Module
 
         def route(stage: int, micro_batch: int) -> tuple[int, ...]:
             return tuple(groups[routes["table"][stage][micro_batch]])
+
     for s in local:
         a, b = plan.stages[s].layers
         remote = PointToPoint(grid, s, replica, device or torch.device("cpu"), route=route, comms=comms)
-        links = ChunkLinks(remote, mailbox, local_prev=s - 1 in local and route is None,
-                           local_next=s + 1 in local and route is None)
-        chunks[s] = StageExecutor([layers[i] for i in range(a, b)], loss_fn, links, grid.num_stages,
-                                  precision=precision, recompute=[i - a for i in plan.stages[s].recompute_layers])
+        links = ChunkLinks(
+            remote, mailbox, local_prev=s - 1 in local and route is None, local_next=s + 1 in local and route is None
+        )
+        chunks[s] = StageExecutor(
+            [layers[i] for i in range(a, b)],
+            loss_fn,
+            links,
+            grid.num_stages,
+            precision=precision,
+            recompute=[i - a for i in plan.stages[s].recompute_layers],
+        )
     order = schedule.orders[group]
     last = {s: max(i for i, x in enumerate(order) if x.stage == s and x.kind.frees_activations) for s in local}
     syncs, on_last, arm, seen = {}, {}, {}, set()
     for s in sorted(local, key=lambda s: -last[s]):  # latest-finishing first: it takes the shared parameters
-        per_layer = [[p for p in layers[i].parameters() if p.requires_grad and id(p) not in seen]
-                     for i in range(*plan.stages[s].layers)]
+        per_layer = [
+            [p for p in layers[i].parameters() if p.requires_grad and id(p) not in seen]
+            for i in range(*plan.stages[s].layers)
+        ]
         params = [p for layer in per_layer for p in layer]
         seen |= {id(p) for p in params}
         syncs[s] = GradientSync(params, stage_groups[s], grid.replicas[s], per_layer, bucket_bytes)

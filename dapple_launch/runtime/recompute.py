@@ -13,6 +13,7 @@ the middle of the stage saves its input through autograd (save_for_backward: wha
 hooks count); a segment at the start of the stage keeps a reference to the stage's input, which
 the executor holds until the backward anyway (the received wire tensors, or the batch).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -81,8 +82,7 @@ class _Recompute(torch.autograd.Function):
         ctx.rng = torch.get_rng_state()
         ctx.cuda_rng = [torch.cuda.get_rng_state(d) for d in ctx.devices]
         device_type = next((t.device.type for t in inputs), "cpu")
-        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type),
-                        torch.get_autocast_dtype(device_type))
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         ctx.grad_mask = tuple(t.requires_grad for t in inputs)
         if segment.stage_input:  # held by the executor until this backward anyway: no second copy counted
             ctx.inputs = tuple(t.detach() for t in inputs)
@@ -109,8 +109,11 @@ class _Recompute(torch.autograd.Function):
                 out = as_tuple(run_layers(segment.layers, inputs if len(inputs) > 1 else inputs[0]))
         pairs = [(o, g) for o, g in zip(out, grads) if o.requires_grad and g is not None]
         wanted = [t for t in inputs if t.requires_grad] + list(segment.params)
-        got = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                  allow_unused=True) if pairs and wanted else [None] * len(wanted)
+        got = (
+            torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+            if pairs and wanted
+            else [None] * len(wanted)
+        )
         got = iter(got)
         input_grads = [next(got) if t.requires_grad else None for t in inputs]
         return (None, None, *input_grads, *got)

@@ -15,6 +15,7 @@ received (one tiny collective), and if any rank got one, all save the step's che
 Lightning's own SIGTERM handler runs a collective inside the handler and deadlocks a rank caught
 in another collective: the trainer gets a signal connector that installs nothing (train.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -77,6 +78,7 @@ class StopOnSignal(Callback):
             return
         path = self.save(trainer)
         from ..log import get_logger
+
         if trainer.is_global_zero:
             what = "the job requeues and resumes from it" if agreed == REQUEUE else "stopping"
             saved = f"saved step {trainer.global_step} in {path}" if path else "this step was not saved (non-finite)"

@@ -5,6 +5,7 @@ never wraps the module in DDP: each rank keeps only its stage's layers (global n
 stage's action list inside one training step, and all-reduces gradients inside its own stage's
 replica group. Registered as "dapple"; with no plan given it reads the one named by $DAPPLE_PLAN.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,14 +40,21 @@ PLAN_ENV = "DAPPLE_PLAN"
 class DappleStrategy(DDPStrategy):
     strategy_name = "dapple"
 
-    def __init__(self, plan: Plan | str | Path | None = None, timeout_s: float = 300.0,
-                 profile_steps: range | None = None, timeline_dir: str | Path | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        plan: Plan | str | Path | None = None,
+        timeout_s: float = 300.0,
+        profile_steps: range | None = None,
+        timeline_dir: str | Path | None = None,
+        **kwargs: Any,
+    ):
         kwargs.setdefault("process_group_backend", None)
         super().__init__(timeout=timedelta(seconds=timeout_s), **kwargs)
         if plan is None:
             if PLAN_ENV not in os.environ:
-                raise ValueError(f'strategy "dapple" needs a plan: pass DappleStrategy(plan=...) or set ${PLAN_ENV} '
-                                 f"to a plan.json")
+                raise ValueError(
+                    f'strategy "dapple" needs a plan: pass DappleStrategy(plan=...) or set ${PLAN_ENV} to a plan.json'
+                )
             plan = os.environ[PLAN_ENV]
         self.plan = plan if isinstance(plan, Plan) else Plan.load(plan)
         self.grid = ProcessGrid.from_plan(self.plan)
@@ -96,6 +104,7 @@ class DappleStrategy(DDPStrategy):
             return
         from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero_only
         from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
         rank_zero_only.rank = fabric_rank_zero_only.rank = env.global_rank()
 
     @property
@@ -115,7 +124,8 @@ class DappleStrategy(DDPStrategy):
                 raise ValueError(
                     f"rank {env.place.rank} is planned on device {env.place.device} = node {env.place.node}, local "
                     f"GPU {env.place.local}, but this node shows {visible} GPU(s); cluster.devices_per_node says "
-                    f"more GPUs per node than the nodes have: set it to {visible} and re-plan")
+                    f"more GPUs per node than the nodes have: set it to {visible} and re-plan"
+                )
         super().setup_environment()
 
     def setup_distributed(self) -> None:
@@ -140,23 +150,37 @@ class DappleStrategy(DDPStrategy):
         tied = local_tied_parameters(module.layers, module.model)
         self._tied = TiedSync(self._tied_groups, tied, local, self.replica)
         # a tied weight's gradient norm counts once: on the first stage holding it
-        self._norm_excluded = {id(tied[g.owner]) for g in self._tied_groups if set(local) & set(g.stages)
-                               and g.stages[0] not in local}
+        self._norm_excluded = {
+            id(tied[g.owner]) for g in self._tied_groups if set(local) & set(g.stages) and g.stages[0] not in local
+        }
         if self.chunked:
             self._executor, self._syncs = build_rank_executor(
-                self.plan, self.grid, self.global_rank, {i: module.layers[str(i)] for i in self.local_layer_indices},
-                module.model.loss, dict(enumerate(self._stage_groups)), module.mixed_precision(), self.root_device)
+                self.plan,
+                self.grid,
+                self.global_rank,
+                {i: module.layers[str(i)] for i in self.local_layer_indices},
+                module.model.loss,
+                dict(enumerate(self._stage_groups)),
+                module.mixed_precision(),
+                self.root_device,
+            )
             return
         p2p = PointToPoint(self.grid, self.stage, self.replica, self.root_device)
         params = [p for p in module.parameters() if p.requires_grad]
         per_layer = [[p for p in layer.parameters() if p.requires_grad] for layer in module.local_stack()]
         self._syncs = [GradientSync(params, self._stage_groups[self.stage], self.grid.replicas[self.stage], per_layer)]
         first = self.plan.stages[self.stage].layers[0]
-        self._executor = StageExecutor(module.local_stack(), module.model.loss, p2p, self.grid.num_stages,
-                                       on_last_backward=self._syncs[0].start,
-                                       before_last_backward=self._syncs[0].arm, precision=module.mixed_precision(),
-                                       recompute=[i - first for i in self.plan.stages[self.stage].recompute_layers],
-                                       slice_loss_fn=getattr(module.model, "slice_loss", None))
+        self._executor = StageExecutor(
+            module.local_stack(),
+            module.model.loss,
+            p2p,
+            self.grid.num_stages,
+            on_last_backward=self._syncs[0].start,
+            before_last_backward=self._syncs[0].arm,
+            precision=module.mixed_precision(),
+            recompute=[i - first for i in self.plan.stages[self.stage].recompute_layers],
+            slice_loss_fn=getattr(module.model, "slice_loss", None),
+        )
 
     # ---- one iteration ---------------------------------------------------------------------
     def _broadcast_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
@@ -222,6 +246,7 @@ class DappleStrategy(DDPStrategy):
 
     def _record(self, step: int) -> None:
         from .timeline import measured_iteration, write_timeline
+
         events = self._executor.timeline
         several = len(self._syncs) > 1
         for sync, s in zip(self._syncs, self.local_stages if several else (None,)):
@@ -264,6 +289,7 @@ class DappleStrategy(DDPStrategy):
         written, rank 0 commits. A failed write (a full disk) anywhere fails the save on every rank
         with that rank's reason, and the previous checkpoint stays as it was."""
         import secrets
+
         BEAT.action("checkpoint save")
         state = checkpoint["state_dict"]
         optim = checkpoint.get("optimizer_states", [])
@@ -273,8 +299,10 @@ class DappleStrategy(DDPStrategy):
         BEAT.action("collective (checkpoint save: finite check)")
         dist.all_reduce(bad)
         if bad.item():
-            raise ckpt.NonFiniteState(f"{int(bad.item())} rank(s) hold an inf or NaN weight or optimizer value; "
-                                      f"the checkpoints saved before are kept")
+            raise ckpt.NonFiniteState(
+                f"{int(bad.item())} rank(s) hold an inf or NaN weight or optimizer value; "
+                f"the checkpoints saved before are kept"
+            )
         checkpoint.pop("state_dict")
         checkpoint.pop("optimizer_states", None)
         # the save's collectives wait on every rank: labelled as such, so a rank stopped meanwhile is
@@ -292,18 +320,25 @@ class DappleStrategy(DDPStrategy):
                 by_name = ckpt.optimizer_state_by_name(optim[0], self._param_names()) if optim else {}
                 for s in self.local_stages:  # one shard per stage, whatever rank holds it
                     a, b = self.plan.stages[s].layers
-                    shard_optim = dict(by_name, state={k: v for k, v in by_name["state"].items()
-                                                       if a <= parameter_layer(k) < b}) if by_name else {}
-                    ckpt.write_shard(tmp, a, b, {k: v for k, v in state.items() if a <= parameter_layer(k) < b},
-                                     shard_optim)
+                    shard_optim = (
+                        dict(by_name, state={k: v for k, v in by_name["state"].items() if a <= parameter_layer(k) < b})
+                        if by_name
+                        else {}
+                    )
+                    ckpt.write_shard(
+                        tmp, a, b, {k: v for k, v in state.items() if a <= parameter_layer(k) < b}, shard_optim
+                    )
         except OSError as exc:
             error = storage_error(exc, tmp)
         BEAT.action("collective (checkpoint save: every shard written)")
         self._agree_or_fail(error, tmp)
         BEAT.action("checkpoint save")
         if self.is_global_zero:
-            checkpoint["dapple"] = {"model": identity(self.lightning_module.model), "plan": self.plan.to_dict(),
-                                    "num_layers": self.plan.num_layers}
+            checkpoint["dapple"] = {
+                "model": identity(self.lightning_module.model),
+                "plan": self.plan.to_dict(),
+                "num_layers": self.plan.num_layers,
+            }
             try:
                 ckpt.commit(filepath, tmp, checkpoint, self.lightning_module.trainer.global_step)
             except OSError as exc:
@@ -319,6 +354,7 @@ class DappleStrategy(DDPStrategy):
         if first:
             if self.is_global_zero:
                 import shutil
+
                 shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(f"{first}; the save was abandoned and the checkpoints saved before are intact")
 
@@ -342,6 +378,7 @@ class DappleStrategy(DDPStrategy):
 def storage_error(exc: OSError, where) -> str:
     """A failed write as one line: the path and what the errno means (no space left on device, ...)."""
     import errno
+
     what = os.strerror(exc.errno) if exc.errno else str(exc)
     hint = "; free space there" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return f"cannot write {exc.filename or where}: {what}{hint}"

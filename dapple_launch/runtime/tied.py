@@ -8,6 +8,7 @@ layout): one all-reduce over all their ranks, where only each stage's replica 0 
 the replicas of a stage already hold the same sum. The copies then see the same gradient and
 stay equal. A checkpoint stores the weight once, under the owner's name.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,15 +39,19 @@ def tie_local(layers: nn.ModuleDict, model: PipelineModel, seed: int) -> None:
         names = sorted(names, key=lambda n: (parameter_layer(n), n))
         shared = _param(layers, names[0])
         if shared.shape != source.shape:
-            raise ValueError(f"model {model.name}: tied parameters {owner} {list(source.shape)} and {names[0]} "
-                             f"{list(shared.shape)} differ in shape; tie only weights of the same shape")
+            raise ValueError(
+                f"model {model.name}: tied parameters {owner} {list(source.shape)} and {names[0]} "
+                f"{list(shared.shape)} differ in shape; tie only weights of the same shape"
+            )
         with torch.no_grad():
             shared.copy_(source)
         for name in names[1:]:
             other = _param(layers, name)
             if other.shape != shared.shape:
-                raise ValueError(f"model {model.name}: tied parameters {names[0]} {list(shared.shape)} and {name} "
-                                 f"{list(other.shape)} differ in shape; tie only weights of the same shape")
+                raise ValueError(
+                    f"model {model.name}: tied parameters {names[0]} {list(shared.shape)} and {name} "
+                    f"{list(other.shape)} differ in shape; tie only weights of the same shape"
+                )
             module, _, leaf = name.split(".", 1)[1].rpartition(".")
             setattr(layers.get_submodule(module), leaf, shared)
 
@@ -84,8 +89,9 @@ def tied_groups(model: PipelineModel, stage_layers: list[tuple[int, int]]) -> li
 class TiedSync:
     """Sums each spanning tied group's gradient over the stages that hold a copy."""
 
-    def __init__(self, groups: list[TiedGroup], local: dict[str, nn.Parameter], stage: int | tuple[int, ...],
-                 replica: int):
+    def __init__(
+        self, groups: list[TiedGroup], local: dict[str, nn.Parameter], stage: int | tuple[int, ...], replica: int
+    ):
         """`stage`: this rank's stage, or its stages where its device group holds several."""
         stages = (stage,) if isinstance(stage, int) else tuple(stage)
         self.groups = [g for g in groups if any(s in g.stages for s in stages)]

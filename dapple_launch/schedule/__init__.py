@@ -1,4 +1,5 @@
 """Schedules as per-stage action lists, their validator and their simulator."""
+
 from __future__ import annotations
 
 from .actions import Action, Kind, Schedule
@@ -11,8 +12,9 @@ SCHEDULES = {"1f1b": one_f_one_b, "gpipe": gpipe, "zb_h1": zb_h1}
 WARMUP_SCHEDULES = ("1f1b", "zb_h1")  # those whose warm-up may be deeper than the minimum
 
 
-def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = (),
-                   token_slices: tuple[int, ...] = ()) -> Schedule:
+def build_schedule(
+    name: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] = (), token_slices: tuple[int, ...] = ()
+) -> Schedule:
     """`warmup` (1F1B and ZB-H1): forwards each stage runs before its first backward; () = the minimum.
     `token_slices` (terapipe): the slice lengths of each sequence; num_micro_batches counts sequences."""
     if name == "terapipe":
@@ -25,13 +27,25 @@ def build_schedule(name: str, num_stages: int, num_micro_batches: int, warmup: t
         raise ValueError(f"unknown schedule {name!r}; valid schedules: {sorted(SCHEDULES)}")
     if warmup:
         if name not in WARMUP_SCHEDULES:
-            raise ValueError(f"a warm-up depth is a setting of {sorted(WARMUP_SCHEDULES)}; schedule {name!r} takes none")
+            raise ValueError(
+                f"a warm-up depth is a setting of {sorted(WARMUP_SCHEDULES)}; schedule {name!r} takes none"
+            )
         return SCHEDULES[name](num_stages, num_micro_batches, tuple(warmup))
     return SCHEDULES[name](num_stages, num_micro_batches)
 
 
-__all__ = ["Action", "Kind", "Schedule", "SCHEDULES", "build_schedule", "forward_only", "gpipe", "one_f_one_b",
-           "terapipe", "zb_h1"]
+__all__ = [
+    "Action",
+    "Kind",
+    "Schedule",
+    "SCHEDULES",
+    "build_schedule",
+    "forward_only",
+    "gpipe",
+    "one_f_one_b",
+    "terapipe",
+    "zb_h1",
+]
 
 from .simulate import Simulation, StageCosts, simulate  # noqa: E402
 from .validate import ScheduleError, validate  # noqa: E402
@@ -54,7 +68,10 @@ def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chun
         return interleaved_1f1b(num_groups, num_micro_batches, chunks)
     if name == "interleaved_zb":  # interleaved 1F1B's F and I order at one warm-up forward per hop (torch's ZB1P),
         from .weights_fill import fill_with_weights  # W's filling its waits
-        return fill_with_weights(interleaved_1f1b(num_groups, num_micro_batches, chunks, hop_warmup=1), "interleaved_zb")
+
+        return fill_with_weights(
+            interleaved_1f1b(num_groups, num_micro_batches, chunks, hop_warmup=1), "interleaved_zb"
+        )
     if name == "zbv":
         return zbv(num_groups, num_micro_batches)
     if name == "chimera":
@@ -75,5 +92,19 @@ def num_groups(name: str, num_stages: int, chunks: int) -> int:
         return num_stages
     return num_stages // (2 if name == "zbv" else chunks)
 
-__all__ += ["CHUNKED_SCHEDULES", "RANK_ORDER_SCHEDULES", "num_groups", "RankSchedule", "Step", "build_rank_schedule", "chimera", "from_stages", "interleaved_1f1b", "simulate_ranks", "busiest_rank_s", "validate_ranks",
-            "zbv"]
+
+__all__ += [
+    "CHUNKED_SCHEDULES",
+    "RANK_ORDER_SCHEDULES",
+    "num_groups",
+    "RankSchedule",
+    "Step",
+    "build_rank_schedule",
+    "chimera",
+    "from_stages",
+    "interleaved_1f1b",
+    "simulate_ranks",
+    "busiest_rank_s",
+    "validate_ranks",
+    "zbv",
+]

@@ -5,6 +5,7 @@ decides what a stage does next. A micro-batch's backward on a stage is either on
 split (zero-bubble schedules): I computes the gradient of the stage's input (what the previous
 stage waits for), W the gradients of its weights (what nobody waits for until the all-reduce).
 """
+
 from __future__ import annotations
 
 import enum
@@ -104,8 +105,10 @@ def with_communication(
     num_stages = len(compute)
     last = num_stages - 1
     # one instance per (kind, micro-batch), shared by every stage: deep schedules build fast
-    comm = {k: [Action(k, m) for m in range(num_micro_batches)]
-            for k in (Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, Kind.RECV_GRADIENT, Kind.SEND_GRADIENT)}
+    comm = {
+        k: [Action(k, m) for m in range(num_micro_batches)]
+        for k in (Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, Kind.RECV_GRADIENT, Kind.SEND_GRADIENT)
+    }
     recv_act, send_act = comm[Kind.RECV_ACTIVATION], comm[Kind.SEND_ACTIVATION]
     recv_grad, send_grad = comm[Kind.RECV_GRADIENT], comm[Kind.SEND_GRADIENT]
     stage_actions = []

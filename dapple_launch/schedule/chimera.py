@@ -11,6 +11,7 @@ o + D + w + 2j on rank w. No two steps of a rank share a slot. Bubble (D - 2)/(2
 backward costs what a forward does; with T_B = 2 T_F the simulator's figure is the one to trust
 (SCHEDULES.md: concatenated units can lose to 1F1B). Constraints: D even, N a multiple of D.
 """
+
 from __future__ import annotations
 
 from .actions import Kind
@@ -20,14 +21,19 @@ from .ranks import RankSchedule, Step
 def chimera_constraint(num_ranks: int, num_micro_batches: int) -> str:
     D, N = num_ranks, num_micro_batches
     if D < 2 or D % 2:
-        return (f"Chimera pairs a down and an up pipeline over an even number of device groups: {D} stages; "
-                f"use {max(2, D - 1 if D > 1 else 2)} or {D + 1}" if D % 2 else
-                f"Chimera needs at least 2 device groups, got {D}")
+        return (
+            f"Chimera pairs a down and an up pipeline over an even number of device groups: {D} stages; "
+            f"use {max(2, D - 1 if D > 1 else 2)} or {D + 1}"
+            if D % 2
+            else f"Chimera needs at least 2 device groups, got {D}"
+        )
     if N < D or N % D:
         lower, upper = max(D, N // D * D), (N // D + 1) * D
         near = sorted({lower, upper}) if lower != N else [upper]
-        return (f"Chimera runs micro-batches in units of the {D} device groups (half down, half up): {N} "
-                f"micro-batches is not a multiple of {D}; use {' or '.join(map(str, near))}")
+        return (
+            f"Chimera runs micro-batches in units of the {D} device groups (half down, half up): {N} "
+            f"micro-batches is not a multiple of {D}; use {' or '.join(map(str, near))}"
+        )
     return ""
 
 
@@ -43,10 +49,12 @@ def chimera(num_ranks: int, num_micro_batches: int) -> RankSchedule:
         for j in range(h):
             down, up = u * D + j, u * D + h + j
             for w in range(D):
-                slots[w] += [(o + w + 2 * j, Step(Kind.FORWARD, w, down)),
-                             (o + 2 * D - 1 - w + 2 * j, Step(Kind.BACKWARD, w, down)),
-                             (o + D - 1 - w + 2 * j, Step(Kind.FORWARD, D - 1 - w, up)),
-                             (o + D + w + 2 * j, Step(Kind.BACKWARD, D - 1 - w, up))]
+                slots[w] += [
+                    (o + w + 2 * j, Step(Kind.FORWARD, w, down)),
+                    (o + 2 * D - 1 - w + 2 * j, Step(Kind.BACKWARD, w, down)),
+                    (o + D - 1 - w + 2 * j, Step(Kind.FORWARD, D - 1 - w, up)),
+                    (o + D + w + 2 * j, Step(Kind.BACKWARD, D - 1 - w, up)),
+                ]
     orders = []
     for w in range(D):
         taken = [slot for slot, _ in slots[w]]

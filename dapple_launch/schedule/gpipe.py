@@ -1,4 +1,5 @@
 """GPipe: all forwards, then all backwards; every micro-batch's activations live at once."""
+
 from __future__ import annotations
 
 from .actions import Action, Kind, Schedule, with_communication
@@ -10,8 +11,11 @@ def gpipe(num_stages: int, num_micro_batches: int) -> Schedule:
 
 def compute_orders(num_stages: int, num_micro_batches: int) -> list[list[Action]]:
     """Each stage's forwards, then its backwards (no communication: the planner's simulator implies it)."""
-    return [[Action(Kind.FORWARD, m) for m in range(num_micro_batches)]
-            + [Action(Kind.BACKWARD, m) for m in range(num_micro_batches)] for _ in range(num_stages)]
+    return [
+        [Action(Kind.FORWARD, m) for m in range(num_micro_batches)]
+        + [Action(Kind.BACKWARD, m) for m in range(num_micro_batches)]
+        for _ in range(num_stages)
+    ]
 
 
 def forward_only(num_stages: int, num_micro_batches: int) -> Schedule:

@@ -9,6 +9,7 @@ rank's share, so the fill and drain — the bubble — shrink by v; the price is
 and up to P + (P - 1)/v micro-batches' worth of activations on rank 0 (a micro-batch of one chunk
 is 1/v of a stage's). Constraint: M a multiple of P (the groups), v >= 2.
 """
+
 from __future__ import annotations
 
 from .actions import Kind
@@ -23,8 +24,10 @@ def interleaved_constraint(num_ranks: int, num_micro_batches: int, chunks: int) 
     if P < 1 or M < P or M % P:
         lower, upper = max(P, M // P * P), (M // P + 1) * P
         near = sorted({lower, upper}) if lower != M else [upper]
-        return (f"interleaved 1F1B runs micro-batches in groups of the {P} ranks: {M} micro-batches is not a "
-                f"multiple of {P}; use {' or '.join(map(str, near))}")
+        return (
+            f"interleaved 1F1B runs micro-batches in groups of the {P} ranks: {M} micro-batches is not a "
+            f"multiple of {P}; use {' or '.join(map(str, near))}"
+        )
     return ""
 
 
@@ -38,6 +41,7 @@ def interleaved_1f1b(num_ranks: int, num_micro_batches: int, chunks: int, hop_wa
     total = v * M
     orders = []
     for r in range(P):
+
         def forward(k: int) -> Step:
             return Step(Kind.FORWARD, (k // P) % v * P + r, k // (P * v) * P + k % P)
 

@@ -18,6 +18,7 @@ A program is each rank's list of `Issue(channel, ops)` and `Wait(k)` (k: the ran
 `check` runs them under these rules and raises `NcclOrderError` naming the two ranks and the two
 operations where a match is wrong or where the run cannot go on.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -85,8 +86,10 @@ def check(programs: dict[int, list]) -> int:
         q.append(k)
         for i, op in enumerate(item.ops):
             if op.peer not in programs or op.peer == r:
-                raise NcclOrderError(f"rank {r} issues a {'send' if op.send else 'receive'} of {op.what} with rank "
-                                     f"{op.peer}, which is not another rank of the run")
+                raise NcclOrderError(
+                    f"rank {r} issues a {'send' if op.send else 'receive'} of {op.what} with rank "
+                    f"{op.peer}, which is not another rank of the run"
+                )
             key = (r, op.peer, item.channel) if op.send else (op.peer, r, item.channel)
             mine, theirs = (sends, recvs) if op.send else (recvs, sends)
             n = len(mine[key])
@@ -99,7 +102,8 @@ def check(programs: dict[int, list]) -> int:
                         f"rank {s[0].rank}'s send #{n + 1} to rank {rv[0].rank} is {s[0].ops[s[1]].what} but rank "
                         f"{rv[0].rank}'s receive #{n + 1} from rank {s[0].rank} is {rv[0].ops[rv[1]].what}: NCCL "
                         f"matches a pair's transfers in issue order and ignores tags, so one would land in the other's "
-                        f"buffer")
+                        f"buffer"
+                    )
                 k.matched[i], pk.matched[pi] = (pk, pi), (k, i)
                 ready.append(pk)
         if len(q) == 1:
@@ -176,15 +180,18 @@ def _deadlock(programs, pc, kernels, queues, sends, recvs, stuck, pending) -> st
         if head is not waited:
             why += f", queued on its stream behind its {_describe(head, i)}"
         if head.matched[i] is None:
-            peer_state = (f"rank {op.peer} never issues the matching {'receive' if op.send else 'send'}"
-                          + (f" before it blocks at step {pc[op.peer]} of its program" if op.peer in stuck else ""))
+            peer_state = f"rank {op.peer} never issues the matching {'receive' if op.send else 'send'}" + (
+                f" before it blocks at step {pc[op.peer]} of its program" if op.peer in stuck else ""
+            )
             return f"NCCL would hang: {why}; {peer_state}"
         pk, pi = head.matched[i]
         peer_head = queues[(pk.rank, pk.channel)][0]
         j = next(j for j in range(len(peer_head.ops)) if not peer_head.finished[j])
-        return (f"NCCL would hang: {why}; rank {pk.rank} has the matching {_describe(pk, pi)} queued behind its "
-                f"{_describe(peer_head, j)} on the same stream: each stream's head waits for an operation the other "
-                f"stream holds back")
+        return (
+            f"NCCL would hang: {why}; rank {pk.rank} has the matching {_describe(pk, pi)} queued behind its "
+            f"{_describe(peer_head, j)} on the same stream: each stream's head waits for an operation the other "
+            f"stream holds back"
+        )
     return "NCCL would hang"
 
 
@@ -232,9 +239,16 @@ def check_lowered(programs) -> int:
     seen, matched = set(), 0
     for ranks in components.values():
         index = {r: i for i, r in enumerate(ranks)}
-        shape = tuple(tuple(tuple((t.space, t.src_stage, t.dst_stage, t.unit, index[t.src], index[t.dst],
-                                   t.hi - t.lo, send) for t, send in slot) for slot in programs[r].slots)
-                      for r in ranks)
+        shape = tuple(
+            tuple(
+                tuple(
+                    (t.space, t.src_stage, t.dst_stage, t.unit, index[t.src], index[t.dst], t.hi - t.lo, send)
+                    for t, send in slot
+                )
+                for slot in programs[r].slots
+            )
+            for r in ranks
+        )
         if shape not in seen:
             seen.add(shape)
             matched += check(lowered_programs({r: programs[r] for r in ranks}))

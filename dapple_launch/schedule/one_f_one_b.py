@@ -5,6 +5,7 @@ full), then strictly alternates one forward and one backward, then drains the re
 backwards. At most warmup + 1 micro-batches are in flight on a stage, so activation memory is
 bounded by the stage count, not by the micro-batch count as in GPipe.
 """
+
 from __future__ import annotations
 
 from .actions import Action, Kind, Schedule, with_communication
@@ -35,11 +36,16 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]
     if warmup is None:
         warmup = tuple(warmup_depth(s, S, M) for s in range(S))
     warmup = tuple(warmup)
-    if len(warmup) != S or any(not warmup_depth(s, S, M) <= w <= M for s, w in enumerate(warmup)) \
-            or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
-        raise ValueError(f"1F1B warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
-                         f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage "
-                         f"(else the pipeline does not fill or deadlocks); e.g. {[warmup_depth(s, S, M) for s in range(S)]}")
+    if (
+        len(warmup) != S
+        or any(not warmup_depth(s, S, M) <= w <= M for s, w in enumerate(warmup))
+        or any(warmup[s] < warmup[s + 1] for s in range(S - 1))
+    ):
+        raise ValueError(
+            f"1F1B warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
+            f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage "
+            f"(else the pipeline does not fill or deadlocks); e.g. {[warmup_depth(s, S, M) for s in range(S)]}"
+        )
     return with_communication("1f1b", compute_orders(S, M, warmup), M)
 
 

@@ -10,6 +10,7 @@ A stage's gradient all-reduce starts when its last backward has ended on every r
 (Chimera: both pipelines' copies) and occupies each of those ranks' all-reduce queue, in the
 order the stages become ready, overlapping whatever compute is left.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,9 @@ from .validate import ScheduleError
 _LABEL = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.INPUT_GRAD: "input", Kind.WEIGHT_GRAD: "weight"}
 
 
-def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool = True,
-                   cutoff: float = math.inf) -> Simulation | None:
+def simulate_ranks(
+    schedule: RankSchedule, costs: list[StageCosts], record: bool = True, cutoff: float = math.inf
+) -> Simulation | None:
     """Per-rank figures: stage_end_s, peak_in_flight and peak_activation_bytes are indexed by rank.
     Timeline events carry the rank as their row (Event.stage) and label steps "F3" on the rank's
     only stage or "F3·s5" where a rank holds several. Raises ScheduleError where the orders
@@ -70,7 +72,9 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
         # this rank's memory figures, kept local while it runs
         held, held_peak, count, count_peak = live[r], peak_bytes[r], in_flight[r], peak[r]
         idle = waited[r]
-        woken = set()  # the ranks this run sent to: resumed once it stops (the walk's result does not depend on the order)
+        woken = (
+            set()
+        )  # the ranks this run sent to: resumed once it stops (the walk's result does not depend on the order)
         while k < n:
             code, s, m = order[k]
             start = t
@@ -135,8 +139,10 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
         pending.extend(woken)
     blocked = {r: p for r, p in enumerate(pos) if p < len(schedule.orders[r])}
     if blocked:
-        raise ScheduleError(f"schedule {schedule.name!r} deadlocks: ranks {sorted(blocked)} wait for inputs that "
-                            f"are never produced (blocked step marked)\n{schedule.grid(blocked)}")
+        raise ScheduleError(
+            f"schedule {schedule.name!r} deadlocks: ranks {sorted(blocked)} wait for inputs that "
+            f"are never produced (blocked step marked)\n{schedule.grid(blocked)}"
+        )
     # all-reduces: each stage once its last backward ended everywhere, queued per rank in ready order
     queue = [0.0] * R
     split = {s for tally in schedule.work for code, s, _ in tally if code == CODE_OF[Kind.WEIGHT_GRAD]}  # ends on a W
@@ -148,17 +154,28 @@ def simulate_ranks(schedule: RankSchedule, costs: list[StageCosts], record: bool
         for r in ranks:
             queue[r] = end
         if record:  # the buckets' span, which begins during the last backward where it overlaps
-            timeline += [Event(r, f"AR·s{s}" if several[r] else "AR", "allreduce", end - costs[s].allreduce_s, end)
-                         for r in ranks]
+            timeline += [
+                Event(r, f"AR·s{s}" if several[r] else "AR", "allreduce", end - costs[s].allreduce_s, end)
+                for r in ranks
+            ]
     ends = [max(c, q) for c, q in zip(clock, queue)]
-    return Simulation(iteration_s=max(ends), stage_end_s=ends, peak_in_flight=peak,
-                      peak_activation_bytes=peak_bytes, timeline=timeline)
+    return Simulation(
+        iteration_s=max(ends),
+        stage_end_s=ends,
+        peak_in_flight=peak,
+        peak_activation_bytes=peak_bytes,
+        timeline=timeline,
+    )
 
 
 def step_costs(costs: list[StageCosts]) -> tuple[list[float], ...]:
     """Per kind code (actions.CODE_OF: F, B, I, W), each stage's step as the simulator charges it."""
-    return ([c.forward_s + c.action_s for c in costs], [c.backward_s + c.action_s for c in costs],
-            [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs])
+    return (
+        [c.forward_s + c.action_s for c in costs],
+        [c.backward_s + c.action_s for c in costs],
+        [c.input_s + c.action_s for c in costs],
+        [c.weight_s + c.action_s for c in costs],
+    )
 
 
 def rank_compute_s(schedule: RankSchedule, costs: list[StageCosts]) -> list[float]:

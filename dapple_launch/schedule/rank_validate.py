@@ -8,6 +8,7 @@ stage's: checked by running the orders, a step waiting for an input no rank will
 deadlock); and between two stages on different ranks, the receiver uses the transfers in the
 order the sender produces them (the runtime matches a channel's messages in order).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -22,8 +23,10 @@ _BACKWARD = (Kind.BACKWARD, Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
 
 
 def _fail(x: RankSchedule, rank: int, index: int, rule: str) -> ScheduleError:
-    return ScheduleError(f"schedule {x.name!r} ({x.num_ranks} ranks, {x.num_stages} stages, {x.num_micro_batches} "
-                         f"micro-batches) breaks a rule at rank {rank}, step {index}: {rule}\n{x.grid({rank: index})}")
+    return ScheduleError(
+        f"schedule {x.name!r} ({x.num_ranks} ranks, {x.num_stages} stages, {x.num_micro_batches} "
+        f"micro-batches) breaks a rule at rank {rank}, step {index}: {rule}\n{x.grid({rank: index})}"
+    )
 
 
 def validate_ranks(x: RankSchedule) -> None:
@@ -33,7 +36,9 @@ def validate_ranks(x: RankSchedule) -> None:
         raise ScheduleError(f"schedule {x.name!r} places {len(x.placement)} stages but has {S}")
     for s, ranks in enumerate(x.placement):
         if not ranks or any(not 0 <= r < R for r in ranks):
-            raise ScheduleError(f"schedule {x.name!r}: stage {s} is placed on ranks {list(ranks)}, not among 0..{R - 1}")
+            raise ScheduleError(
+                f"schedule {x.name!r}: stage {s} is placed on ranks {list(ranks)}, not among 0..{R - 1}"
+            )
     where: dict[tuple[int, int], int] = {}  # (stage, micro-batch) -> rank of its forward
     for r, order in enumerate(x.orders):
         seen: Counter = Counter()
@@ -46,13 +51,25 @@ def validate_ranks(x: RankSchedule) -> None:
             if a.kind is Kind.FORWARD and (s, m) in where:
                 raise _fail(x, r, i, f"forward {m} of stage {s} runs twice (also on rank {where[(s, m)]})")
             if a.kind in _BACKWARD and not seen[(Kind.FORWARD, s, m)]:
-                raise _fail(x, r, i, f"{a.kind.name.lower().replace('_', ' ')} {m} of stage {s} runs before its "
-                                     f"forward on this rank")
+                raise _fail(
+                    x,
+                    r,
+                    i,
+                    f"{a.kind.name.lower().replace('_', ' ')} {m} of stage {s} runs before its forward on this rank",
+                )
             if a.kind is Kind.WEIGHT_GRAD and not seen[(Kind.INPUT_GRAD, s, m)]:
-                raise _fail(x, r, i, f"weight gradient {m} of stage {s} (W) runs before its input gradient (I): "
-                                     f"W uses what I computed")
-            if (a.kind is Kind.BACKWARD and (seen[(Kind.INPUT_GRAD, s, m)] or seen[(Kind.WEIGHT_GRAD, s, m)])
-                    or a.kind in (Kind.INPUT_GRAD, Kind.WEIGHT_GRAD) and seen[(Kind.BACKWARD, s, m)]):
+                raise _fail(
+                    x,
+                    r,
+                    i,
+                    f"weight gradient {m} of stage {s} (W) runs before its input gradient (I): W uses what I computed",
+                )
+            if (
+                a.kind is Kind.BACKWARD
+                and (seen[(Kind.INPUT_GRAD, s, m)] or seen[(Kind.WEIGHT_GRAD, s, m)])
+                or a.kind in (Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
+                and seen[(Kind.BACKWARD, s, m)]
+            ):
                 raise _fail(x, r, i, f"micro-batch {m} of stage {s} has both a whole backward (B) and a split one")
             seen[(a.kind, s, m)] += 1
             if seen[(a.kind, s, m)] > 1:
@@ -62,17 +79,25 @@ def validate_ranks(x: RankSchedule) -> None:
         if x.forward_only and any(a.kind in _BACKWARD for a in order):
             i = next(i for i, a in enumerate(order) if a.kind in _BACKWARD)
             raise _fail(x, r, i, "a forward-only schedule has a backward")
-        for (_, s, m) in [k for k in seen if k[0] is Kind.FORWARD and not x.forward_only]:
+        for _, s, m in [k for k in seen if k[0] is Kind.FORWARD and not x.forward_only]:
             if not seen[(Kind.BACKWARD, s, m)] and not seen[(Kind.INPUT_GRAD, s, m)]:
-                raise _fail(x, r, len(order), f"backward {m} of stage {s} never runs on rank {r}, where its forward ran")
+                raise _fail(
+                    x, r, len(order), f"backward {m} of stage {s} never runs on rank {r}, where its forward ran"
+                )
             if seen[(Kind.INPUT_GRAD, s, m)] and not seen[(Kind.WEIGHT_GRAD, s, m)]:
-                raise _fail(x, r, len(order), f"weight gradient {m} of stage {s} (W) never runs: its weights would "
-                                              f"miss this micro-batch")
+                raise _fail(
+                    x,
+                    r,
+                    len(order),
+                    f"weight gradient {m} of stage {s} (W) never runs: its weights would miss this micro-batch",
+                )
     missing = [(s, m) for s in range(S) for m in range(M) if (s, m) not in where]
     if missing:
         s, m = missing[0]
-        raise ScheduleError(f"schedule {x.name!r}: forward {m} of stage {s} never runs"
-                            + (f" ({len(missing)} (stage, micro-batch) pairs in all)" if len(missing) > 1 else ""))
+        raise ScheduleError(
+            f"schedule {x.name!r}: forward {m} of stage {s} never runs"
+            + (f" ({len(missing)} (stage, micro-batch) pairs in all)" if len(missing) > 1 else "")
+        )
     _check_channels(x, where)
     simulate_ranks(x, [StageCosts(1.0, 2.0, 1.0, 1.0)] * S, record=False)  # deadlock: raises with the grid
 
@@ -99,6 +124,11 @@ def _check_channels(x: RankSchedule, where: dict[tuple[int, int], int]) -> None:
         if sent != used:
             k = next(i for i, (p, q) in enumerate(zip(sent, used)) if p != q)
             what = "activation" if dst > src else "gradient"
-            raise _fail(x, b, use(used[k]), f"stage {dst} uses {what} {used[k]} from stage {src} (rank {a}) before "
-                                            f"{what} {sent[k]}, which rank {a} sends first: a channel's transfers "
-                                            f"are matched in order, so use them in the order they are sent")
+            raise _fail(
+                x,
+                b,
+                use(used[k]),
+                f"stage {dst} uses {what} {used[k]} from stage {src} (rank {a}) before "
+                f"{what} {sent[k]}, which rank {a} sends first: a channel's transfers "
+                f"are matched in order, so use them in the order they are sent",
+            )

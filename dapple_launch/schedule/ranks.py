@@ -11,6 +11,7 @@ on one rank the hand-off is local (no transfer); otherwise the producer sends ov
 link between the two ranks. The stage-per-rank schedules (GPipe, 1F1B, ZB-H1) are the case of one
 stage per rank (from_stages): one format for the validator, the simulator and plan.json.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -53,8 +54,9 @@ class RankSchedule:
     @cached_property
     def route(self) -> dict[tuple[int, int], int]:
         """(stage, micro-batch) -> the rank that runs it: where its forward is."""
-        return {(a.stage, a.micro_batch): r for r, order in enumerate(self.orders)
-                for a in order if a.kind is Kind.FORWARD}
+        return {
+            (a.stage, a.micro_batch): r for r, order in enumerate(self.orders) for a in order if a.kind is Kind.FORWARD
+        }
 
     @cached_property
     def encoded_orders(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
@@ -88,10 +90,18 @@ class RankSchedule:
 
 def from_stages(schedule: Schedule) -> RankSchedule:
     """A stage-per-rank schedule (GPipe, 1F1B, ZB-H1) as rank orders: rank s runs stage s."""
-    orders = tuple(tuple(Step(a.kind, s, a.micro_batch) for a in actions if a.kind.is_compute)
-                   for s, actions in enumerate(schedule.stage_actions))
-    return RankSchedule(schedule.name, schedule.num_stages, schedule.num_micro_batches, orders,
-                        tuple((s,) for s in range(schedule.num_stages)), schedule.forward_only)
+    orders = tuple(
+        tuple(Step(a.kind, s, a.micro_batch) for a in actions if a.kind.is_compute)
+        for s, actions in enumerate(schedule.stage_actions)
+    )
+    return RankSchedule(
+        schedule.name,
+        schedule.num_stages,
+        schedule.num_micro_batches,
+        orders,
+        tuple((s,) for s in range(schedule.num_stages)),
+        schedule.forward_only,
+    )
 
 
 def forward_only_orders(placement: tuple[tuple[int, ...], ...], num_ranks: int, num_micro_batches: int) -> RankSchedule:
@@ -102,8 +112,9 @@ def forward_only_orders(placement: tuple[tuple[int, ...], ...], num_ranks: int, 
     for s, ranks in enumerate(placement):
         for m in range(num_micro_batches):
             orders[ranks[m % len(ranks)] if len(ranks) > 1 else ranks[0]].append(Step(Kind.FORWARD, s, m))
-    return RankSchedule("forward-only", len(placement), num_micro_batches, tuple(map(tuple, orders)), placement,
-                        forward_only=True)
+    return RankSchedule(
+        "forward-only", len(placement), num_micro_batches, tuple(map(tuple, orders)), placement, forward_only=True
+    )
 
 
 def steps_from_json(actions: list) -> tuple[Step, ...]:
@@ -111,9 +122,15 @@ def steps_from_json(actions: list) -> tuple[Step, ...]:
     kinds = {k.value: k for k in COMPUTE_CODES}
     out = []
     for i, a in enumerate(actions):
-        if not (isinstance(a, (list, tuple)) and len(a) == 3 and a[0] in kinds
-                and all(isinstance(x, int) and x >= 0 for x in a[1:])):
-            raise ValueError(f"action {i} is {a!r}: an action is [kind, stage, micro_batch] with kind one of "
-                             f"{sorted(kinds)} and non-negative integers")
+        if not (
+            isinstance(a, (list, tuple))
+            and len(a) == 3
+            and a[0] in kinds
+            and all(isinstance(x, int) and x >= 0 for x in a[1:])
+        ):
+            raise ValueError(
+                f"action {i} is {a!r}: an action is [kind, stage, micro_batch] with kind one of "
+                f"{sorted(kinds)} and non-negative integers"
+            )
         out.append(Step(kinds[a[0]], a[1], a[2]))
     return tuple(out)

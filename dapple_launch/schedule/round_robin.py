@@ -16,6 +16,7 @@ channel between two copies carries its micro-batches in increasing order both wa
 ends use. Ranks are numbered stage by stage, copy by copy: stage s's copy k is rank
 sum(c[:s]) + k, and a stage's gradients are all-reduced over all its copies' devices.
 """
+
 from __future__ import annotations
 
 from .ranks import RankSchedule, Step
@@ -29,8 +30,10 @@ def round_robin_constraint(copies: tuple[int, ...], num_micro_batches: int) -> s
         return f"stage copies must be positive integers, one per stage; got {list(copies)}"
     widest = max(copies)
     if num_micro_batches < widest:
-        return (f"a stage of {widest} copies needs at least {widest} micro-batches (one per copy), got "
-                f"{num_micro_batches}; use {widest} or more micro-batches, or fewer copies")
+        return (
+            f"a stage of {widest} copies needs at least {widest} micro-batches (one per copy), got "
+            f"{num_micro_batches}; use {widest} or more micro-batches, or fewer copies"
+        )
     return ""
 
 
@@ -48,13 +51,15 @@ def copy_warmup(copies: tuple[int, ...], num_micro_batches: int, depth: int = 1)
     return tuple(out)
 
 
-def round_robin(family: str, copies: tuple[int, ...], num_micro_batches: int,
-                warmup: tuple[int, ...] | None = None) -> RankSchedule:
+def round_robin(
+    family: str, copies: tuple[int, ...], num_micro_batches: int, warmup: tuple[int, ...] | None = None
+) -> RankSchedule:
     """The rank orders of `family` (1f1b_rr or zb_h1_rr) with `copies[s]` copies of stage s; `warmup`:
     the stage-level warm-up forwards (as 1F1B's; default copy_warmup at depth 1)."""
     from .one_f_one_b import compute_orders as one_f_one_b_orders
     from .zero_bubble import check_warmup
     from .zero_bubble import compute_orders as zero_bubble_orders
+
     if family not in RR_FAMILIES:
         raise ValueError(f"unknown round-robin family {family!r}; valid: {sorted(RR_FAMILIES)}")
     copies, M = tuple(copies), num_micro_batches

@@ -6,6 +6,7 @@ does not block its stage but occupies the directed link to the neighbour (links 
 resources, one per direction); a receive waits for the data's arrival; each stage's gradient
 all-reduce starts when its last backward ends and overlaps whatever other stages still do.
 """
+
 from __future__ import annotations
 
 import math
@@ -124,8 +125,12 @@ def action_counts(orders: tuple[tuple[tuple[int, int], ...], ...]) -> list[tuple
     return out
 
 
-def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[StageCosts],
-                num_micro_batches: int, cutoff: float = math.inf) -> float:
+def orders_time(
+    orders: tuple[tuple[tuple[int, int], ...], ...],
+    costs: list[StageCosts],
+    num_micro_batches: int,
+    cutoff: float = math.inf,
+) -> float:
     """The planner's inner loop: every candidate's time. Same semantics as simulate
     (actions.with_communication: a forward's input arrives over the link from the previous stage, a
     backward's from the next, each send starting when its compute ends and its link is free). Each
@@ -140,8 +145,10 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
     input_, weight = [c.input_s + c.action_s for c in costs], [c.weight_s + c.action_s for c in costs]
     slack = None  # per stage: cutoff - its compute; the walk stops once a stage has waited longer
     if cutoff < math.inf:
-        slack = [cutoff - (nf * f + nb * b + ni * i + nw * w) for (nf, nb, ni, nw), f, b, i, w
-                 in zip(action_counts(orders), forward, backward, input_, weight)]
+        slack = [
+            cutoff - (nf * f + nb * b + ni * i + nw * w)
+            for (nf, nb, ni, nw), f, b, i, w in zip(action_counts(orders), forward, backward, input_, weight)
+        ]
         if min(slack) < 0:
             return math.inf
     waited = [0.0] * S
@@ -214,14 +221,22 @@ def orders_time(orders: tuple[tuple[tuple[int, int], ...], ...], costs: list[Sta
     if any(d < len(order) for d, order in zip(done, orders)):
         raise ValueError("iteration_time: the compute orders deadlock (validate the schedule first)")
     counts = action_counts(orders)
-    return max(clock[s] if costs[s].allreduce_s <= 0 else
-               max(clock[s], last_backward_end[s] + costs[s].exposed_allreduce_s(counts[s][3] > 0))
-               for s in range(S))
+    return max(
+        clock[s]
+        if costs[s].allreduce_s <= 0
+        else max(clock[s], last_backward_end[s] + costs[s].exposed_allreduce_s(counts[s][3] > 0))
+        for s in range(S)
+    )
 
 
-def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
-             steps: list[tuple[int, Action]] | None = None, scale=None,
-             unit_bytes: list[list[float]] | None = None) -> Simulation:
+def simulate(
+    schedule: Schedule,
+    costs: list[StageCosts],
+    record: bool = True,
+    steps: list[tuple[int, Action]] | None = None,
+    scale=None,
+    unit_bytes: list[list[float]] | None = None,
+) -> Simulation:
     """`record=False` skips the per-action timeline (the planner needs only the times and memory);
     `steps`: the schedule's program() when the caller already has it (validated by it); without
     it the schedule is validated first. Token slices (schedule/terapipe.py): `scale`, a SliceScale
@@ -239,8 +254,12 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
     peak_bytes = [0.0] * S  # in-flight micro-batches' activations, and a backward's recomputed ones
     last_backward_end = [0.0] * S
     timeline: list[Event] = []
-    duration = {Kind.FORWARD: [c.forward_s for c in costs], Kind.BACKWARD: [c.backward_s for c in costs],
-                Kind.INPUT_GRAD: [c.input_s for c in costs], Kind.WEIGHT_GRAD: [c.weight_s for c in costs]}
+    duration = {
+        Kind.FORWARD: [c.forward_s for c in costs],
+        Kind.BACKWARD: [c.backward_s for c in costs],
+        Kind.INPUT_GRAD: [c.input_s for c in costs],
+        Kind.WEIGHT_GRAD: [c.weight_s for c in costs],
+    }
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     F, SA, SG, RA = Kind.FORWARD, Kind.SEND_ACTIVATION, Kind.SEND_GRADIENT, Kind.RECV_ACTIVATION
     I_, W_ = Kind.INPUT_GRAD, Kind.WEIGHT_GRAD
@@ -258,8 +277,11 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
             end = clock[s] = start + took + costs[s].action_s
             if record:
                 timeline.append(Event(s, schedule.label(a), label[kind], start, end))
-            kept = (unit_bytes[s][a.micro_batch] if unit_bytes is not None else
-                    costs[s].activation_bytes * (scale[s].memory[a.micro_batch] if scale is not None else 1.0))
+            kept = (
+                unit_bytes[s][a.micro_batch]
+                if unit_bytes is not None
+                else costs[s].activation_bytes * (scale[s].memory[a.micro_batch] if scale is not None else 1.0)
+            )
             # what I frees early: the input-only share, scaled as the micro-batch's bytes are
             early = kept * costs[s].input_only_bytes / costs[s].activation_bytes if costs[s].input_only_bytes else 0.0
             if kind is I_:
@@ -279,8 +301,9 @@ def simulate(schedule: Schedule, costs: list[StageCosts], record: bool = True,
         elif kind is SA or kind is SG:
             links, dur = (link_up, send_up[s]) if kind is SA else (link_down, send_down[s])
             if scale is not None:
-                dur *= (scale[s].transfer if kind is SA or not scale[s].transfer_down
-                        else scale[s].transfer_down)[a.micro_batch]
+                dur *= (scale[s].transfer if kind is SA or not scale[s].transfer_down else scale[s].transfer_down)[
+                    a.micro_batch
+                ]
             start = clock[s] if clock[s] > links[s] else links[s]
             end = links[s] = start + dur
             if kind is SA:

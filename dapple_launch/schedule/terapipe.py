@@ -17,6 +17,7 @@ sequence's (slicing adds no work under this model, and removes none). Its transf
 its saved bytes are fitted from traces (profile/analytic.py: the keys and values of the context
 and the attention over it grow with c).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -40,8 +41,10 @@ def terapipe(num_stages: int, num_micro_batches: int, lengths: tuple[int, ...]) 
         raise ValueError(f"token slices {list(lengths)}: need at least one slice, each of >= 1 token")
     units = num_micro_batches * K
     backward_order = [m * K + i for m in range(num_micro_batches) for i in reversed(range(K))]
-    compute = [[Action(Kind.FORWARD, u) for u in range(units)] + [Action(Kind.BACKWARD, u) for u in backward_order]
-               for _ in range(num_stages)]
+    compute = [
+        [Action(Kind.FORWARD, u) for u in range(units)] + [Action(Kind.BACKWARD, u) for u in backward_order]
+        for _ in range(num_stages)
+    ]
     sched = with_communication("terapipe", compute, units)
     return replace(sched, num_slices=K, slice_lengths=tuple(lengths))
 
@@ -60,14 +63,18 @@ def check_slice_order(schedule: Schedule) -> str | None:
             if a.kind is Kind.FORWARD:
                 want = forward_next.get(m, 0)
                 if i != want:
-                    return (f"stage {s}, step {step}: forward of micro-batch {m} slice {i} runs before its slice {want} "
-                            f"(a slice attends to the keys and values of the slices before it)")
+                    return (
+                        f"stage {s}, step {step}: forward of micro-batch {m} slice {i} runs before its slice {want} "
+                        f"(a slice attends to the keys and values of the slices before it)"
+                    )
                 forward_next[m] = i + 1
             elif a.kind.sends_gradient:
                 want = backward_next.get(m, K - 1)
                 if i != want:
-                    return (f"stage {s}, step {step}: backward of micro-batch {m} slice {i} runs before its slice {want} "
-                            f"(later slices send gradients into its cached keys and values first)")
+                    return (
+                        f"stage {s}, step {step}: backward of micro-batch {m} slice {i} runs before its slice {want} "
+                        f"(later slices send gradients into its cached keys and values first)"
+                    )
                 backward_next[m] = i - 1
     return None
 
@@ -76,14 +83,22 @@ def check_slice_order(schedule: Schedule) -> str | None:
 class SliceScale:
     """Per slice, multipliers of a stage's whole-sequence costs: compute (forward and backward), its
     transfers up and down, and saved bytes."""
+
     compute: tuple[float, ...]
     transfer: tuple[float, ...]  # the stage's activation sends (to the next stage)
     memory: tuple[float, ...]
     transfer_down: tuple[float, ...] = ()  # its gradient sends (to the previous stage); () = as transfer
 
 
-def slice_scale(lengths: tuple[int, ...], compute: float, memory_kv: float = 0.0, memory_att: float = 0.0,
-                fixed: float = 0.0, latency_up: float = 0.0, latency_down: float = 0.0) -> SliceScale:
+def slice_scale(
+    lengths: tuple[int, ...],
+    compute: float,
+    memory_kv: float = 0.0,
+    memory_att: float = 0.0,
+    fixed: float = 0.0,
+    latency_up: float = 0.0,
+    latency_down: float = 0.0,
+) -> SliceScale:
     """A stage's multipliers from its shares (profile/model_profile.py: slice_compute, slice_memory_kv,
     slice_memory_att): slice (l, c) with stop = c + l costs (1 - a) l/L + a l·(2 stop - l)/L² of the
     whole sequence's variable compute, (1 - g_kv - g_att) l/L + g_kv stop/L + g_att l·stop/L² of its
@@ -106,5 +121,9 @@ def slice_scale(lengths: tuple[int, ...], compute: float, memory_kv: float = 0.0
 
 def unit_scales(scale: SliceScale, num_micro_batches: int) -> SliceScale:
     """The per-slice multipliers repeated for every micro-batch's units (unit u = m·K + i)."""
-    return SliceScale(scale.compute * num_micro_batches, scale.transfer * num_micro_batches,
-                      scale.memory * num_micro_batches, scale.transfer_down * num_micro_batches)
+    return SliceScale(
+        scale.compute * num_micro_batches,
+        scale.transfer * num_micro_batches,
+        scale.memory * num_micro_batches,
+        scale.transfer_down * num_micro_batches,
+    )

@@ -26,6 +26,7 @@ What crosses between stages splits a micro-batch's samples among replicas: repli
 r replicas owns the j-th contiguous share, and each sender sends each receiver their overlap.
 Stages of one device group hand over locally: no transfer.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -67,6 +68,7 @@ def overlaps(n: int, src_replicas: int, dst_replicas: int) -> tuple[tuple[int, i
 class Transfer:
     """One piece of a carry moving between two ranks: samples [lo, hi) of unit `unit` (a micro-batch,
     or with token slices a (micro-batch, slice)), activation ("A", down) or gradient ("G", back)."""
+
     space: str
     src_stage: int
     dst_stage: int
@@ -84,8 +86,10 @@ class Transfer:
 
     def __str__(self) -> str:
         what = "activation" if self.space == "A" else "gradient"
-        return (f"{what} {self.unit} of stage {self.src_stage}->{self.dst_stage} "
-                f"(samples {self.lo}:{self.hi}, rank {self.src}->{self.dst})")
+        return (
+            f"{what} {self.unit} of stage {self.src_stage}->{self.dst_stage} "
+            f"(samples {self.lo}:{self.hi}, rank {self.src}->{self.dst})"
+        )
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class RankProgram:
     """One rank's transfers for one iteration. slots[c]: what it issues before its compute step c
     (slots[-1]: after its last), each (transfer, is_send), in order; needs[c]: the receives compute
     step c waits for before it runs."""
+
     rank: int
     slots: tuple[tuple[tuple[Transfer, bool], ...], ...]
     needs: tuple[tuple[Transfer, ...], ...]
@@ -137,13 +142,20 @@ def execution_order(x: RankSchedule) -> dict[tuple[int, int], int]:
             progressed = True
     if any(p < len(o) for p, o in zip(pos, x.orders)):
         blocked = {g: p for g, (p, o) in enumerate(zip(pos, x.orders)) if p < len(o)}
-        raise LoweringError(f"schedule {x.name!r} deadlocks: groups {sorted(blocked)} wait for inputs no group "
-                            f"produces (blocked step marked)\n{x.grid(blocked)}")
+        raise LoweringError(
+            f"schedule {x.name!r} deadlocks: groups {sorted(blocked)} wait for inputs no group "
+            f"produces (blocked step marked)\n{x.grid(blocked)}"
+        )
     return out
 
 
-def lower(x: RankSchedule, group_ranks: tuple[tuple[int, ...], ...], rows: tuple[int, ...],
-          lookahead: int = 1, align: bool = True) -> dict[int, RankProgram]:
+def lower(
+    x: RankSchedule,
+    group_ranks: tuple[tuple[int, ...], ...],
+    rows: tuple[int, ...],
+    lookahead: int = 1,
+    align: bool = True,
+) -> dict[int, RankProgram]:
     """Every rank's program. `group_ranks[g]`: the ranks running orders[g] (one per replica of its
     stages' share); `rows[u]`: samples of unit u (its micro-batch's); `lookahead`: compute steps a
     receive is posted ahead of the one that needs it. `align=False` leaves every transfer at its
@@ -194,8 +206,10 @@ def lower(x: RankSchedule, group_ranks: tuple[tuple[int, ...], ...], rows: tuple
                 target = made + 1 if t.src == side else max(0, use - lookahead)
                 slot = min(max(slot, target), cap) if align else target
                 if t.src == side and slot < made + 1 or t.dst == side and slot > use:
-                    raise LoweringError(f"schedule {x.name!r}: {t} has no slot on rank {side} "
-                                        f"(produced at step {made}, used at step {use})")
+                    raise LoweringError(
+                        f"schedule {x.name!r}: {t} has no slot on rank {side} "
+                        f"(produced at step {made}, used at step {use})"
+                    )
                 slots[side][slot].append((t, t.src == side))
                 if t.dst == side:
                     needs[side][use].append(t)

@@ -9,6 +9,7 @@ match their messages in order: NCCL ignores tags, and the runtime's first transf
 carries the shapes of the rest); and executing all stages with buffered sends (the runtime's
 isend semantics) reaches the end.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -47,10 +48,15 @@ def _check_stage(schedule: Schedule, s: int) -> None:
         if backward and not seen[(Kind.FORWARD, m)]:
             raise _fail(schedule, s, i, f"{a.kind.name.lower().replace('_', ' ')} {m} runs before forward {m}")
         if a.kind is Kind.WEIGHT_GRAD and not seen[(Kind.INPUT_GRAD, m)]:
-            raise _fail(schedule, s, i, f"weight gradient {m} (W) runs before its input gradient (I): W uses what I "
-                                        f"computed")
-        if (a.kind is Kind.BACKWARD and (seen[(Kind.INPUT_GRAD, m)] or seen[(Kind.WEIGHT_GRAD, m)])
-                or a.kind in (Kind.INPUT_GRAD, Kind.WEIGHT_GRAD) and seen[(Kind.BACKWARD, m)]):
+            raise _fail(
+                schedule, s, i, f"weight gradient {m} (W) runs before its input gradient (I): W uses what I computed"
+            )
+        if (
+            a.kind is Kind.BACKWARD
+            and (seen[(Kind.INPUT_GRAD, m)] or seen[(Kind.WEIGHT_GRAD, m)])
+            or a.kind in (Kind.INPUT_GRAD, Kind.WEIGHT_GRAD)
+            and seen[(Kind.BACKWARD, m)]
+        ):
             raise _fail(schedule, s, i, f"micro-batch {m} has both a whole backward (B) and a split one (I, W)")
         if a.kind is Kind.FORWARD and s > 0 and not seen[(Kind.RECV_ACTIVATION, m)]:
             raise _fail(schedule, s, i, f"forward {m} runs before its activation is received")
@@ -72,8 +78,12 @@ def _check_stage(schedule: Schedule, s: int) -> None:
             if not seen[(Kind.INPUT_GRAD, m)]:
                 raise _fail(schedule, s, len(schedule.stage_actions[s]), f"backward {m} never runs")
             if not seen[(Kind.WEIGHT_GRAD, m)]:
-                raise _fail(schedule, s, len(schedule.stage_actions[s]), f"weight gradient {m} (W) never runs: its "
-                                                                         f"weights would miss this micro-batch")
+                raise _fail(
+                    schedule,
+                    s,
+                    len(schedule.stage_actions[s]),
+                    f"weight gradient {m} (W) never runs: its weights would miss this micro-batch",
+                )
 
 
 def validate(schedule: Schedule) -> None:
@@ -81,6 +91,7 @@ def validate(schedule: Schedule) -> None:
     A RankSchedule (ranks holding several stages) goes to rank_validate.validate_ranks."""
     if hasattr(schedule, "orders"):
         from .rank_validate import validate_ranks
+
         validate_ranks(schedule)
         return
     if schedule.num_stages != len(schedule.stage_actions):
@@ -101,6 +112,7 @@ def validate(schedule: Schedule) -> None:
                     raise _fail(schedule, s, i, f"{a} waits for a send that stage {peer} never makes")
     if schedule.num_slices > 1:
         from .terapipe import check_slice_order
+
         broken = check_slice_order(schedule)
         if broken:
             raise ScheduleError(f"schedule {schedule.name!r} breaks the token-slice order at {broken}")
@@ -111,8 +123,10 @@ def validate(schedule: Schedule) -> None:
 def _check_in_order(schedule: Schedule) -> None:
     """Each stage receives a neighbour's transfers in the order the neighbour sends them."""
     for s in range(schedule.num_stages):
-        for recv, send, peer in ((Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, s - 1),
-                                 (Kind.RECV_GRADIENT, Kind.SEND_GRADIENT, s + 1)):
+        for recv, send, peer in (
+            (Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, s - 1),
+            (Kind.RECV_GRADIENT, Kind.SEND_GRADIENT, s + 1),
+        ):
             if not 0 <= peer < schedule.num_stages:
                 continue
             got = [(i, a.micro_batch) for i, a in enumerate(schedule.stage_actions[s]) if a.kind is recv]
@@ -120,9 +134,14 @@ def _check_in_order(schedule: Schedule) -> None:
             for (i, m), expected in zip(got, sent):
                 if m != expected:
                     what = "activation" if recv is Kind.RECV_ACTIVATION else "gradient"
-                    raise _fail(schedule, s, i, f"it receives {what} {m} from stage {peer}, which sends {what} "
-                                                f"{expected} before it: two ranks match their transfers in order "
-                                                f"(NCCL ignores tags), so receive them in the order they are sent")
+                    raise _fail(
+                        schedule,
+                        s,
+                        i,
+                        f"it receives {what} {m} from stage {peer}, which sends {what} "
+                        f"{expected} before it: two ranks match their transfers in order "
+                        f"(NCCL ignores tags), so receive them in the order they are sent",
+                    )
 
 
 def execute_order(schedule: Schedule) -> list[tuple[int, int]]:

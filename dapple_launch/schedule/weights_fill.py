@@ -8,6 +8,7 @@ the given schedule); the rest run after its last input gradient. Applied to inte
 one warm-up forward per hop this is interleaved zero bubble, torch's ScheduleInterleavedZeroBubble
 (ZB1P): the same warm-up, rank r holding back r W's, so v·P chunk micro-batches in flight on every rank.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -20,8 +21,10 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
     """`cap[r]`: the most W's rank r holds back (default r: rank 0 none, as ZB-H1's stage 0)."""
     R, S = x.num_ranks, x.num_stages
     cap = list(range(R)) if cap is None else cap
-    base = [[Step(Kind.INPUT_GRAD, a.stage, a.micro_batch) if a.kind is Kind.BACKWARD else a for a in order]
-            for order in x.orders]
+    base = [
+        [Step(Kind.INPUT_GRAD, a.stage, a.micro_batch) if a.kind is Kind.BACKWARD else a for a in order]
+        for order in x.orders
+    ]
     out: list[list[Step]] = [[] for _ in range(R)]
     pending: list[deque] = [deque() for _ in range(R)]
     clock, pos = [0] * R, [0] * R

@@ -10,6 +10,7 @@ then r pairs I(chunk 0), I(chunk 1); P - r pairs I(chunk 0), W(chunk 0); then th
 first. With T_F = T_I = T_W no rank idles after its warm-up; each rank keeps about P micro-batches'
 activations of a half-size stage pair (1F1B's memory, balanced across ranks).
 """
+
 from __future__ import annotations
 
 from .actions import Kind

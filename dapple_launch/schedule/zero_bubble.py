@@ -9,6 +9,7 @@ gradient), then the rest. A micro-batch's activations live until its W, so stage
 (S - s - 1) + 1 + s = S micro-batches: 1F1B's peak on stage 0, on every stage. With unit costs
 T_F = T_I = T_W the bubble falls from 1F1B's (S - 1)(T_F + T_B) to (S - 1)(T_F + T_I - T_W).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -34,14 +35,21 @@ def check_warmup(name: str, warmup: tuple[int, ...], num_stages: int, num_micro_
     between min(S - s - 1, M) and M forwards on stage s, never fewer than on the next stage."""
     S, M = num_stages, num_micro_batches
     least = [min(S - s - 1, M) for s in range(S)]
-    if len(warmup) != S or any(not least[s] <= w <= M for s, w in enumerate(warmup)) \
-            or any(warmup[s] < warmup[s + 1] for s in range(S - 1)):
-        raise ValueError(f"{name} warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
-                         f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage; "
-                         f"e.g. {list(example)}")
+    if (
+        len(warmup) != S
+        or any(not least[s] <= w <= M for s, w in enumerate(warmup))
+        or any(warmup[s] < warmup[s + 1] for s in range(S - 1))
+    ):
+        raise ValueError(
+            f"{name} warm-up {list(warmup)} is not valid for {S} stages and {M} micro-batches: stage s "
+            f"needs between min(S - s - 1, M) and M warm-up forwards, never fewer than the next stage; "
+            f"e.g. {list(example)}"
+        )
 
 
-def compute_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> list[list[Action]]:
+def compute_orders(
+    num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None
+) -> list[list[Action]]:
     S, M = num_stages, num_micro_batches
     forward = [Action(Kind.FORWARD, m) for m in range(M)]
     input_grad = [Action(Kind.INPUT_GRAD, m) for m in range(M)]

@@ -1,5 +1,6 @@
 """A model whose fp16 forward overflows: under 16-mixed every step's loss is inf or NaN, so every
 step must be skipped on every rank with the weights untouched (tests/test_precision.py)."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,12 @@ class Overflow(PipelineModel):
     name = "overflow"
 
     def layers(self):
-        return [LayerSpec("in", lambda: nn.Linear(8, 8)), LayerSpec("amplify", lambda: Amplify(1e6)),
-                LayerSpec("mix", lambda: nn.Linear(8, 8)), LayerSpec("out", lambda: nn.Linear(8, 1))]
+        return [
+            LayerSpec("in", lambda: nn.Linear(8, 8)),
+            LayerSpec("amplify", lambda: Amplify(1e6)),
+            LayerSpec("mix", lambda: nn.Linear(8, 8)),
+            LayerSpec("out", lambda: nn.Linear(8, 1)),
+        ]
 
     def loss(self, output, target):
         return (output.squeeze(-1).float() - target) ** 2

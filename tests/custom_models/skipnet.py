@@ -5,6 +5,7 @@ ids) and its output projection is tied to its token embedding.
     python -m dapple_launch model=custom model.target=tests.custom_models.skipnet:build \\
         model.args={hidden:16,layers:4}
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,9 +57,11 @@ class SkipNet(PipelineModel):
 
     def layers(self):
         v, d = self.vocab_size, self.hidden
-        return ([LayerSpec("embed", lambda: Embed(v, d, self.seq_len))]
-                + [LayerSpec(f"block{i}", lambda: Block(d)) for i in range(self.num_layers)]
-                + [LayerSpec("head", lambda: Head(v, d))])
+        return (
+            [LayerSpec("embed", lambda: Embed(v, d, self.seq_len))]
+            + [LayerSpec(f"block{i}", lambda: Block(d)) for i in range(self.num_layers)]
+            + [LayerSpec("head", lambda: Head(v, d))]
+        )
 
     def tied_parameters(self):
         return [["layers.0.token.weight", f"layers.{self.num_layers + 1}.out.weight"]] if self.tie else []
@@ -73,8 +76,14 @@ class SkipNet(PipelineModel):
         return ids[:, :-1].to(device), ids[:, 1:].to(device)
 
     def describe(self):
-        return {"name": self.name, "vocab": self.vocab_size, "hidden": self.hidden, "layers": self.num_layers,
-                "seq_len": self.seq_len, "tie": self.tie}
+        return {
+            "name": self.name,
+            "vocab": self.vocab_size,
+            "hidden": self.hidden,
+            "layers": self.num_layers,
+            "seq_len": self.seq_len,
+            "tie": self.tie,
+        }
 
 
 def build(vocab: int = 32, hidden: int = 16, layers: int = 4, seq_len: int = 8, tie: bool = True) -> SkipNet:

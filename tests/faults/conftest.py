@@ -5,6 +5,7 @@ terminal's foreground job), watches its ranks' heartbeats to act mid-run, and ch
 that no rank outlived the launcher. Every case records what it measured in
 RUN_DIR/../fault-report.json (time to detect, what was lost, the message) for the issue's table.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,20 @@ import pytest
 from dapple_launch.runtime.heartbeat import read_heartbeats
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-FAST = ["model.num_layers=2", "model.hidden=32", "model.heads=2", "model.seq_len=16", "trainer.val_check_interval=1000",
-        "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "trainer.lr_decay_steps=100",
-        "trainer.warmup_steps=2", "trainer.progress_bar=false", "data.num_train=512", "data.num_val=32"]
+FAST = [
+    "model.num_layers=2",
+    "model.hidden=32",
+    "model.heads=2",
+    "model.seq_len=16",
+    "trainer.val_check_interval=1000",
+    "trainer.limit_val_batches=1",
+    "trainer.log_every_n_steps=1",
+    "trainer.lr_decay_steps=100",
+    "trainer.warmup_steps=2",
+    "trainer.progress_bar=false",
+    "data.num_train=512",
+    "data.num_val=32",
+]
 REPORT = Path(os.environ.get("DAPPLE_FAULT_REPORT", ROOT / "fault-report.json"))
 
 
@@ -52,9 +64,14 @@ class Launch:
         self.run = run
         self.out, self.err = run.parent / f"{run.name}.out", run.parent / f"{run.name}.err"
         run.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([*wrap, sys.executable, "-m", "dapple_launch", *args, f"hydra.run.dir={run}"],
-                                     cwd=ROOT, env=env(), stdout=open(self.out, "w"), stderr=open(self.err, "w"),  # noqa: SIM115
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*wrap, sys.executable, "-m", "dapple_launch", *args, f"hydra.run.dir={run}"],
+            cwd=ROOT,
+            env=env(),
+            stdout=open(self.out, "w"),  # noqa: SIM115 - the child's, for its whole life
+            stderr=open(self.err, "w"),  # noqa: SIM115
+            start_new_session=True,
+        )
         self.started = time.time()
 
     def wait_for_step(self, step: int, timeout: float = 120) -> None:
@@ -101,8 +118,14 @@ def _running(pid: int) -> bool:
 
 
 def run_to_end(args: list[str], run: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "dapple_launch", *args, f"hydra.run.dir={run}"], cwd=ROOT, env=env(),
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-m", "dapple_launch", *args, f"hydra.run.dir={run}"],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return out
 
 
@@ -118,8 +141,11 @@ def no_process_left(launch: Launch, within: float = 5.0) -> bool:
 def record(case: str, detect_s: float | None, lost: str, message: str) -> None:
     """One row of the fault table (the issue note quotes it)."""
     rows = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    rows[case] = {"detect_s": None if detect_s is None else round(detect_s, 1), "lost": lost,
-                  "message": " ".join(message.split())[:400]}
+    rows[case] = {
+        "detect_s": None if detect_s is None else round(detect_s, 1),
+        "lost": lost,
+        "message": " ".join(message.split())[:400],
+    }
     REPORT.write_text(json.dumps(rows, indent=1))
 
 
@@ -132,6 +158,7 @@ def first_error(text: str) -> str:
 def straight(tmp_path_factory):
     """The uninterrupted reference: 60 steps, checkpoint at the end."""
     from dapple_launch.runtime.checkpoint import find_checkpoints, read_shards
+
     run = tmp_path_factory.mktemp("straight") / "run"
     out = run_to_end([*FAST, "trainer.max_steps=60", "trainer.checkpoint_every_n_steps=1000"], run)
     assert out.returncode == 0, out.stdout + out.stderr

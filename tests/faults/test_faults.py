@@ -1,5 +1,6 @@
 """The fault tier (`pytest -m faults`): interrupts, dead and stalled ranks, damaged and contested
 checkpoints, full and read-only disks. Real process trees, real signals, real files."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,7 @@ def test_an_interrupt_saves_the_step_and_resume_is_exact(tmp_path, straight, sig
     step = step_of(saved)
     assert 12 <= step < 60
     assert f"the last completed step is saved in {saved}" in launch.stderr and "ckpt_path=last" in launch.stderr
-    record(f"{signal_names[sig]} mid-run", took, f"nothing: step {step} saved",
-           first_error(launch.stderr))
+    record(f"{signal_names[sig]} mid-run", took, f"nothing: step {step} saved", first_error(launch.stderr))
     out = run_to_end([*args, "ckpt_path=last"], run)
     assert out.returncode == 0, out.stdout + out.stderr
     state, _ = read_shards(find_checkpoints(run / "checkpoints")[-1])
@@ -61,8 +61,12 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     assert code == 130 and "stopped at once" in launch.stderr, launch.stderr
     assert no_process_left(launch)
     newest = find_checkpoints(run / "checkpoints")[-1]
-    record("second Ctrl-C", took, f"the steps after the newest checkpoint (step {step_of(newest)})",
-           first_error(launch.stderr))
+    record(
+        "second Ctrl-C",
+        took,
+        f"the steps after the newest checkpoint (step {step_of(newest)})",
+        first_error(launch.stderr),
+    )
 
 
 def test_a_killed_rank_is_named_and_the_run_ends(tmp_path):
@@ -86,8 +90,9 @@ def test_a_killed_rank_is_named_and_the_run_ends(tmp_path):
 def test_a_stalled_rank_is_named_within_the_timeout(tmp_path):
     run = tmp_path / "run"
     timeout = 12
-    launch = Launch([*FAST, "trainer.max_steps=100000", "trainer.checkpoint_every_n_steps=20",
-                     f"trainer.timeout_s={timeout}"], run)
+    launch = Launch(
+        [*FAST, "trainer.max_steps=100000", "trainer.checkpoint_every_n_steps=20", f"trainer.timeout_s={timeout}"], run
+    )
     launch.wait_for_step(25)
     rank = 1
     victim = launch.rank_pids()[rank]
@@ -146,8 +151,10 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, saved_run, da
     # the one it names resumes
     record(f"checkpoint: {damage}", took, "nothing (refused before any rank started)", first_error(out.stderr))
     older = find_checkpoints(run / "checkpoints")[0]
-    out = run_to_end([*FAST, "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4", f"ckpt_path={older}",
-                      "overwrite=true"], tmp_path / "again")
+    out = run_to_end(
+        [*FAST, "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4", f"ckpt_path={older}", "overwrite=true"],
+        tmp_path / "again",
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -156,8 +163,13 @@ def test_a_crash_mid_save_then_a_resume_on_another_layout_uses_no_stale_shard(tm
     on 4 stages × 1: the leftover is removed, and the new checkpoints hold only the new layout."""
     run = tmp_path / "run"
     # wide enough that a save (shards of ~25 MB, written and made durable) outlasts the kill
-    args = [*FAST, "model.hidden=384", "trainer.max_steps=100000", "trainer.checkpoint_every_n_steps=1",
-            "trainer.keep_checkpoints=1000"]
+    args = [
+        *FAST,
+        "model.hidden=384",
+        "trainer.max_steps=100000",
+        "trainer.checkpoint_every_n_steps=1",
+        "trainer.keep_checkpoints=1000",
+    ]
     for attempt in range(5):
         shutil.rmtree(run, ignore_errors=True)
         launch = Launch(args, run)
@@ -174,18 +186,35 @@ def test_a_crash_mid_save_then_a_resume_on_another_layout_uses_no_stale_shard(tm
     else:
         raise AssertionError("five kills during a save left no unfinished save behind")
     newest = find_checkpoints(run / "checkpoints")[-1]
-    out = run_to_end([*FAST, "model.hidden=384", "strategy.stages=4", "strategy.replicas=[1]",
-                      f"trainer.max_steps={step_of(newest) + 2}",
-                      "trainer.checkpoint_every_n_steps=1", "ckpt_path=last"], run)
+    out = run_to_end(
+        [
+            *FAST,
+            "model.hidden=384",
+            "strategy.stages=4",
+            "strategy.replicas=[1]",
+            f"trainer.max_steps={step_of(newest) + 2}",
+            "trainer.checkpoint_every_n_steps=1",
+            "ckpt_path=last",
+        ],
+        run,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "an unfinished save a crash left behind" in out.stdout
     assert not [p for p in (run / "checkpoints").iterdir() if ".tmp" in p.name]
     final = find_checkpoints(run / "checkpoints")[-1]
     listed = json.loads((final / "manifest.json").read_text())["files"]
     assert sorted(n for n in listed if n.startswith("stage-")) == [
-        "stage-00000-00001.pt", "stage-00001-00002.pt", "stage-00002-00003.pt", "stage-00003-00004.pt"]
-    record("crash mid-save, resume on 4 × 1", None, f"the unfinished save (step {step_of(newest) + 1})",
-           f"removed {leftovers[0].name}: an unfinished save a crash left behind")
+        "stage-00000-00001.pt",
+        "stage-00001-00002.pt",
+        "stage-00002-00003.pt",
+        "stage-00003-00004.pt",
+    ]
+    record(
+        "crash mid-save, resume on 4 × 1",
+        None,
+        f"the unfinished save (step {step_of(newest) + 1})",
+        f"removed {leftovers[0].name}: an unfinished save a crash left behind",
+    )
 
 
 def test_two_launches_into_one_directory(tmp_path):
@@ -198,10 +227,12 @@ def test_two_launches_into_one_directory(tmp_path):
     second = run_to_end([*FAST, "trainer.max_steps=250", "trainer.seed=2"], run)
     took = time.time() - started
     assert first.proc.poll() is None, "the first launch ended before the second was refused"
-    assert second.returncode == 2 and f"pid {first.proc.pid}" in second.stderr and "in use" in second.stderr, \
+    assert second.returncode == 2 and f"pid {first.proc.pid}" in second.stderr and "in use" in second.stderr, (
         second.stderr
+    )
     assert first.wait(timeout=120) == 0, first.stderr
     from omegaconf import OmegaConf
+
     assert OmegaConf.load(run / "config.yaml").trainer.seed == 1
     record("two launches into one directory", took, "nothing: the second is refused", first_error(second.stderr))
 
@@ -217,16 +248,26 @@ def _namespaced(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
     if probe.returncode:
         pytest.skip(f"user and mount namespaces unavailable here: {probe.stderr.decode().strip()}")
     import sys
-    return subprocess.run([*NAMESPACE, script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
-                          env={**__import__("os").environ, "WANDB_MODE": "disabled", "PYTHON": sys.executable})
+
+    return subprocess.run(
+        [*NAMESPACE, script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+        env={**__import__("os").environ, "WANDB_MODE": "disabled", "PYTHON": sys.executable},
+    )
 
 
 def test_a_read_only_run_directory_is_one_line(tmp_path):
     mount = tmp_path / "ro"
     mount.mkdir()
     args = " ".join([*FAST, "trainer.max_steps=2"])
-    out = _namespaced(f"mount -t tmpfs -o size=4m tmpfs {mount} && mount -o remount,ro {mount} && "
-                      f"$PYTHON -m dapple_launch {args} hydra.run.dir={mount}/run", tmp_path)
+    out = _namespaced(
+        f"mount -t tmpfs -o size=4m tmpfs {mount} && mount -o remount,ro {mount} && "
+        f"$PYTHON -m dapple_launch {args} hydra.run.dir={mount}/run",
+        tmp_path,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"cannot write {mount}/run" in out.stderr and "Read-only file system" in out.stderr
     assert "Traceback" not in out.stderr
@@ -238,13 +279,23 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path):
     "No space left on device", no rank is left, the checkpoints before it verify."""
     mount = tmp_path / "small"
     mount.mkdir()
-    args = " ".join([*FAST, "trainer.max_steps=400", "trainer.checkpoint_every_n_steps=20", "trainer.keep_checkpoints=100",
-                     "logger=none"])
-    out = _namespaced(f"mount -t tmpfs -o size=1536k tmpfs {mount} && "
-                      f"$PYTHON -m dapple_launch {args} hydra.run.dir={mount}/run; echo rc=$?; "
-                      f"$PYTHON -c \"from dapple_launch.runtime.checkpoint import find_checkpoints, verify; "
-                      f"f = find_checkpoints('{mount}/run/checkpoints'); [verify(p) for p in f]; "
-                      f"print('intact', [p.name for p in f])\"; ls -a {mount}/run/checkpoints", tmp_path)
+    args = " ".join(
+        [
+            *FAST,
+            "trainer.max_steps=400",
+            "trainer.checkpoint_every_n_steps=20",
+            "trainer.keep_checkpoints=100",
+            "logger=none",
+        ]
+    )
+    out = _namespaced(
+        f"mount -t tmpfs -o size=1536k tmpfs {mount} && "
+        f"$PYTHON -m dapple_launch {args} hydra.run.dir={mount}/run; echo rc=$?; "
+        f'$PYTHON -c "from dapple_launch.runtime.checkpoint import find_checkpoints, verify; '
+        f"f = find_checkpoints('{mount}/run/checkpoints'); [verify(p) for p in f]; "
+        f"print('intact', [p.name for p in f])\"; ls -a {mount}/run/checkpoints",
+        tmp_path,
+    )
     text = out.stdout + out.stderr
     assert "rc=1" in out.stdout, text
     assert "No space left on device" in out.stderr and "the checkpoints saved before are intact" in out.stderr, text
@@ -260,8 +311,17 @@ def test_a_non_finite_run_skips_its_steps_stops_and_keeps_only_finite_checkpoint
     of the non-finite weights is refused on every rank, so no such checkpoint exists."""
     run = tmp_path / "run"
     started = time.time()
-    bad = run_to_end([*FAST, "trainer.checkpoint_every_n_steps=1", "trainer.max_steps=40", "trainer.lr=1e37",
-                      "trainer.warmup_steps=0", "trainer.max_bad_steps=4"], run)
+    bad = run_to_end(
+        [
+            *FAST,
+            "trainer.checkpoint_every_n_steps=1",
+            "trainer.max_steps=40",
+            "trainer.lr=1e37",
+            "trainer.warmup_steps=0",
+            "trainer.max_bad_steps=4",
+        ],
+        run,
+    )
     took = time.time() - started
     assert bad.returncode != 0
     line = first_error(bad.stderr)
@@ -278,6 +338,7 @@ def test_a_save_refused_for_non_finite_values_rotates_nothing(tmp_path):
     """No checkpoint of inf or NaN values is written, and the refusal deletes none of the finite ones."""
     from dapple_launch.runtime.checkpoint import NonFiniteState, all_finite
     from dapple_launch.runtime.checkpointing import Checkpointing
+
     assert all_finite([torch.ones(3)]) and not all_finite([torch.ones(3), torch.tensor([float("nan")])])
     assert not all_finite([torch.tensor([float("inf")])])
     saving = Checkpointing(tmp_path, 1, 1)
@@ -289,5 +350,6 @@ def test_a_save_refused_for_non_finite_values_rotates_nothing(tmp_path):
 
         def save_checkpoint(self, path):
             raise NonFiniteState("1 rank(s) hold an inf or NaN weight")
+
     assert saving.save(Refusing()) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step000001.ckpt", "step000002.ckpt"]
