@@ -381,3 +381,25 @@ def test_a_custom_model_that_cannot_be_built_is_refused(tmp_path):
         root,
     )
     assert out.returncode == 2 and "refused model.args={'colour': 3}" in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_the_plan_reads_at_a_glance_and_plan_json_holds_the_proof(tmp_path):
+    """The statement is a headline of two lines (layout, schedule, estimate, proven gap, the runner-up it
+    beat); strategy.explain=true adds how it was chosen; plan.json carries the proof as data."""
+    args = ["strategy=auto", "strategy.profile_source=analytic", "dry_run=true"]
+    out = cli([*args, f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("Plan for gpt on local:"))
+    assert "estimated" in lines[first] and "per iteration" in lines[first]
+    assert re.search(
+        r"(optimal|within [0-9.]+% of the optimum) under the cost model over \d+ families", lines[first + 1]
+    )
+    assert "runner-up" in lines[first + 1] and lines[first + 2].lstrip().startswith("stage")
+    assert "how it was chosen" not in out.stdout
+    proof = json.loads((tmp_path / "a" / "plan.json").read_text())["proof"]
+    assert set(proof) == {"gap", "families", "candidates", "seconds"} and proof["gap"] >= 0 and proof["candidates"] > 0
+    out = cli([*args, "strategy.explain=true", f"hydra.run.dir={tmp_path / 'b'}"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "how it was chosen: auto:" in out.stdout

@@ -403,7 +403,7 @@ def test_the_planner_deepens_the_warmup_when_links_sit_on_the_steady_cycle():
     chosen = plan(profile, topo, 64, Limits())
     assert chosen.warmup == best.warmup and "warm-up" in chosen.planner
     assert type(chosen).from_json(chosen.to_json()) == chosen  # plan.json keeps the warm-up
-    assert f"warm-up forwards per stage {list(best.warmup)}" in chosen.explain()
+    assert f"warm-ups {list(best.warmup)}" in chosen.explain()
 
 
 def test_a_tiny_proven_gap_never_reads_as_zero():

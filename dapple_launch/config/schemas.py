@@ -252,6 +252,9 @@ class ClusterConfig:
 @dataclass
 class StrategyConfig:
     name: StrategyName = MISSING
+    # print how the plan was chosen (families tried, bounds, why not the others) below its headline;
+    # plan.json's `planner` and `proof` hold it either way
+    explain: bool = False
 
 
 @dataclass

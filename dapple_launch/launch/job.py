@@ -83,7 +83,7 @@ def run(cfg: DictConfig) -> int:
             from ..allocation import allocation
 
             log.info(allocation().describe())
-        log.info(plan.explain())
+        log.info(plan.explain(full=bool(cfg.strategy.get("explain", False))))
         write_frontier(cfg, run_dir, log)
         model = model_from_config(cfg.model) if cfg.model.name != "from_profile" else None
         if model is not None:

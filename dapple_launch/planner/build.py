@@ -34,6 +34,7 @@ def to_plan(
     planner: str,
     runners_up: list[Costed] = (),
     data_parallel_s: float | None = None,
+    proof: dict | None = None,
 ) -> Plan:
     sim = simulate_costed(c)
     sets = c.recompute or ((),) * len(c.layout)
@@ -75,6 +76,7 @@ def to_plan(
         warmup=c.warmup,
         token_slices=tuple(c.extra.get("token_slices", ())),
         chunks=c.extra.get("chunks", 1),
+        proof=proof,
     )
 
 

@@ -1,4 +1,5 @@
-"""Plan.explain(): the chosen layout as a table, memory per stage, and the runners-up."""
+"""Plan.explain(): a two-line headline (layout, schedule, estimate, proven gap, the runner-up it beat),
+the layout as a table with memory per stage, the runners-up; with `full`, how it was chosen."""
 
 from __future__ import annotations
 
@@ -62,28 +63,47 @@ def _spans(marks) -> str:
     return ",".join(out)
 
 
-def explain(plan) -> str:
+def _layout_words(plan) -> str:
+    """The layout and schedule in a few words (with what is particular to the family)."""
+    words = f"{plan.num_stages} stage(s) {plan.layout()}, {plan.schedule}"
+    if plan.chunks > 1:
+        words += f" ({plan.num_stages // plan.chunks} device groups × {plan.chunks} stages)"
+    if any(s.copies > 1 for s in plan.stages):
+        words += f" (copies {':'.join(str(s.copies) for s in plan.stages)})"
+    if plan.warmup:
+        words += f" (warm-ups {list(plan.warmup)})"
+    if plan.token_slices:
+        words += f", {len(plan.token_slices)} token slices"
+    return words + f", {plan.num_micro_batches} micro-batches × {plan.micro_batch_size}"
+
+
+def headline(plan) -> str:
+    """Two lines: the layout, schedule and estimate; how good it is proven to be and the runner-up it beat."""
     e = plan.estimate
-    header = (
-        f"Plan for {plan.model} on {plan.cluster} ({plan.planner}): {plan.num_stages} stage(s), "
-        f"layout {plan.layout()}, schedule {plan.schedule}"
-        + (
-            f" ({plan.num_stages // plan.chunks} device groups of {plan.chunks} stages each; "
-            f"a group's stages share its devices)"
-            if plan.chunks > 1
-            else ""
-        )
-        + (
-            f" (round-robin copies per stage {':'.join(str(s.copies) for s in plan.stages)}: a copy runs "
-            f"whole micro-batches in turn)"
-            if any(s.copies > 1 for s in plan.stages)
-            else ""
-        )
-        + (f" (warm-up forwards per stage {list(plan.warmup)})" if plan.warmup else "")
-        + (f", token slices {list(plan.token_slices)}" if plan.token_slices else "")
-        + f", global batch {plan.global_batch_size} = "
-        f"{plan.num_micro_batches} micro-batches × {plan.micro_batch_size}"
+    first = (
+        f"Plan for {plan.model} on {plan.cluster}: {_layout_words(plan)}; estimated {human_seconds(e.iteration_s)} "
+        f"per iteration ({e.samples_per_s:.1f} samples/s)"
     )
+    p = plan.proof
+    if p:
+        proven = (
+            "optimal under the cost model"
+            if p["gap"] == 0
+            else f"within {human_gap(p['gap'])} of the optimum under the cost model"
+        )
+        second = f"  {proven} over {len(p['families'])} families ({p['candidates']} candidates, {p['seconds']:.1f} s)"
+    else:
+        second = f"  {plan.planner.split(':')[0]} layout, not searched (strategy=auto plans one)"
+    beaten = [r for r in plan.runners_up if r.iteration_s > e.iteration_s]
+    if beaten:
+        r = min(beaten, key=lambda r: r.iteration_s)
+        second += f"; runner-up {r.summary} {r.iteration_s / e.iteration_s - 1:+.1%}"
+    return first + "\n" + second
+
+
+def explain(plan, full: bool = False) -> str:
+    e = plan.estimate
+    header = headline(plan) + (f"\nhow it was chosen: {plan.planner}" if full else "")
     rows = [
         ("stage", "layers", "names", "replicas", "devices", "memory/device")
         + (("recomputed",) if plan.recomputes else ())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..schedule import SPLIT_BACKWARD
@@ -68,6 +68,9 @@ class Plan:
     token_slices: tuple[int, ...] = ()
     # stages per device group (interleaved_1f1b's v; zbv: 2): stages sharing a group list the same devices
     chunks: int = 1
+    # strategy=auto's proof, as data: {gap (0: optimal under the cost model), families, candidates, seconds}
+    # (not compared: two plans are the same plan whatever the search's time)
+    proof: dict | None = field(default=None, compare=False)
 
     @property
     def num_stages(self) -> int:
@@ -172,6 +175,7 @@ class Plan:
         d["runners_up"] = tuple(RunnerUp(**r) for r in d.get("runners_up", ()))
         d["warmup"] = tuple(int(w) for w in d.get("warmup", ()))
         d["token_slices"] = tuple(int(n) for n in d.get("token_slices", ()))
+        d["proof"] = dict(d["proof"]) if d.get("proof") else None
         orders = d.pop("orders", None)  # derived from schedule and warm-up: checked, never trusted
         plan = cls(**d)
         for k, st in enumerate(plan.stages):
@@ -294,10 +298,12 @@ class Plan:
     def load(cls, path: str | Path) -> Plan:
         return cls.from_json(Path(path).read_text())
 
-    def explain(self) -> str:
+    def explain(self, full: bool = False) -> str:
+        """A headline of two lines, the layout's table, the runners-up; `full`: and how it was chosen
+        (families tried, bounds, why not the others), as plan.json's `planner` holds it."""
         from .explain import explain
 
-        return explain(self)
+        return explain(self, full)
 
 
 def loads(text: str):

@@ -442,6 +442,7 @@ def plan(
     profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, with_baselines: bool = True
 ) -> Plan:
     requested = limits
+    started = time.perf_counter()
     if global_batch < topology.num_devices:
         raise ValueError(
             f"global_batch_size={global_batch} is smaller than the {topology.num_devices} devices of {topology.name} "
@@ -504,6 +505,19 @@ def plan(
                 f"than its best unsliced plan"
             )
             runners_up, best = [best, *runners_up][: len(runners_up) or 1], sliced
+    proof = {
+        "gap": stats.proven_gap,
+        "families": list(schedules.allowed(requested)),
+        "candidates": stats.nodes,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
     return to_plan(
-        best, profile, topology, global_batch, how, runners_up, data_parallel_s=dp.iteration_s if dp else None
+        best,
+        profile,
+        topology,
+        global_batch,
+        how,
+        runners_up,
+        data_parallel_s=dp.iteration_s if dp else None,
+        proof=proof,
     )
