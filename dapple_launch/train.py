@@ -148,6 +148,8 @@ def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, 
         seed=t.seed,
         num_workers=cfg.data.num_workers,
         min_val_batch=max(s.replicas for s in plan.stages),
+        # page-locked host batches on a GPU run: the copy to the device runs asynchronously
+        pin_memory=str(cfg.cluster.device_kind) == "gpu",
     )
     return module, data
 

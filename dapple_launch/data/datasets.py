@@ -130,16 +130,20 @@ class PipelineData(L.LightningDataModule):
         seed: int,
         num_workers: int = 0,
         min_val_batch: int = 1,
+        pin_memory: bool = False,
     ):
         super().__init__()
         self.train_set, self.val_set, self.global_batch_size = train, val, global_batch_size
         self.seed, self.num_workers, self.min_val_batch = seed, num_workers, min_val_batch
+        self.pin_memory = pin_memory
         self._resume: tuple[int, int] | None = None
 
     def train_dataloader(self) -> DataLoader:
         sampler = GlobalBatchSampler(len(self.train_set), self.global_batch_size, self.seed, shuffle=True)
         sampler.resume, self._resume = self._resume, None
-        return DataLoader(self.train_set, batch_sampler=sampler, num_workers=self.num_workers)
+        return DataLoader(
+            self.train_set, batch_sampler=sampler, num_workers=self.num_workers, pin_memory=self.pin_memory
+        )
 
     def val_dataloader(self) -> DataLoader:
         sampler = GlobalBatchSampler(
@@ -150,7 +154,7 @@ class PipelineData(L.LightningDataModule):
             drop_last=False,
             min_last=self.min_val_batch,
         )
-        return DataLoader(self.val_set, batch_sampler=sampler, num_workers=self.num_workers)
+        return DataLoader(self.val_set, batch_sampler=sampler, num_workers=self.num_workers, pin_memory=self.pin_memory)
 
     # Lightning saves these with every checkpoint and restores them before building the loaders.
     def state_dict(self) -> dict:
