@@ -7,13 +7,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] && .venv/bin/python -c "import dapple_launch, pytest" 2>/dev/null || bash scripts/setup.sh
 export WANDB_MODE=disabled
-marks="not slurm and not nodes"
+serial="faults or wheel"
 if [ "${DAPPLE_SKIP_SLURM:-0}" != 1 ]; then
   if bash slurm/dev-cluster.sh start --nodes 2 --cpus-per-node 4; then
     trap 'bash slurm/dev-cluster.sh stop' EXIT
-    marks=""   # every tier (an empty -m selects all, overriding pyproject's default deselection)
+    serial="faults or wheel or slurm or nodes"
   else
     echo "the Slurm tiers are skipped: slurm/dev-cluster.sh could not start Slurm (it needs root to install)" >&2
   fi
 fi
-.venv/bin/python -m pytest -q -m "$marks" "$@"
+rc=0
+# pure, one-process and several-process tiers, two tests at a time (pytest-xdist); the tiers that time
+# detection (faults), build a wheel, or share the one Slurm run alone, one test at a time
+.venv/bin/python -m pytest -q -n 2 -m "not faults and not wheel and not slurm and not nodes" "$@" || rc=$?
+.venv/bin/python -m pytest -q -m "$serial" "$@" || { r=$?; [ $r = 5 ] || rc=$r; }  # (5: the arguments chose none)
+exit $rc

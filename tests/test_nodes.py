@@ -126,7 +126,7 @@ LONG = [
     "trainer.lr_decay_steps=1000",
     "trainer.timeout_s=10",
     "trainer.checkpoint_every_n_steps=20",
-    "trainer.max_steps=300",
+    "trainer.max_steps=160",
     "trainer.keep_checkpoints=100",
 ]
 AUTO = ["strategy=auto", "strategy.profile_source=analytic"]
@@ -242,7 +242,7 @@ def test_a_killed_node_is_named_and_the_job_resumes_re_planned_on_the_node_left(
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     a, _ = read_shards(find_checkpoints(run / "checkpoints")[-1])
     b, _ = read_shards(find_checkpoints(local / "checkpoints")[-1])
-    assert find_checkpoints(run / "checkpoints")[-1].name == "step000300.ckpt"
+    assert find_checkpoints(run / "checkpoints")[-1].name == "step000160.ckpt"
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     print(
         f"\nnode killed: detected in {detected_s:.1f} s; lost steps {fate['checkpoint']}..{fate['step']}; "
@@ -321,3 +321,24 @@ def test_inside_an_allocation_cluster_from_slurm_plans_for_it_and_runs_as_a_step
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert losses(run) == losses(local)
+
+
+def test_a_waiting_launcher_names_the_node_its_job_waits_for(tmp_path):
+    """Node 2 drained: a 2-node job pends, and launcher.wait=true says it waits for dapple-n2; the node
+    resumed, the job runs to its end and the launcher reports it finished (from squeue and the run
+    directory's fate file, not submitit's result files)."""
+    subprocess.run(["scontrol", "update", "nodename=dapple-n2", "state=drain", "reason=dapple-test"], check=True)
+    run = tmp_path / "run"
+    try:
+        launcher = _follow([*JOB, *LAYOUT, "trainer.max_steps=4", f"hydra.run.dir={run}"], tmp_path)
+        first = _first_job(run)
+        lines: list[str] = []
+        for line in launcher.stdout:
+            lines.append(line)
+            if "waiting for node" in line:
+                break
+        assert any(f"job {first} is pending" in ln and "waiting for node(s) dapple-n2" in ln for ln in lines), lines
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=dapple-n2", "state=resume"], check=False)
+    out, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0 and f"job {first} finished" in out, "".join(lines) + out

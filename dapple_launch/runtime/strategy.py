@@ -343,6 +343,7 @@ class DappleStrategy(DDPStrategy):
                 ckpt.commit(filepath, tmp, checkpoint, self.lightning_module.trainer.global_step)
             except OSError as exc:
                 error = storage_error(exc, tmp)
+        BEAT.action("collective (checkpoint save: committed)")  # every rank waits for rank 0's commit here
         self._agree_or_fail(error, tmp)
 
     def _agree_or_fail(self, error: str, tmp: Path) -> None:
