@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from .hf_models import save
 from .multiproc import run_ranks
-from .test_pipeline_numerics import make_plan
+from .test_pipeline_numerics import make_plan, pipelined
 
 pytestmark = pytest.mark.multiprocess
 SEQ = 8
@@ -22,17 +21,9 @@ def _hf_compare(rank, world, path, replicas, schedule, num_micro_batches, batch_
 
     from dapple_launch.models.hf import HFCausalLM
     from dapple_launch.planner import Plan
-    from dapple_launch.runtime.executor import GradientSync, StageExecutor
-    from dapple_launch.runtime.grid import ProcessGrid
-    from dapple_launch.runtime.module import PipelineModule
-    from dapple_launch.runtime.p2p import PointToPoint
-    from dapple_launch.runtime.precision import MixedPrecision
-    from dapple_launch.runtime.tied import TiedSync, local_tied_parameters, tied_groups
 
     plan = Plan.from_json(plan_json)
     model = HFCausalLM(path=path, seq_len=SEQ)
-    grid = ProcessGrid.from_plan(plan)
-    stage, replica = grid.position(rank)
     x, y = model.batch(batch_n, torch.Generator().manual_seed(1))
     # HF's own model and loss: `shift_labels` gives the targets as they are (the batch is already shifted)
     ref = transformers.AutoModelForCausalLM.from_pretrained(path)
@@ -40,35 +31,7 @@ def _hf_compare(rank, world, path, replicas, schedule, num_micro_batches, batch_
     ref_loss = ref(input_ids=x, labels=y, shift_labels=y.contiguous()).loss
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
-    a, b = plan.stages[stage].layers
-    local = PipelineModule(model).materialize(list(range(a, b)))
-    params = list(local.parameters())
-    groups = [dist.new_group(grid.stage_ranks(s)) for s in range(grid.num_stages)]
-    ties = tied_groups(model, [s.layers for s in plan.stages])
-    for g in ties:
-        g.group = dist.new_group(sorted({r for s in g.stages for r in grid.stage_ranks(s)}))
-    sync = GradientSync(
-        params,
-        groups[stage],
-        grid.replicas[stage],
-        [list(layer.parameters()) for layer in local.local_stack()],
-        bucket_bytes=1,
-    )
-    tied = TiedSync(ties, local_tied_parameters(local.layers, model), stage, replica)
-    ex = StageExecutor(
-        local.local_stack(),
-        model.loss,
-        PointToPoint(grid, stage, replica),
-        grid.num_stages,
-        on_last_backward=sync.start,
-        before_last_backward=sync.arm,
-        precision=MixedPrecision("32"),
-    )
-    result = ex.run(plan.build_schedule(), (x, y))
-    sync.finish()
-    tied.sync()
-    loss = result.loss_sum.clone()
-    dist.all_reduce(loss)
+    local, _, loss = pipelined(model, plan, rank, (x, y))
     worst, compared = 0.0, []
     for name, p in local.named_parameters(remove_duplicate=False):
         _, position, rest = name.split(".", 2)

@@ -77,20 +77,12 @@ def worst_grad_rel(local, ref_grads) -> float:
     return worst
 
 
-def _compare(
-    rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32", hand_made=None
-):
-    """This rank's stage run through the runtime's parts (executor, p2p, gradient and tied-weight
-    sync) against every layer in one process on the whole batch (the same precision)."""
-    from dapple_launch.planner import Plan
-
-    plan = Plan.from_json(plan_json)
-    model = tiny_model(model_name)
+def pipelined(model, plan, rank, batch, precision="32", hand_made=None):
+    """This rank's stage run through the runtime's parts (executor, p2p, gradient and tied-weight sync)
+    on the schedule's micro-batches and this replica's slices: (its module, the executor, the loss
+    summed over every rank)."""
     grid = ProcessGrid.from_plan(plan)
     stage, replica = grid.position(rank)
-    batch = model.batch(batch_n, torch.Generator().manual_seed(1))
-    ref, ref_loss, ref_grads = reference(model, batch, precision)
-    # Pipelined: only this stage's layers, the schedule's micro-batches, this replica's slices.
     a, b = plan.stages[stage].layers
     local = PipelineModule(model, precision=precision).materialize(list(range(a, b)))
     params = list(local.parameters())
@@ -123,6 +115,23 @@ def _compare(
     tied.sync()
     loss = result.loss_sum.clone()
     dist.all_reduce(loss)
+    return local, ex, loss
+
+
+def _compare(
+    rank, world, model_name, replicas, schedule, num_micro_batches, batch_n, plan_json, precision="32", hand_made=None
+):
+    """This rank's stage run through the runtime's parts (executor, p2p, gradient and tied-weight
+    sync) against every layer in one process on the whole batch (the same precision)."""
+    from dapple_launch.planner import Plan
+
+    plan = Plan.from_json(plan_json)
+    model = tiny_model(model_name)
+    grid = ProcessGrid.from_plan(plan)
+    stage, replica = grid.position(rank)
+    batch = model.batch(batch_n, torch.Generator().manual_seed(1))
+    ref, ref_loss, ref_grads = reference(model, batch, precision)
+    local, ex, loss = pipelined(model, plan, rank, batch, precision, hand_made)
     return {
         "loss": loss.item(),
         "ref_loss": ref_loss.item(),

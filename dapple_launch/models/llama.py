@@ -18,7 +18,7 @@ from torch import nn
 
 from .contract import LayerSpec, PipelineModel
 from .token_slices import current
-from .transformer import IGNORE, _per_sample_ce
+from .transformer import _per_sample_ce, next_token_batch, slice_ce
 
 
 @dataclass(frozen=True)
@@ -189,15 +189,10 @@ class Llama(PipelineModel):
 
     def slice_loss(self, output: torch.Tensor, target: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Token slicing (TeraPipe): tokens [start, stop)'s share of the per-sample loss."""
-        part = target[:, start:stop]
-        token = F.cross_entropy(output.flatten(0, 1), part.flatten(), ignore_index=IGNORE, reduction="none")
-        counted = (target != IGNORE).sum(1).clamp(min=1)
-        return token.view(part.shape).sum(1) / counted
+        return slice_ce(output, target, start, stop)
 
     def batch(self, n, generator=None, device="cpu"):
-        s = self.shape
-        ids = torch.randint(0, s.vocab_size, (n, s.seq_len + 1), generator=generator).to(device)
-        return ids[:, :-1], ids[:, 1:]
+        return next_token_batch(self.shape.vocab_size, self.shape.seq_len, n, generator, device)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "Llama", **self.shape.__dict__}

@@ -104,6 +104,21 @@ def _per_sample_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return token.sum(1) / counted
 
 
+def slice_ce(output: torch.Tensor, target: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """A causal model's per-sample loss share of tokens [start, stop) (TeraPipe's slices): their summed
+    cross-entropy over the sequence's counted tokens, so the slices' shares sum to the whole loss."""
+    part = target[:, start:stop]
+    token = F.cross_entropy(output.flatten(0, 1), part.flatten(), ignore_index=IGNORE, reduction="none")
+    counted = (target != IGNORE).sum(1).clamp(min=1)
+    return token.view(part.shape).sum(1) / counted
+
+
+def next_token_batch(vocab_size: int, seq_len: int, n: int, generator=None, device="cpu"):
+    """n random sequences as (ids, the next ids): a causal language model's example batch."""
+    ids = torch.randint(0, vocab_size, (n, seq_len + 1), generator=generator).to(device)
+    return ids[:, :-1], ids[:, 1:]
+
+
 class _Transformer(PipelineModel):
     causal = True
 
@@ -145,17 +160,11 @@ class GPT(_Transformer):
     causal = True
 
     def slice_loss(self, output: torch.Tensor, target: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """Token slicing: tokens [start, stop)'s share of loss(whole output, target), per sample (the
-        slices' shares sum to it): their summed cross-entropy over the sequence's counted tokens."""
-        part = target[:, start:stop]
-        token = F.cross_entropy(output.flatten(0, 1), part.flatten(), ignore_index=IGNORE, reduction="none")
-        counted = (target != IGNORE).sum(1).clamp(min=1)
-        return token.view(part.shape).sum(1) / counted
+        """Token slicing: tokens [start, stop)'s share of loss(whole output, target), per sample."""
+        return slice_ce(output, target, start, stop)
 
     def batch(self, n, generator=None, device="cpu"):
-        s = self.shape
-        ids = torch.randint(0, s.vocab_size, (n, s.seq_len + 1), generator=generator).to(device)
-        return ids[:, :-1], ids[:, 1:]
+        return next_token_batch(self.shape.vocab_size, self.shape.seq_len, n, generator, device)
 
 
 class BERT(_Transformer):
