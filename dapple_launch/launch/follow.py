@@ -31,7 +31,7 @@ def queue_state(job_id: str) -> tuple[str, str, str] | None:
     return state, reason, nodes
 
 
-def waiting_for(reason: str, job_id: str) -> str:
+def waiting_for(reason: str) -> str:
     """The nodes a pending job waits for, in words ("" when it waits for nothing in particular)."""
     m = re.search(r"UnavailableNodes:(\S+)", reason)
     if m:
@@ -67,7 +67,7 @@ def follow(run_dir: Path, job_id: str, poll_s: float = POLL_S) -> int:
             state, reason, nodes = q
             words = f"job {job_id} is {state.lower()}" + (f" on {nodes}" if state == "RUNNING" and nodes else "")
             if state == "PENDING" and reason not in ("None", ""):
-                why = waiting_for(reason, job_id)
+                why = waiting_for(reason)
                 words += f" ({reason}" + (f"; {why}" if why else "") + ")"
             if words != said:
                 log.info(words)

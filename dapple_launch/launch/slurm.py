@@ -56,7 +56,7 @@ class TrainTask:
             from .node_loss import replanned_snapshot
 
             self.snapshot, self.replan = replanned_snapshot(self, job), False
-        if not self._take_planned_rank(env):
+        if not self._take_planned_rank(env, job):
             return "idle"
         # A requeued job (preempted, timed out, or `scontrol requeue`) runs this again: the run
         # directory was checked clean at submission, so any checkpoint in it is this job's own.
@@ -114,10 +114,9 @@ class TrainTask:
         nodes, _ = job_shape(Plan.load(snap / "plan.json"), int(cfg.cluster.devices_per_node))
         return nodes != job.num_nodes
 
-    def _take_planned_rank(self, env) -> bool:
+    def _take_planned_rank(self, env, job) -> bool:
         """This task sits on device node × devices_per_node + local index; run the replica the plan
         placed there (ranks follow devices, runtime/grid.py), or stay idle if the plan leaves it free."""
-        import submitit
         from omegaconf import OmegaConf
 
         from ..runtime.grid import ProcessGrid
@@ -126,7 +125,6 @@ class TrainTask:
         plan = Plan.load(snap / "plan.json")
         k = int(OmegaConf.load(snap / "config.yaml").cluster.devices_per_node)
         grid = ProcessGrid.from_plan(plan)
-        job = submitit.JobEnvironment()
         device = job.node * k + job.local_rank
         rank = grid.rank_of_device(device)
         if rank is None:

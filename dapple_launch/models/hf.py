@@ -142,7 +142,6 @@ class Anatomy:
         self.head_name = next(n for n, m in full.named_modules() if m is head)
         self.input_name = next(n for n, m in full.named_modules() if m is full.get_input_embeddings())
         self.state_shapes = {k: tuple(v.shape) for k, v in full.state_dict().items()}
-        self.embed_names = {f"{self.prefix}.{n}" for n in embeds}
 
     def attention_type(self, i: int) -> str | None:
         return self.layer_types[i] if i < len(self.layer_types) else None
@@ -161,8 +160,6 @@ def _build_shell(config, anatomy: Anatomy, keep: str) -> nn.Module:
     shell = t.AutoModelForCausalLM.from_config(cfg)
     for c in {id(shell.config): shell.config, id(shell.base_model.config): shell.base_model.config}.values():
         (c.get_text_config() if hasattr(c, "get_text_config") else c).num_hidden_layers = anatomy.num_layers
-    base = shell.base_model
-    dim = shell.get_input_embeddings().embedding_dim
     for name, module in list(shell.named_modules()):
         if not name or list(module.children()) or not any(True for _ in module.parameters(recurse=False)):
             continue  # only leaves holding weights are replaced
@@ -172,7 +169,6 @@ def _build_shell(config, anatomy: Anatomy, keep: str) -> nn.Module:
         parent_name, _, leaf = name.rpartition(".")
         parent = shell.get_submodule(parent_name) if parent_name else shell
         setattr(parent, leaf, _ZeroEmbedding(module.embedding_dim) if is_embed else nn.Identity())
-    del base, dim
     shell.train()
     return shell
 
@@ -216,7 +212,7 @@ def probe(shell, anatomy: Anatomy, attention_type, **inputs):
         raise RuntimeError(f"{anatomy.arch}'s base model never reached its decoder layers")
     args, kwargs = p.seen
     hidden = args[0] if args else kwargs.pop("hidden_states")
-    return hidden, tuple(args[1:]), {k: v for k, v in kwargs.items()}
+    return hidden, tuple(args[1:]), kwargs
 
 
 class HFEmbed(nn.Module):
@@ -236,8 +232,7 @@ class HFDecoder(nn.Module):
         self.anatomy, self.index = anatomy, index
         self.attention_type = anatomy.attention_type(index)
         self._shells = [shells]  # a list: not a submodule (no weights; one per process)
-        layer = _make_layer(anatomy, config, index)
-        self.layer = layer
+        self.layer = _make_layer(anatomy, config, index)
 
     def forward(self, hidden):
         rest, kwargs = self._shells[0].layer_inputs(hidden, self.attention_type)
