@@ -126,6 +126,14 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     return trainer
 
 
+def loader_workers(cfg: DictConfig) -> int:
+    """data.num_workers, or its default for the device kind (config/schemas.DataConfig)."""
+    chosen = cfg.data.get("num_workers")
+    if chosen is not None:
+        return int(chosen)
+    return 2 if str(cfg.cluster.device_kind) == "gpu" else 0
+
+
 def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, PipelineData]:
     model = model_from_config(cfg.model)
     t = cfg.trainer
@@ -146,7 +154,7 @@ def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, 
         val,
         cfg.global_batch_size,
         seed=t.seed,
-        num_workers=cfg.data.num_workers,
+        num_workers=loader_workers(cfg),
         min_val_batch=max(s.replicas for s in plan.stages),
         # page-locked host batches on a GPU run: the copy to the device runs asynchronously
         pin_memory=str(cfg.cluster.device_kind) == "gpu",

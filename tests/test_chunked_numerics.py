@@ -22,6 +22,7 @@ from dapple_launch.schedule import StageCosts, simulate_ranks
 
 from .custom_models.skipnet import build as build_skipnet
 from .multiproc import run_ranks
+from .rank_batches import rank_batch
 from .saved_bytes import SavedBytes, saved_and_freed_at_input
 from .test_pipeline_numerics import reference, worst_grad_rel
 
@@ -81,7 +82,7 @@ def _compare(rank, world, model_name, plan_json, batch_n):
     tied = TiedSync(ties, local_tied_parameters(local.layers, model), local_stages, replica)
     counter = SavedBytes(weights=list(local.parameters()))
     with counter.hooks():
-        result = ex.run(plan.build_schedule(), batch)
+        result = ex.run(plan.build_schedule(), rank_batch(plan, rank, batch))
     for sync in syncs:
         sync.finish()
     tied.sync()

@@ -170,7 +170,7 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
     # and profiled (its timeline names each step's stage)
     for name, layout in (
         ("dp", ["strategy.stages=1", "strategy.replicas=[4]"]),
-        ("deep", ["strategy.stages=4", "strategy.replicas=[1]"]),
+        ("deep", ["strategy.stages=4", "strategy.replicas=[1]", "data.num_workers=1"]),  # (same data from a worker)
         (
             "zbv",
             ["strategy.schedule=zbv", "strategy.stages=4", "strategy.replicas=[2]", "trainer.profile_pipeline=true"],
@@ -185,6 +185,12 @@ def test_default_job_contract_resume_and_layout_change(tmp_path):
         assert sorted(got) == [s for s in sorted(ref) if s >= 4]  # logged step = optimizer steps before it
         for s, v in got.items():
             assert v == pytest.approx(ref[s], rel=1e-4), (name, s)
+    # each rank read only what its stages use: a middle stage nothing, the last stage the targets
+    deep_logs = tmp_path / "deep" / "logs"
+    assert "this rank reads nothing of each global batch" in (deep_logs / "rank-1.log").read_text()
+    assert "reads the targets of 16 of each global batch's 16 samples" in (deep_logs / "rank-3.log").read_text()
+    zbv_ends = (tmp_path / "zbv" / "logs" / "rank-1.log").read_text()  # replica 1 of the group holding 0 and 3
+    assert "reads the inputs of 8 and the targets of 8 of each global batch's 16 samples" in zbv_ends
     timeline = json.loads((tmp_path / "zbv" / "timeline.json").read_text())
     rows = timeline["measured"][0]["ranks"]
     assert [r["stages"] for r in rows] == [[0, 3], [0, 3], [1, 2], [1, 2]]

@@ -20,6 +20,7 @@ from dapple_launch.schedule import Action, Kind, Schedule, StageCosts, build_sch
 
 from .custom_models.skipnet import build as build_skipnet
 from .multiproc import run_ranks
+from .rank_batches import rank_batch
 from .saved_bytes import SavedBytes, saved_and_freed_at_input
 
 pytestmark = pytest.mark.multiprocess
@@ -110,7 +111,8 @@ def pipelined(model, plan, rank, batch, precision="32", hand_made=None):
         recompute=[i - a for i in plan.stages[stage].recompute_layers],
         slice_loss_fn=getattr(model, "slice_loss", None),
     )
-    result = ex.run(hand_made or plan.build_schedule(), batch)
+    schedule = hand_made or plan.build_schedule()
+    result = ex.run(schedule, rank_batch(plan, rank, batch, schedule))
     sync.finish()
     tied.sync()
     loss = result.loss_sum.clone()

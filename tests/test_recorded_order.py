@@ -53,6 +53,8 @@ def _eval(rank, world, plan_json, batch_n, chunked):
     from dapple_launch.schedule import forward_only
     from dapple_launch.schedule.ranks import forward_only_orders
 
+    from .rank_batches import rank_batch
+
     plan = Plan.from_json(plan_json)
     model = model_of("gpt")
     grid = ProcessGrid.from_plan(plan)
@@ -75,11 +77,13 @@ def _eval(rank, world, plan_json, batch_n, chunked):
                 precision=MixedPrecision("32"),
             )
             x = plan.build_schedule()
-            result = ex.run(forward_only_orders(x.placement, x.num_ranks, plan.num_micro_batches), batch)
+            schedule = forward_only_orders(x.placement, x.num_ranks, plan.num_micro_batches)
+            result = ex.run(schedule, rank_batch(plan, rank, batch, schedule))
         else:
             stage, replica = grid.position(rank)
             ex = StageExecutor(local.local_stack(), model.loss, PointToPoint(grid, stage, replica), grid.num_stages)
-            result = ex.run(forward_only(grid.num_stages, plan.num_micro_batches), batch)
+            schedule = forward_only(grid.num_stages, plan.num_micro_batches)
+            result = ex.run(schedule, rank_batch(plan, rank, batch, schedule))
     loss = result.loss_sum.clone()
     dist.all_reduce(loss)
     return {"loss": loss.item(), "ref_loss": ref_loss}

@@ -432,10 +432,12 @@ STRATEGY_SCHEMAS = {"fixed": FixedStrategyConfig, "auto": AutoStrategyConfig, "f
 @dataclass
 class DataConfig:
     kind: DataKind = MISSING
-    num_workers: int = 0
+    # loader processes per rank; null: 2 on a GPU run (the next batch is read and pinned while the
+    # card computes), 0 on CPU (workers would take the cores the ranks compute on)
+    num_workers: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _need(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
+        _need(self.num_workers is None or self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0")
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """The synthetic data sets, the datasets of every data kind, and the data module the trainer reads.
 
-Every rank loads the whole global batch and takes its own slice of each micro-batch: stages
-with different replica counts then agree on which samples they see without any extra
-communication, and Lightning's distributed sampler is not used (it would split by world rank,
-which is wrong for a pipeline). The batch sampler is resumable: a mid-epoch checkpoint records
+Every rank draws the same global batches of indices and reads of each only the rows and tensors
+its stages use (data/rank_batch.py): stages with different replica counts then agree on which
+samples they see without any extra communication, and Lightning's distributed sampler is not used
+(it would split by world rank, which is wrong for a pipeline). The batch sampler is resumable: a mid-epoch checkpoint records
 how many batches the epoch had consumed, and the resumed run continues with the next one.
 """
 
@@ -15,8 +15,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..log import get_logger
 from ..models.contract import PipelineModel
 from .corpus import encode, generate_text, mask_tokens
+from .rank_batch import RankView, describe_reads, keep_batch
 
 
 class TextWindows(Dataset):
@@ -119,7 +121,7 @@ def build_datasets(data_cfg, model: PipelineModel, model_name: str, seed: int) -
 
 
 class PipelineData(L.LightningDataModule):
-    """Global batches: every rank reads the same ones (see the module docstring). `min_val_batch`:
+    """Global batches: every rank draws the same ones, and reads its part (see the module docstring). `min_val_batch`:
     the fewest samples a validation batch may have (the most replicas a stage has)."""
 
     def __init__(
@@ -137,13 +139,38 @@ class PipelineData(L.LightningDataModule):
         self.seed, self.num_workers, self.min_val_batch = seed, num_workers, min_val_batch
         self.pin_memory = pin_memory
         self._resume: tuple[int, int] | None = None
+        self._said = False
+
+    def _views(self) -> tuple[Dataset, Dataset, bool]:
+        """(train, validation) as this rank reads them, and whether they are rank views: under a
+        pipeline strategy only its stages' rows and tensors (data/rank_batch.py); else whole."""
+        trainer = getattr(self, "trainer", None)
+        reads = getattr(trainer.strategy, "batch_reads", None) if trainer is not None else None
+        if reads is None:
+            return self.train_set, self.val_set, False
+        n_val, g = len(self.val_set), self.global_batch_size
+        eval_sizes = {g} | ({n_val % g} if n_val % g >= self.min_val_batch else set())
+        train, evaluation = reads([g], sorted(eval_sizes))
+        if not self._said:  # once per run, in this rank's log (rank 0's in the terminal)
+            self._said = True
+            get_logger().info(describe_reads(train[g], g))
+        return RankView(self.train_set, train), RankView(self.val_set, evaluation), True
+
+    def _loader(self, dataset: Dataset, sampler: GlobalBatchSampler, view: bool) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            collate_fn=keep_batch if view else None,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         sampler = GlobalBatchSampler(len(self.train_set), self.global_batch_size, self.seed, shuffle=True)
         sampler.resume, self._resume = self._resume, None
-        return DataLoader(
-            self.train_set, batch_sampler=sampler, num_workers=self.num_workers, pin_memory=self.pin_memory
-        )
+        train, _, view = self._views()
+        return self._loader(train, sampler, view)
 
     def val_dataloader(self) -> DataLoader:
         sampler = GlobalBatchSampler(
@@ -154,7 +181,8 @@ class PipelineData(L.LightningDataModule):
             drop_last=False,
             min_last=self.min_val_batch,
         )
-        return DataLoader(self.val_set, batch_sampler=sampler, num_workers=self.num_workers, pin_memory=self.pin_memory)
+        _, val, view = self._views()
+        return self._loader(val, sampler, view)
 
     # Lightning saves these with every checkpoint and restores them before building the loaders.
     def state_dict(self) -> dict:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..data.rank_batch import INPUTS, TARGETS, RankBatch, WholeBatch, rows_of
 from ..models.contract import as_tuple, carry_map, run_layers
 from ..models.split_backward import backward_input, watch_accumulation
 from ..models.token_slices import KVCache, TokenSlice, running
@@ -50,7 +51,7 @@ class StepResult:
 class _Iteration:
     """What one run() keeps per micro-batch while its actions execute."""
 
-    batch: tuple
+    batch: RankBatch | WholeBatch
     n_total: int
     micro: tuple  # (lo, hi) sample range of each micro-batch
     train: bool
@@ -116,9 +117,10 @@ class StageExecutor:
         self.saved_peak = 0  # most micro-batches whose activations were alive at once (memory check)
         self.timeline: list | None = None  # set to a list to record (action, start, end) wall times
 
-    def _slice(self, carry, micro: tuple[int, int]):
+    def _slice(self, batch: RankBatch | WholeBatch, part: int, micro: tuple[int, int]):
+        """This replica's share of a micro-batch's inputs or targets (runtime/rank_rows.py reads the same)."""
         lo, hi = split_bounds(micro[1] - micro[0], self.replicas)[self.replica]
-        return carry_map(lambda t: t[micro[0] + lo : micro[0] + hi], carry)
+        return batch.take(part, micro[0] + lo, micro[0] + hi)
 
     def run(self, schedule: Schedule, batch: tuple, loss_scale: float = 1.0) -> StepResult:
         """One iteration over the global batch. Backward populates .grad of this stage's parameters;
@@ -164,7 +166,8 @@ class StageExecutor:
     def begin(self, batch: tuple, sequences: int, train: bool, slice_lengths: tuple[int, ...] = ()) -> _Iteration:
         """The state of one iteration over `batch` cut into `sequences` micro-batches (each into
         token slices of `slice_lengths` when given)."""
-        n_total = as_tuple(batch[0])[0].shape[0]
+        batch = rows_of(batch)
+        n_total = batch.n_total
         K = max(1, len(slice_lengths))
         micro = split_bounds(n_total, sequences)
         tokens = ()
@@ -172,7 +175,7 @@ class StageExecutor:
             from ..schedule.terapipe import bounds
 
             tokens = tuple(bounds(slice_lengths))
-            width = as_tuple(batch[0])[0].shape[1]
+            width = as_tuple(batch.first_row())[0].shape[1] if self.is_first else tokens[-1][1]
             if width != tokens[-1][1]:
                 raise ValueError(
                     f"token slices {list(slice_lengths)} cover {tokens[-1][1]} tokens but the "
@@ -187,7 +190,7 @@ class StageExecutor:
                 f"a batch of {n_total} samples split into {sequences * K} micro-batches leaves fewer "
                 f"samples per micro-batch than a stage has replicas ({widest})"
             )
-        device = as_tuple(batch[0])[0].device
+        device = self.device
         return _Iteration(batch, n_total, micro, train, {}, {}, torch.zeros((), device=device), {}, K, tokens, {})
 
     def act(self, a, it: _Iteration, loss_scale: float) -> None:
@@ -210,7 +213,7 @@ class StageExecutor:
             start, stop = it.tokens[i]
             piece = TokenSlice(i, start, stop, it.caches.setdefault(seq, KVCache()))
         if self.is_first:
-            x = self._slice(it.batch[0], it.micro[seq])
+            x = self._slice(it.batch, INPUTS, it.micro[seq])
             if piece is not None:
                 x = carry_map(lambda t: t[:, piece.start : piece.stop], x)
         else:
@@ -227,7 +230,7 @@ class StageExecutor:
                 with running(piece):
                     y = run_layers(self.blocks, x)
             if self.is_last:
-                target = self._slice(it.batch[1], it.micro[seq])
+                target = self._slice(it.batch, TARGETS, it.micro[seq])
                 loss = (
                     self.loss_fn(y, target) if piece is None else self.slice_loss_fn(y, target, piece.start, piece.stop)
                 ).sum() / it.n_total

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..data.rank_batch import rows_of
 from ..models.contract import as_tuple, carry_map, run_layers
 from ..models.token_slices import KVCache, TokenSlice, running
 from ..schedule.nccl import check_lowered
@@ -42,7 +43,7 @@ def output_layouts(ex, batch, inputs: dict, slice_lengths: tuple[int, ...]) -> d
             for i, tok in enumerate(tokens):
                 variant = None if tok is None else tok[1] - tok[0]
                 if ex.is_first:
-                    x = carry_map(lambda t: t[0:1], batch[0])
+                    x = rows_of(batch).first_row()
                     if tok is not None:
                         x = carry_map(lambda t: t[:, tok[0] : tok[1]], x)
                 else:

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from ..data.rank_batch import global_size
 from ..models.contract import PipelineModel, batch_size, build_layer, run_layers
 from .lr import lr_factor
 from .precision import LossScaler, MixedPrecision, grads_finite
@@ -117,7 +118,7 @@ class PipelineModule(L.LightningModule):
         opt.zero_grad(set_to_none=True)
         sched.step()
         # The loss is already the same on every rank, so no sync is needed for monitors to agree.
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch_size(batch[0]))
+        self.log("train_loss", loss, prog_bar=True, batch_size=global_size(batch))
         return loss
 
     def _bad_step(self, step: int) -> None:
@@ -151,7 +152,7 @@ class PipelineModule(L.LightningModule):
         else:
             with torch.no_grad():
                 loss = self.reference_loss(batch)
-        self.log("val_loss", loss, prog_bar=True, batch_size=batch_size(batch[0]))
+        self.log("val_loss", loss, prog_bar=True, batch_size=global_size(batch))
         return loss
 
     # The loss scale is part of the run's state: every rank reads the same value back. The

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from ..data.rank_batch import global_size
 from ..models import identity
-from ..models.contract import as_tuple, parameter_layer, tied_owners
+from ..models.contract import parameter_layer, tied_owners
 from ..planner.plan import Plan
-from ..schedule import RANK_ORDER_SCHEDULES, forward_only
-from ..schedule.ranks import forward_only_orders
+from ..schedule import RANK_ORDER_SCHEDULES
 from . import checkpoint as ckpt
 from .clock import perf
 from .executor import GradientSync, StageExecutor
@@ -32,6 +32,7 @@ from .heartbeat import BEAT
 from .p2p import PointToPoint
 from .placement import PlannedEnvironment, check_world_size
 from .rank_executor import RankExecutor, build_rank_executor
+from .rank_rows import eval_micro_batches, eval_schedule, read_table
 from .tied import TiedSync, local_tied_parameters, tied_groups
 
 PLAN_ENV = "DAPPLE_PLAN"
@@ -93,7 +94,7 @@ class DappleStrategy(DDPStrategy):
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # Every rank reads the whole global batch and slices its own part (see data/datasets.py).
+        # Every rank draws the whole global batch's indices and reads only its own rows (data/rank_batch.py).
         return {"num_replicas": 1, "rank": 0}
 
     def set_world_ranks(self) -> None:
@@ -263,14 +264,16 @@ class DappleStrategy(DDPStrategy):
             print(f"pipeline timeline of steps {self.profile_steps[0]}..{step}: {svg_path} (numbers: {json_path})")
 
     def pipeline_eval_step(self, batch) -> torch.Tensor:
-        n = as_tuple(batch[0])[0].shape[0]
-        micro = min(self.plan.num_micro_batches, max(1, n // max(self.grid.replicas)))
-        if self.chunked:
-            x = self.train_schedule
-            result = self._executor.run(forward_only_orders(x.placement, x.num_ranks, micro), batch)
-        else:
-            result = self._executor.run(forward_only(self.grid.num_stages, micro), batch)
+        micro = eval_micro_batches(self.plan.num_micro_batches, global_size(batch), max(self.grid.replicas))
+        result = self._executor.run(eval_schedule(self.train_schedule, self.grid.num_stages, micro), batch)
         return self._broadcast_loss(result.loss_sum)
+
+    def batch_reads(self, train_sizes, eval_sizes) -> tuple[dict, dict]:
+        """What this rank reads of training and evaluation batches of the sizes given
+        (data/rank_batch.RankView): its stages' rows and tensors only."""
+        return read_table(
+            self.grid, self.train_schedule, self.global_rank, train_sizes, eval_sizes, self.plan.num_micro_batches
+        )
 
     # ---- checkpoints: every layout writes and reads the same named tensors ----------------------
     @property
