@@ -8,7 +8,7 @@ action reads and writes that state; see models/contract.py for what a carry is.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -58,12 +58,12 @@ class _Iteration:
     received: dict  # m -> wire tensors that arrived (gradients are taken against them)
     outputs: dict  # m -> the stage's output as it leaves (or, on the last stage, the loss to backpropagate)
     loss_sum: torch.Tensor
-    weights: dict = None  # m -> what its W needs (split backward: between I and W)
+    weights: dict = field(default_factory=dict)  # m -> what its W needs (split backward: between I and W)
     # token slicing (schedule/terapipe.py): actions name units u = m·K + i; per sequence micro-batch,
     # the stage's cache of keys and values (models/token_slices.py)
     slices: int = 1
     tokens: tuple = ()  # (start, stop) of each slice
-    caches: dict = None
+    caches: dict = field(default_factory=dict)
 
     def unit(self, u: int) -> tuple[int, int]:
         """(micro-batch, slice) of unit u."""
@@ -138,22 +138,22 @@ class StageExecutor:
             raise stopped_at(self.stage, self.replica, PREPARING, exc) from exc
         # the stage's gradients are complete after its last B or W: the all-reduce may start
         last_backward = max((i for i, a in enumerate(actions) if a.kind.frees_activations), default=-1)
-        record = self.timeline is not None
+        timeline = self.timeline
         step = 0  # compute steps so far: the lowered program's slots count them
         for i, a in enumerate(actions):
             if not a.kind.is_compute:
                 continue  # transfers are the lowered program's: issued in its slots, waited for by the compute
             try:
                 comms.issue_through(step)
-                start = now(self.device) if record else 0.0
+                start = now(self.device) if timeline is not None else 0.0
                 BEAT.action(a)  # (made a string only when the heartbeat writes it: not on every action)
                 if i == last_backward and self.before_last_backward is not None:
                     self.before_last_backward()
                 self.act(a, it, loss_scale)
                 if i == last_backward and self.on_last_backward is not None:
                     self.on_last_backward()
-                if record:
-                    self.timeline.append((schedule.label(a), start, now(self.device)))
+                if timeline is not None:
+                    timeline.append((schedule.label(a), start, now(self.device)))
             except RuntimeError as exc:
                 raise stopped(self.stage, self.replica, a, i, len(actions), schedule.name, exc) from exc
             step += 1
@@ -163,10 +163,10 @@ class StageExecutor:
             raise stopped_at(self.stage, self.replica, SENDS_DRAINING, exc) from exc
         return StepResult(it.loss_sum, it.n_total)
 
-    def begin(self, batch: tuple, sequences: int, train: bool, slice_lengths: tuple[int, ...] = ()) -> _Iteration:
-        """The state of one iteration over `batch` cut into `sequences` micro-batches (each into
-        token slices of `slice_lengths` when given)."""
-        batch = rows_of(batch)
+    def begin(self, whole, sequences: int, train: bool, slice_lengths: tuple[int, ...] = ()) -> _Iteration:
+        """The state of one iteration over batch `whole` (or this rank's rows of it) cut into `sequences`
+        micro-batches (each into token slices of `slice_lengths` when given)."""
+        batch = rows_of(whole)
         n_total = batch.n_total
         K = max(1, len(slice_lengths))
         micro = split_bounds(n_total, sequences)
@@ -231,9 +231,11 @@ class StageExecutor:
                     y = run_layers(self.blocks, x)
             if self.is_last:
                 target = self._slice(it.batch, TARGETS, it.micro[seq])
-                loss = (
-                    self.loss_fn(y, target) if piece is None else self.slice_loss_fn(y, target, piece.start, piece.stop)
-                ).sum() / it.n_total
+                if piece is None:
+                    loss = self.loss_fn(y, target).sum() / it.n_total
+                else:
+                    assert self.slice_loss_fn is not None  # (begin() refuses slices without it)
+                    loss = self.slice_loss_fn(y, target, piece.start, piece.stop).sum() / it.n_total
                 it.loss_sum = it.loss_sum + loss.detach().float()
                 if it.train:
                     it.outputs[m] = loss * loss_scale if loss_scale != 1.0 else loss

@@ -16,23 +16,26 @@ already has, which differs between ranks holding different pairs, so their rende
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch.distributed as dist
 
 
 class Communicators:
     def __init__(self, world) -> None:
         self.world = world  # the default group these were made under (a new one starts afresh)
-        self.groups: dict[tuple[str, tuple[int, ...]], object] = {}
+        self.groups: dict[tuple[str, tuple[int, ...]], dist.ProcessGroup] = {}
         # a new group's rendezvous and its operations time out as the world's do (trainer.timeout_s):
         # new_group's own default is torch's 30 minutes, so a peer that never joins would hold every
         # other rank that long
         self.timeout = world_timeout(world)
 
-    def get(self, ranks, purpose: str = "collective"):
+    def get(self, ranks, purpose: str = "collective") -> dist.ProcessGroup:
         key = (purpose, tuple(sorted(set(ranks))))
         group = self.groups.get(key)
         if group is None:
-            group = dist.new_group(list(key[1]), timeout=self.timeout)
+            # (on a rank outside `ranks`, torch's NON_GROUP_MEMBER marker, which that rank never uses)
+            group = cast(dist.ProcessGroup, dist.new_group(list(key[1]), timeout=self.timeout))
             self.groups[key] = group
         return group
 

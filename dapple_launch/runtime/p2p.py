@@ -84,20 +84,26 @@ class RankComms:
             ts.sort(key=lambda t: t.lo)
         self._it = _Iteration(program, variant, incoming, outgoing)
 
+    @property
+    def _now(self) -> _Iteration:
+        """The iteration begun and not yet finished."""
+        assert self._it is not None, "RankComms.begin() comes before the iteration's transfers"
+        return self._it
+
     def layout(self, t: Transfer) -> Layout:
-        act = self.layouts[(t.boundary, self._it.variant(t.unit))]
+        act = self.layouts[(t.boundary, self._now.variant(t.unit))]
         return act if t.space == "A" else gradient_layout(act)
 
     def issue_through(self, step: int) -> None:
         """Issue every slot up to and including `step` (the one before compute step `step`)."""
-        it = self._it
+        it = self._now
         slots = it.program.slots
         while it.issued <= step and it.issued < len(slots):
             for t, is_send in slots[it.issued]:
                 self._send(t) if is_send else self._recv(t)
             it.issued += 1
 
-    def _group(self, peer: int):
+    def _group(self, peer: int) -> dist.ProcessGroup:
         return communicators().get((self.rank, peer), "p2p")
 
     def _send(self, t: Transfer) -> None:
@@ -109,8 +115,8 @@ class RankComms:
         works = dist.batch_isend_irecv([dist.P2POp(dist.isend, p, t.dst, group) for p in pieces])
         self.pending.append((works, pieces))
         self.bytes_sent += sum(p.numel() * p.element_size() for p in pieces)
-        left = self._it.outgoing[key] - 1
-        self._it.outgoing[key] = left
+        left = self._now.outgoing[key] - 1
+        self._now.outgoing[key] = left
         if left == 0:
             del self.outbox[key]  # every piece is on its way: the carry is kept by the sends alone
 
@@ -119,15 +125,15 @@ class RankComms:
         bufs = [torch.empty((n, *tail), dtype=wire, device=self.device) for tail, wire, _ in self.layout(t)]
         group = self._group(t.src)
         works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, b, t.src, group) for b in bufs]) if bufs else []
-        self._it.buffers[t] = (bufs, works)
+        self._now.buffers[t] = (bufs, works)
 
     def put(self, space: str, stage: int, unit: int, carry: tuple, logical: tuple) -> None:
         """What stage `stage` made for unit `unit` and sends on (activation "A") or back (gradient "G")."""
         key = (space, stage, unit)
-        if key not in self._it.outgoing:
+        if key not in self._now.outgoing:
             return  # nothing of it leaves this rank (a local hand-off took it)
         boundary = stage if space == "A" else stage - 1
-        layout = self.layouts[(boundary, self._it.variant(unit))]
+        layout = self.layouts[(boundary, self._now.variant(unit))]
         if space == "G":
             layout = gradient_layout(layout)
         got = tuple((tuple(t.shape[1:]), t.dtype) for t in carry)
@@ -143,11 +149,11 @@ class RankComms:
     def take(self, space: str, stage: int, unit: int) -> Received:
         """The carry stage `stage` needs for unit `unit`, waited for (its receives were issued earlier)."""
         pieces, layout = [], ()
-        incoming = self._it.incoming[(space, stage, unit)]
+        incoming = self._now.incoming[(space, stage, unit)]
         doing = BEAT.state.get("action")
         BEAT.action(f"R{space}{unit}")  # only waiting on a peer (the launcher names the peer, not this rank)
         for t in incoming:
-            bufs, works = self._it.buffers.pop(t)
+            bufs, works = self._now.buffers.pop(t)
             for w in works:
                 w.wait()
             pieces.append(bufs)
@@ -164,7 +170,7 @@ class RankComms:
         """Issue what is left (the slot after the last compute) and wait for every send."""
         if self._it is None:
             return
-        self.issue_through(len(self._it.program.slots))
+        self.issue_through(len(self._now.program.slots))
         BEAT.action("waiting for its sends to be received")
         for works, _ in self.pending:
             for w in works:
@@ -186,7 +192,7 @@ class PointToPoint:
     # micro-batch) -> the ranks of the copy that runs it (the schedule's route); None: every rank
     # holding the stage (one copy per stage)
     route: Callable[[int, int], tuple[int, ...]] | None = None
-    comms: RankComms | None = None
+    comms: RankComms = None  # type: ignore[assignment]  # (the rank's own, made below when not given)
 
     def __post_init__(self):
         if self.comms is None:

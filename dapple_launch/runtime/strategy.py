@@ -12,7 +12,7 @@ import math
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,9 @@ from .placement import PlannedEnvironment, check_world_size
 from .rank_executor import RankExecutor, build_rank_executor
 from .rank_rows import eval_micro_batches, eval_schedule, read_table
 from .tied import TiedSync, local_tied_parameters, tied_groups
+
+if TYPE_CHECKING:
+    from .module import PipelineModule
 
 PLAN_ENV = "DAPPLE_PLAN"
 
@@ -73,6 +76,17 @@ class DappleStrategy(DDPStrategy):
         # which returns once every rank has finished its actions and gradient all-reduces: the span the
         # plan's estimate describes (the optimizer step, data and Lightning's hooks are outside it)
         self.pipeline_s: list[float] = []
+
+    @property
+    def module(self) -> PipelineModule:
+        """The LightningModule this strategy trains: always a PipelineModule (runtime/module.py)."""
+        return cast("PipelineModule", self.lightning_module)
+
+    @property
+    def executor(self) -> Any:
+        """This rank's StageExecutor or RankExecutor (their run() takes the schedule kind they hold)."""
+        assert self._executor is not None, "setup() builds the executor"
+        return self._executor
 
     # ---- the grid ------------------------------------------------------------------------
     @property
@@ -136,7 +150,7 @@ class DappleStrategy(DDPStrategy):
         # per distinct set of ranks (stages sharing their devices share it), apart from the transfers'
         comms = communicators()
         self._stage_groups = [comms.get(self.grid.stage_ranks(s)) for s in range(self.grid.num_stages)]
-        model = self.lightning_module.model
+        model = self.module.model
         self._tied_groups = tied_groups(model, [s.layers for s in self.plan.stages])
         for g in self._tied_groups:
             g.group = comms.get({r for s in g.stages for r in self.grid.stage_ranks(s)})
@@ -146,7 +160,7 @@ class DappleStrategy(DDPStrategy):
 
     def setup(self, trainer) -> None:
         super().setup(trainer)
-        module = self.lightning_module
+        module = self.module
         local = self.local_stages
         tied = local_tied_parameters(module.layers, module.model)
         self._tied = TiedSync(self._tied_groups, tied, local, self.replica)
@@ -192,13 +206,14 @@ class DappleStrategy(DDPStrategy):
         return loss
 
     def pipeline_train_step(self, batch, loss_scale: float = 1.0) -> torch.Tensor:
-        step = self.lightning_module.trainer.global_step
+        step = self.module.trainer.global_step
         recording = step in self.profile_steps
-        self._executor.timeline = [] if recording else None
+        self.executor.timeline = [] if recording else None
         t0 = perf(self.root_device)  # (on a GPU: after the previous step's queued work)
-        result = self._executor.run(self.train_schedule, batch, loss_scale=loss_scale)
+        result = self.executor.run(self.train_schedule, batch, loss_scale=loss_scale)
         for sync in self._syncs:
             sync.finish()
+        assert self._tied is not None, "setup() makes the tied-weight sync"
         self._tied.sync()
         loss = self._broadcast_loss(result.loss_sum)
         self.pipeline_s.append(perf(self.root_device) - t0)  # the work done, not its enqueueing
@@ -213,8 +228,8 @@ class DappleStrategy(DDPStrategy):
         the loss scale undone and the clip applied in one foreach multiply. A tied weight counts
         once (on its first stage), a stage's replicas once (replica 0), so every rank holds the
         same norm and takes the same decision."""
-        params = [p for p in self.lightning_module.parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        grads = [g for g in (p.grad for p in params) if g is not None]  # (all of them: the filter above)
         device = self.root_device
         zero = torch.zeros((), device=device)
         # each gradient's norm once; the whole set says whether any is non-finite, the counted ones the norm
@@ -248,14 +263,14 @@ class DappleStrategy(DDPStrategy):
     def _record(self, step: int) -> None:
         from .timeline import measured_iteration, write_timeline
 
-        events = self._executor.timeline
+        events = self.executor.timeline
         several = len(self._syncs) > 1
         for sync, s in zip(self._syncs, self.local_stages if several else (None,)):
             if sync.span:
                 events.append((f"AR·s{s}" if several else "AR", *sync.span))
-        self._executor.timeline = None
-        gathered = [None] * self.world_size if self.is_global_zero else None
-        dist.gather_object(events, gathered, dst=0)
+        self.executor.timeline = None
+        gathered: list = [None] * self.world_size
+        dist.gather_object(events, gathered if self.is_global_zero else None, dst=0)
         if not self.is_global_zero:
             return
         self._recorded.append(measured_iteration(step, gathered, self.grid))
@@ -265,7 +280,7 @@ class DappleStrategy(DDPStrategy):
 
     def pipeline_eval_step(self, batch) -> torch.Tensor:
         micro = eval_micro_batches(self.plan.num_micro_batches, global_size(batch), max(self.grid.replicas))
-        result = self._executor.run(eval_schedule(self.train_schedule, self.grid.num_stages, micro), batch)
+        result = self.executor.run(eval_schedule(self.train_schedule, self.grid.num_stages, micro), batch)
         return self._broadcast_loss(result.loss_sum)
 
     def batch_reads(self, train_sizes, eval_sizes) -> tuple[dict, dict]:
@@ -279,12 +294,12 @@ class DappleStrategy(DDPStrategy):
     @property
     def _owners(self) -> dict[str, str]:
         """Tied member -> the name its weight is stored under (models.contract.tied_owners)."""
-        return tied_owners(self.lightning_module.model)
+        return tied_owners(self.module.model)
 
     def _param_names(self) -> list[list[str]]:
         """The optimizer's parameters by stored name (a tied copy answers to its owner's name)."""
         owners = self._owners
-        ids = {id(p): owners.get(n, n) for n, p in self.lightning_module.named_parameters()}
+        ids = {id(p): owners.get(n, n) for n, p in self.module.named_parameters()}
         return [[ids[id(p)] for p in group["params"]] for group in self.optimizers[0].param_groups]
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
@@ -311,7 +326,7 @@ class DappleStrategy(DDPStrategy):
         # the save's collectives wait on every rank: labelled as such, so a rank stopped meanwhile is
         # named with the others only waiting on it (launch/local.py)
         BEAT.action("collective (checkpoint save: its directory)")
-        token = self.broadcast(secrets.token_hex(4) if self.is_global_zero else None)
+        token = self.broadcast(secrets.token_hex(4) if self.is_global_zero else "")
         BEAT.action("checkpoint save")
         tmp = ckpt.fresh_tmp(filepath, token)
         error = ""
@@ -338,12 +353,12 @@ class DappleStrategy(DDPStrategy):
         BEAT.action("checkpoint save")
         if self.is_global_zero:
             checkpoint["dapple"] = {
-                "model": identity(self.lightning_module.model),
+                "model": identity(self.module.model),
                 "plan": self.plan.to_dict(),
                 "num_layers": self.plan.num_layers,
             }
             try:
-                ckpt.commit(filepath, tmp, checkpoint, self.lightning_module.trainer.global_step)
+                ckpt.commit(filepath, tmp, checkpoint, self.module.trainer.global_step)
             except OSError as exc:
                 error = storage_error(exc, tmp)
         BEAT.action("collective (checkpoint save: committed)")  # every rank waits for rank 0's commit here
@@ -364,7 +379,7 @@ class DappleStrategy(DDPStrategy):
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         meta = ckpt.read_meta(checkpoint_path)
-        module = self.lightning_module
+        module = self.module
         ckpt.check_compatible(meta, identity(module.model), checkpoint_path)
         owners = self._owners
         wanted = module.state_dict().keys()
