@@ -34,13 +34,14 @@ def export(source: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
+    from .models.contract import HFNamed
     from .plan_config import model_from_config
     from .runtime.checkpoint import read_shards
 
     ckpt, run = checkpoint_and_run(source)
     cfg = OmegaConf.load(run / "config.yaml")
     model = model_from_config(cfg.model)
-    if not hasattr(model, "hf_name"):
+    if not isinstance(model, HFNamed):
         raise ValueError(
             f"{run} trained model={cfg.model.name}; export writes Hugging Face directories of model=hf "
             f"and model=llama checkpoints"
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     from .log import get_logger, setup
 
     setup()
-    parser = argparse.ArgumentParser(prog="python -m dapple_launch.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dapple_launch.export", description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("source", type=Path, help="a run directory (its newest checkpoint) or one checkpoint")
     parser.add_argument("out", type=Path, help="the Hugging Face directory to write")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .cluster import Topology
 from .config import GBPS, GIB
+from .config.choices import mapping
 from .models import PipelineModel, build_custom, build_model
 from .planner import Limits, Plan, fixed_plan
 from .planner.chunked import CHUNKED, check_chunked, groups_for
@@ -79,9 +80,9 @@ def shipped_topology(name: str, precision: str = "auto") -> Topology:
     one trainer.precision=auto picks there). For benchmarks and tests that plan without composing."""
     from .config import CONF_DIR, ClusterConfig
 
-    c = OmegaConf.load(CONF_DIR / "cluster" / f"{name}.yaml")
+    c = mapping(OmegaConf.load(CONF_DIR / "cluster" / f"{name}.yaml"))
     c.pop("defaults", None)
-    c = OmegaConf.merge(OmegaConf.structured(ClusterConfig), c)
+    c = mapping(OmegaConf.merge(OmegaConf.structured(ClusterConfig), c))
     if precision == "auto":
         precision = run_precision(OmegaConf.create({"trainer": {"precision": "auto"}, "cluster": c}))
     return topology_from_config(c, precision)
@@ -325,7 +326,7 @@ def frontier_from_config(cfg: DictConfig):
 
 @lru_cache(maxsize=8)
 def _choice_for(key: str):
-    cfg = OmegaConf.create(key)
+    cfg = mapping(OmegaConf.create(key))
     precision = run_precision(cfg)
     topology = measured_if_asked(cfg, topology_from_config(cfg.cluster, precision))
     return choice_for(cfg, profile_from_config(cfg, topology), topology)
@@ -517,7 +518,7 @@ def cached_plan(cfg: DictConfig) -> Plan:
 
 @lru_cache(maxsize=16)
 def _plan_for(key: str) -> Plan:
-    cfg = OmegaConf.create(key)
+    cfg = mapping(OmegaConf.create(key))
     if frontier_from_config(cfg) is not None:  # planned once: the frontier's choice
         plan = _choice_for(key).plan
     else:

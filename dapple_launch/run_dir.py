@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,11 +32,12 @@ LOCK = ".lock"
 def storage_refusal(exc: OSError, path) -> ValueError:
     """A failed write as one line: the path and what the errno means."""
     what = os.strerror(exc.errno) if exc.errno else str(exc)
-    fix = {
+    fixes: dict[int | None, str] = {
         errno.EACCES: "choose a writable hydra.run.dir",
         errno.EROFS: "choose a hydra.run.dir on a writable disk",
         errno.ENOSPC: "free space there or choose another hydra.run.dir",
-    }.get(exc.errno, "")
+    }
+    fix = fixes.get(exc.errno, "")
     return ValueError(f"cannot write {exc.filename or path}: {what}" + (f"; {fix}" if fix else ""))
 
 
@@ -162,7 +164,7 @@ def prepare(cfg: DictConfig, run_dir: Path) -> None:
 
 def write_run_files(cfg: DictConfig, plan: Plan, run_dir: Path) -> Path:
     """plan.json and config.yaml for the user, and this launch's snapshot for its ranks (returned)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    resolved = cast(dict, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     resolved["plan"] = plan.to_dict()
     text = OmegaConf.to_yaml(OmegaConf.create(resolved))
     snapshot = run_dir / ".dapple" / f"launch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor
@@ -47,7 +48,7 @@ def build_logger(cfg: DictConfig, run_dir: Path):
 def hyperparameters(cfg: DictConfig, plan: Plan) -> dict:
     """What a logger records with the run (CSV: hparams.yaml; W&B: the run's config): the resolved
     config and the plan's layout, so runs can be compared by layout."""
-    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config = cast(dict, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     config.pop("plan", None)
     return {
         **config,

@@ -1,5 +1,6 @@
 """Lint in the fast tier: ruff's rules (pyproject [tool.ruff]) on the package, tests and benchmarks,
-and the import-linter contracts that keep the layers one way (pyproject [tool.importlinter])."""
+the import-linter contracts that keep the layers one way (pyproject [tool.importlinter]), and the
+type checker on the package (pyproject [tool.basedpyright])."""
 
 from __future__ import annotations
 
@@ -43,4 +44,9 @@ def test_ruff_format_leaves_everything_as_it_is():
 
 def test_the_import_contracts_are_kept():
     out = subprocess.run([tool("lint-imports")], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_package_type_checks():
+    out = subprocess.run([tool("basedpyright")], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

@@ -95,3 +95,13 @@ def _positive(section: str, **values) -> None:
     for key, value in values.items():
         if value is not None:
             _need(value >= 1, f"{section}.{key}", value, "must be >= 1")
+
+
+def mapping(c, where: str = "the config"):
+    """`c` (what OmegaConf.load or create returned) as the DictConfig a config file is: a file
+    holding a list is refused by name rather than failing later on a missing key."""
+    from omegaconf import DictConfig
+
+    if not isinstance(c, DictConfig):
+        raise ValueError(f"{where} holds a list where a mapping of settings was expected")
+    return c

@@ -10,6 +10,7 @@ how many batches the epoch had consumed, and the resumed run continues with the 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from ..log import get_logger
 from ..models.contract import PipelineModel
 from .corpus import encode, generate_text, mask_tokens
-from .rank_batch import RankView, describe_reads, keep_batch
+from .rank_batch import RankView, Samples, describe_reads, keep_batch
 
 
 class TextWindows(Dataset):
@@ -101,14 +102,15 @@ class GlobalBatchSampler(Sampler[list[int]]):
 SYNTHETIC = {"gpt": "text", "bert": "masked_text"}  # the others (vgg19, custom) draw from their own batch()
 
 
-def synthetic(model: PipelineModel, model_name: str, n: int, seed: int) -> Dataset:
+def synthetic(model: PipelineModel, model_name: str, n: int, seed: int) -> Samples:
     kind = SYNTHETIC.get(model_name)
     if kind is not None:
+        assert model.seq_len is not None, f"model {model_name} makes text but states no seq_len"
         return TextWindows(n, model.seq_len, seed, masked=kind == "masked_text")
     return ModelSamples(model, n, seed)
 
 
-def build_datasets(data_cfg, model: PipelineModel, model_name: str, seed: int) -> tuple[Dataset, Dataset]:
+def build_datasets(data_cfg, model: PipelineModel, model_name: str, seed: int) -> tuple[Samples, Samples]:
     """(train, validation) for any data kind of the config."""
     if data_cfg.kind == "synthetic":
         return (
@@ -126,8 +128,8 @@ class PipelineData(L.LightningDataModule):
 
     def __init__(
         self,
-        train: Dataset,
-        val: Dataset,
+        train: Samples,
+        val: Samples,
         global_batch_size: int,
         seed: int,
         num_workers: int = 0,
@@ -141,7 +143,7 @@ class PipelineData(L.LightningDataModule):
         self._resume: tuple[int, int] | None = None
         self._said = False
 
-    def _views(self) -> tuple[Dataset, Dataset, bool]:
+    def _views(self) -> tuple[Samples, Samples, bool]:
         """(train, validation) as this rank reads them, and whether they are rank views: under a
         pipeline strategy only its stages' rows and tensors (data/rank_batch.py); else whole."""
         trainer = getattr(self, "trainer", None)
@@ -156,9 +158,9 @@ class PipelineData(L.LightningDataModule):
             get_logger().info(describe_reads(train[g], g))
         return RankView(self.train_set, train), RankView(self.val_set, evaluation), True
 
-    def _loader(self, dataset: Dataset, sampler: GlobalBatchSampler, view: bool) -> DataLoader:
+    def _loader(self, dataset: Samples, sampler: GlobalBatchSampler, view: bool) -> DataLoader:
         return DataLoader(
-            dataset,
+            cast(Dataset, dataset),  # (map-style: torch reads it by index and length alone)
             batch_sampler=sampler,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
@@ -187,10 +189,9 @@ class PipelineData(L.LightningDataModule):
     # Lightning saves these with every checkpoint and restores them before building the loaders.
     def state_dict(self) -> dict:
         trainer = self.trainer
-        return {
-            "epoch": trainer.current_epoch,
-            "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
-        }
+        assert trainer is not None  # (Lightning calls this while fitting)
+        batches = cast(Any, trainer.fit_loop.epoch_loop.batch_progress.current)  # (a processed-tracking one)
+        return {"epoch": trainer.current_epoch, "batches_done": batches.processed}
 
     def load_state_dict(self, state: dict) -> None:
         self._resume = (int(state["epoch"]), int(state["batches_done"]))

@@ -45,7 +45,9 @@ def prepare(source: Path, target: Path, dtype: str = "uint16", tokenizer: str | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dapple_launch.data.prepare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dapple_launch.data.prepare", description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("input", type=Path, help="a UTF-8 text file or a directory of them")
     parser.add_argument("output", type=Path, help="the token file to write")
     parser.add_argument(

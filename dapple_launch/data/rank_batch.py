@@ -14,6 +14,7 @@ there are any.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import Dataset, default_collate
@@ -21,6 +22,15 @@ from torch.utils.data import Dataset, default_collate
 from ..models.contract import Carry, as_tuple, carry_map
 
 INPUTS, TARGETS = 0, 1
+
+
+class Samples(Protocol):
+    """What the data module reads: a map-style dataset whose length is known."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int) -> Any: ...
+
+
 Ranges = tuple[tuple[int, int], ...]
 
 
@@ -69,10 +79,12 @@ class RankBatch:
                 f"rank (it read {list(held)}): the rank's reads and its executor's schedule disagree"
             )
         carry = self.inputs if part == INPUTS else self.targets
+        assert carry is not None  # (a part with ranges read was loaded)
         return carry_map(lambda t: t[at : at + b - a], carry)
 
     def first_row(self) -> Carry:
         """One row of inputs (learning the layouts of what a first stage sends)."""
+        assert self.inputs is not None, "this rank read no inputs"
         return carry_map(lambda t: t[0:1], self.inputs)
 
     # the loader's pinning thread and Lightning's transfer to the device call these
@@ -137,11 +149,11 @@ class RankView(Dataset):
     rank reads (runtime/rank_rows.py; the train batch's size, the validation's full and last sizes).
     A batch of a size it has no entry for is read whole, as before."""
 
-    def __init__(self, dataset: Dataset, reads: dict[int, Reads]):
+    def __init__(self, dataset: Samples, reads: dict[int, Reads]):
         self.dataset, self.reads = dataset, reads
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)
 
     def __getitem__(self, i: int):
         return self.dataset[i]

@@ -59,6 +59,8 @@ class Head(nn.Module):
 
 class TinyLM(PipelineModel):
     name = "tiny_lm"
+    seq_len: int
+    vocab_size: int
 
     def __init__(self, vocab: int = 256, hidden: int = 128, heads: int = 4, layers: int = 4, seq_len: int = 128):
         if hidden % heads:

@@ -46,7 +46,8 @@ class _Rank:
     interface of subprocess.Popen that the launcher uses)."""
 
     def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
+        self.pid = pid
+        self.returncode: int | None = None
         self.exited_at = float("inf")  # when the zygote reported its end
         self.error = ""  # the one line the rank reported when it failed
 
@@ -61,7 +62,7 @@ class _Rank:
         end = None if timeout is None else time.time() + timeout
         while self.returncode is None:
             if end is not None and time.time() > end:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
             time.sleep(0.02)
         return self.returncode
 
@@ -92,9 +93,11 @@ class _Zygote:
     def start(self, specs: list[dict]) -> list[_Rank]:
         import json
 
+        stdin = self.proc.stdin
+        assert stdin is not None  # (opened with stdin=PIPE)
         for spec in specs:
-            self.proc.stdin.write(json.dumps(spec) + "\n")
-        self.proc.stdin.close()
+            stdin.write(json.dumps(spec) + "\n")
+        stdin.close()
         for _ in specs:
             _, rank, pid = self.reports.readline().split()
             self.ranks[int(rank)] = _Rank(int(pid))

@@ -27,7 +27,9 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import cast
 
+from ..config.choices import mapping
 from ..log import get_logger
 from ..runtime.heartbeat import INTERVAL_S, read_heartbeats
 
@@ -166,7 +168,7 @@ def after_failure(task, job) -> str | None:
         line = f"node {names} lost (ranks {', '.join(map(str, ranks))}); another survivor sees to the job"
         log.error(line)
         return line
-    cfg = OmegaConf.load(Path(task.snapshot) / "config.yaml")
+    cfg = mapping(OmegaConf.load(Path(task.snapshot) / "config.yaml"))
     left = [h for h in job.hostnames if h not in lost]
     found = find_checkpoints(run_dir / "checkpoints")
     step = _last_step(run_dir, job_id)
@@ -231,12 +233,12 @@ def replanned_snapshot(task, job) -> str:
     if job.global_rank == 0:
         from ..plan_config import cached_plan
 
-        cfg = OmegaConf.load(Path(task.snapshot) / "config.yaml")
+        cfg = mapping(OmegaConf.load(Path(task.snapshot) / "config.yaml"))
         cfg.pop("plan", None)
         cfg.cluster.nodes = job.num_nodes
         cfg.cluster.devices_per_node = job.num_tasks // job.num_nodes
         plan = cached_plan(cfg)
-        resolved = OmegaConf.to_container(cfg, resolve=True)
+        resolved = cast(dict, OmegaConf.to_container(cfg, resolve=True))
         resolved["plan"] = plan.to_dict()
         where.mkdir(parents=True, exist_ok=True)
         text = OmegaConf.to_yaml(OmegaConf.create(resolved))

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -228,7 +229,7 @@ def executor_for(cfg: DictConfig, nodes: int, tasks_per_node: int, run_dir: Path
 def submission_script(cfg: DictConfig, plan: Plan, run_dir: Path) -> str:
     """The sbatch script submitit submits for this config, rendered without submitting: the
     template for users who submit by hand, made by the same code so the two cannot drift."""
-    inner = executor(cfg, plan, run_dir)._executor
+    inner: Any = executor(cfg, plan, run_dir)._executor  # (submitit's own renderer: not public API)
     return inner._make_submission_file_text(inner._submitit_command_str, "%j")
 
 

@@ -31,13 +31,14 @@ def main(run_dir: str, snapshot: str | None = None, requeue_signal: bool = False
         import torch
         from omegaconf import OmegaConf
 
+        from ..config.choices import mapping
         from ..planner.plan import Plan
         from ..runtime.grid import ProcessGrid
         from ..runtime.heartbeat import BEAT
 
         torch.set_num_threads(int(os.environ.get("DAPPLE_THREADS", "1")))
         source = Path(snapshot) if snapshot else run
-        cfg = OmegaConf.load(source / "config.yaml")
+        cfg = mapping(OmegaConf.load(source / "config.yaml"), str(source / "config.yaml"))
         from ..host import rendezvous_interfaces
 
         # the interface peers on other nodes reach this rank through, never loopback (before any group)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Protocol, Union, runtime_checkable
 
 import torch
 from torch import nn
@@ -55,6 +55,7 @@ class PipelineModel(abc.ABC):
     name: str = "model"
     seq_len: int | None = None
     vocab_size: int | None = None
+    factory: dict | None = None  # a model.target's factory and arguments (models/__init__.py)
 
     @abc.abstractmethod
     def layers(self) -> list[LayerSpec]: ...
@@ -103,9 +104,23 @@ def run_layers(layers: Sequence[nn.Module], x: Carry) -> Carry:
     return x
 
 
+def carry_of(xs: tuple) -> Carry:
+    """Members as the layers take them: one tensor alone, several as a tuple."""
+    return xs[0] if len(xs) == 1 else xs
+
+
 def carry_map(fn: Callable[[torch.Tensor], torch.Tensor], x: Carry) -> Carry:
     """Apply fn to every member, keeping the carry's form (a tensor stays a tensor)."""
     return tuple(fn(t) for t in x) if isinstance(x, (tuple, list)) else fn(x)
+
+
+@runtime_checkable
+class HFNamed(Protocol):
+    """A model whose weights have Hugging Face names (model=hf, model=llama): what export.py writes."""
+
+    def hf_name(self, position: int, name: str) -> str: ...
+    def hf_expected(self) -> set[str]: ...
+    def hf_config(self) -> Any: ...
 
 
 def batch_size(x: Carry) -> int:

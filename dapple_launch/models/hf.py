@@ -23,6 +23,7 @@ import json
 import threading
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -322,6 +323,8 @@ class HFCausalLM(PipelineModel):
     """A Hugging Face causal LM: layers = [embed, decoder 0 … n-1, norm + head]."""
 
     name = "hf"
+    seq_len: int
+    vocab_size: int
     trace_on_fake_tensors = True  # (profile/analytic.py) the family's code needs a real device type
 
     def __init__(
@@ -369,6 +372,7 @@ class HFCausalLM(PipelineModel):
         return set(self.expected())
 
     def check_weights(self) -> None:
+        assert self.path is not None, "only pretrained weights are checked"
         found = WeightFiles(self.path).shapes()
         for name, shape in self.expected().items():
             if name not in found:
@@ -405,7 +409,7 @@ class HFCausalLM(PipelineModel):
     def _init(self, module: nn.Module) -> nn.Module:
         """The family's own initialisation (its _init_weights), as from_config would apply it."""
         if self.init == "random":
-            shell = _init_shell(self)
+            shell: Any = _init_shell(self)  # (a PreTrainedModel: its _init_weights)
             for m in module.modules():
                 if not isinstance(m, (_ZeroEmbedding, nn.Identity)):
                     shell._init_weights(m)
@@ -432,7 +436,7 @@ class HFCausalLM(PipelineModel):
             ],
         )
 
-    def loss(self, output, target):
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         token = F.cross_entropy(output.float().flatten(0, 1), target.flatten(), ignore_index=-100, reduction="none")
         counted = (target != -100).sum(1).clamp(min=1)
         return token.view(target.shape).sum(1) / counted

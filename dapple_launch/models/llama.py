@@ -66,6 +66,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    inv_freq: torch.Tensor  # (a buffer)
+
     def __init__(self, s: LlamaShape):
         super().__init__()
         self.s = s

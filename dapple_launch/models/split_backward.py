@@ -29,7 +29,9 @@ def _node(t: torch.Tensor):
     """The autograd node a tensor's gradient flows into: its grad_fn, or a leaf's accumulator."""
     if t.grad_fn is not None:
         return t.grad_fn
-    return t.view_as(t).grad_fn.next_functions[0][0]  # (a leaf's accumulator exists once viewed)
+    view = t.view_as(t).grad_fn  # (a leaf's accumulator exists once viewed)
+    assert view is not None, "a tensor that requires no gradient has no autograd node"
+    return view.next_functions[0][0]
 
 
 def _consumers(roots) -> dict:
@@ -61,9 +63,9 @@ class PendingWeights:
     """What W of one micro-batch needs: the graph (through its outputs), the anchors' recorded
     gradients, and the weights that have no anchor."""
 
-    def __init__(self, outputs, grad_outputs, groups, unanchored):
+    def __init__(self, outputs, grad_outputs, groups: list[_Group], unanchored: list[torch.Tensor]):
         self.outputs, self.grad_outputs = outputs, grad_outputs
-        self.groups, self.unanchored = groups, unanchored
+        self.groups, self.unanchored = groups, unanchored  # (emptied once run: the graph is dropped)
 
     def run(self) -> None:
         """Accumulate this micro-batch's weight gradients into .grad, then drop the graph. The groups
@@ -92,11 +94,13 @@ class PendingWeights:
                     h.remove()
             _accumulate(g.params, got)
         if self.unanchored:
+            assert self.outputs is not None  # (kept whenever a weight has no anchor)
             got = torch.autograd.grad(
                 self.outputs, self.unanchored, self.grad_outputs, retain_graph=True, allow_unused=True
             )
             _accumulate(self.unanchored, got)
-        self.outputs = self.grad_outputs = self.groups = self.unanchored = None
+        self.outputs = self.grad_outputs = None
+        self.groups, self.unanchored = [], []
 
 
 def _accumulate(params, grads) -> None:

@@ -113,7 +113,7 @@ def slice_ce(output: torch.Tensor, target: torch.Tensor, start: int, stop: int) 
     return token.view(part.shape).sum(1) / counted
 
 
-def next_token_batch(vocab_size: int, seq_len: int, n: int, generator=None, device="cpu"):
+def next_token_batch(vocab_size: int, seq_len: int, n: int, generator=None, device: str | torch.device = "cpu"):
     """n random sequences as (ids, the next ids): a causal language model's example batch."""
     ids = torch.randint(0, vocab_size, (n, seq_len + 1), generator=generator).to(device)
     return ids[:, :-1], ids[:, 1:]

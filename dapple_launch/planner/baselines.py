@@ -62,7 +62,8 @@ def fastest(
             if limits.micro_batch_size and b != limits.micro_batch_size:
                 continue
             todo.append((compute_floor(profile, layout, b, m, speed), index, m, layout))
-    best, best_key = None, None
+    best: Costed | None = None
+    best_key: tuple[int, int] = (0, 0)  # (set with best)
     # by the busiest stage's compute first: a layout's stage costs (links, all-reduces) are costed
     # only while that floor can still beat the best found (the P:Q family's ~1000 layouts × sizes)
     for floor, index, m, layout in sorted(todo, key=lambda x: x[:3]):

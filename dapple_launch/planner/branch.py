@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -253,8 +254,9 @@ class BranchAndBound:
         budget-cut search proves the smallest gap it can. Ties go to the node opened first:
         deterministic."""
         best_first = self.gap == 0
-        root = (self.root_bound(), 0, 0, 0, None)
-        deepest, least = [root], [root]  # the same open nodes, as a stack and as a heap
+        root: tuple = (self.root_bound(), 0, 0, 0, None)  # (bound, opened, layer, devices used, placed prefix)
+        deepest: list[tuple] = [root]  # the same open nodes, as a stack and as a heap
+        least: list[tuple] = [root]
         taken: set[int] = set()
         opened, pops = 1, 0
         try:
@@ -275,6 +277,7 @@ class BranchAndBound:
                 while lb < self.cutoff:  # one dive
                     self.stats.nodes += 1
                     if i == self.L:
+                        assert placed is not None  # (every layer placed: a prefix holds them)
                         self._leaf(placed)
                         break
                     if placed is not None and (len(placed.stages) == self.max_stages or d >= self.D):
@@ -337,7 +340,7 @@ class BranchAndBound:
                     if lb < self.cutoff:
                         yield lb, z, start + r, chain
 
-    def _spend(self, cost: int, bound) -> None:
+    def _spend(self, cost: int, bound: float | Callable[[], float]) -> None:
         """Charge a simulation to the node budget; past it, leave the candidate open with its bound
         (a number, or a function computing it: only a budget running out reads it)."""
         self.scored += cost

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 
 from ..cluster import Topology
@@ -32,7 +33,7 @@ def to_plan(
     topology: Topology,
     global_batch: int,
     planner: str,
-    runners_up: list[Costed] = (),
+    runners_up: Sequence[Costed] = (),
     data_parallel_s: float | None = None,
     proof: dict | None = None,
 ) -> Plan:
@@ -225,6 +226,7 @@ def fixed_plan(
             sliced = best_slicing(profile, topology, layout, b, num_micro_batches, limits.seq_len, limits)
             if sliced is not None and len(sliced.extra["token_slices"]) > 1 and sliced.iteration_s < c.iteration_s:
                 c = sliced
+    assert c is not None  # (costed without a cutoff: always simulated)
     if rr:
         from ..schedule import validate_ranks
         from ..schedule.round_robin import round_robin

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 
@@ -151,7 +152,7 @@ def group_devices(group_replicas) -> list[tuple[int, ...]]:
 
 
 def chunked_layout(
-    schedule: str, group_replicas: list[int], stops: list[int], devices: list[list[int]] | None
+    schedule: str, group_replicas: list[int], stops: list[int], devices: Sequence[Sequence[int]] | None
 ) -> tuple[StageSpec, ...]:
     """Stages [0, stops[0]), [stops[0], stops[1]), … each on its group's devices (contiguous by default)."""
     P = len(group_replicas)
@@ -295,6 +296,7 @@ def fixed_chunked_plan(
             )
     layout = chunked_layout(schedule, groups, [*cuts, L], devices)
     c = evaluate_chunked(profile, topology, layout, b, num_micro_batches, limits, schedule, v)
+    assert c is not None  # (no cutoff: always simulated)
     if not c.fits:
         worst = max(range(num_stages), key=lambda s: c.memory_bytes[s])
         raise ValueError(

@@ -278,6 +278,12 @@ def search_chunked(
         scored += _unsimulated_cost(S) + (_cost(S, M) if walked else 0)  # its stage costs, its simulation
         return c
 
+    def full(family, v, groups, b, stops, micro_batches: int = 0) -> Costed:
+        """costed without a cutoff: always simulated."""
+        c = costed(family, v, groups, b, stops, micro_batches=micro_batches)
+        assert c is not None  # (None only below a finite cutoff)
+        return c
+
     def balanced(family, v, groups) -> list[int]:
         S, P = num_stages(family, v, groups), len(groups)
         per_stage = [groups[group_of(family, s, P)] for s in range(S)]
@@ -299,7 +305,7 @@ def search_chunked(
             cuts[(family, v, groups)] = balanced(family, v, groups)
         stops = cuts[(family, v, groups)]
         if scored + _unsimulated_cost(S) + _cost(S, few) <= budget * SCREEN:
-            probe = costed(family, v, groups, b, stops, micro_batches=few)
+            probe = full(family, v, groups, b, stops, micro_batches=few)
             fits, estimate = probe.fits, probe.iteration_s
             if few == M:
                 start = probe
@@ -318,7 +324,7 @@ def search_chunked(
         each = _unsimulated_cost(S) + _cost(S, M)  # (what costed counts for a simulated candidate)
         if scored + math.comb(L - 1, S - 1) * each <= budget:  # every cut of this shape
             for cut in itertools.combinations(range(1, L), S - 1):
-                c = costed(family, v, groups, b, (*cut, L))
+                c = full(family, v, groups, b, (*cut, L))
                 if c.fits:
                     found.append(c)
                     best = min(best, c.iteration_s)
@@ -327,8 +333,8 @@ def search_chunked(
         if start is None:
             if scored + each > budget:
                 continue
-            start = costed(family, v, groups, b, stops)
-        current = start
+            start = full(family, v, groups, b, stops)
+        current: Costed = start
         moved = True
         while moved and scored + each <= budget:  # steepest descent over one cut at a time
             moved, step = False, None

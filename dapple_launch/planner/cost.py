@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
-from ..schedule import SPLIT_BACKWARD, StageCosts, build_schedule, simulate, zero_bubble
+from ..schedule import SPLIT_BACKWARD, Simulation, StageCosts, build_schedule, simulate, zero_bubble
 from ..schedule.gpipe import compute_orders as gpipe_orders
 from ..schedule.one_f_one_b import compute_orders, deeper_warmup
 from ..schedule.simulate import encode_orders, orders_time, program
@@ -254,7 +254,7 @@ def fit_by_recomputation(
     (sets, costs, memory)."""
     S = len(layout)
     memory = memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
-    sets = [()] * S
+    sets: list[tuple[int, ...]] = [()] * S
     costs = list(costs)
     for s, st in enumerate(layout):
         if memory[s] <= capacity:
@@ -521,17 +521,21 @@ def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tup
     return sched, program(sched, validated=True)  # a shipped generator's lists (validated when a plan is read)
 
 
-def simulate_costed(c: Costed, record: bool = False):
+def simulate_costed(c: Costed, record: bool = False) -> Simulation:
     """Run the discrete-event simulator on the schedule this candidate would execute (`record`: with
     its timeline, which a plan's check of its estimate does not need)."""
     if "copies" in c.extra:  # stages of round-robin copies: the rank orders' simulator
         from .round_robin import simulate_rr
 
-        return simulate_rr(c, record)
+        sim = simulate_rr(c, record)
+        assert sim is not None  # (no cutoff: always simulated)
+        return sim
     if "chunks" in c.extra:  # device groups holding several stages: the rank orders' simulator
         from .chunked import simulate_chunked
 
-        return simulate_chunked(c, record)
+        sim = simulate_chunked(c, record)
+        assert sim is not None
+        return sim
     if c.schedule == "terapipe":  # its per-slice costs: planner/terapipe.py
         from .terapipe import stage_scales
 

@@ -193,6 +193,7 @@ def plan_choice(
     counts = device_counts(topology, global_batch, max_devices) if devices == "auto" else [topology.num_devices]
     points: list[Plan] = []
     searches = 0
+    last: Exception | None = None  # the newest search's refusal
     for n in counts:
         topo = sub_cluster(topology, n) if n != topology.num_devices else topology
         if objective in ("pareto", "memory"):
@@ -211,6 +212,7 @@ def plan_choice(
             except NoFeasiblePlan as exc:
                 last = exc
             if not found and len(counts) == 1 and budget_bytes is None:
+                assert last is not None  # (nothing found: the search said why)
                 raise last  # its message says what would fit
         points += [
             replace(p, device_memory_bytes=topology.device_memory_bytes, devices_per_node=topology.devices_per_node)
@@ -246,6 +248,7 @@ def plan_choice(
                 f"deadline or strategy.max_devices, or use a larger cluster"
             )
         else:
+            assert budget_bytes is not None  # (the one choice left that can find none: the memory budget)
             least = min(points, key=lambda p: max(p.estimate.peak_memory_bytes))
             why = (
                 f"no plan fits strategy.memory_budget_gib={budget_bytes / 2**30:g} ({human_bytes(budget_bytes)}): "

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 from ..schedule import SPLIT_BACKWARD
+from ..schedule.ranks import RankSchedule
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class Plan:
         backward), "I" or "W" (split); `stage` indexes `stages`. Transfers are implied: a stage's F
         needs the previous stage's F of that micro-batch, its B or I the next stage's B or I."""
         schedule = self.build_schedule()
-        if hasattr(schedule, "orders"):  # device groups holding several stages: one order per group
+        if isinstance(schedule, RankSchedule):  # device groups holding several stages: one order per group
             return [
                 {"devices": list(self.group_devices(schedule, r)), "actions": [a.to_json() for a in order]}
                 for r, order in enumerate(schedule.orders)
@@ -255,7 +257,7 @@ class Plan:
         from ..schedule.transfers import lower
 
         schedule = self.build_schedule()
-        x = schedule if hasattr(schedule, "orders") else from_stages(schedule)
+        x = schedule if isinstance(schedule, RankSchedule) else from_stages(schedule)
         return lower(x, self.group_ranks(schedule), (self.micro_batch_size,) * x.num_micro_batches)
 
     def check_transfers(self) -> None:
@@ -284,7 +286,7 @@ class Plan:
     def from_yaml(cls, text: str) -> Plan:
         from omegaconf import OmegaConf
 
-        return cls.from_dict(OmegaConf.to_container(OmegaConf.create(text)))
+        return cls.from_dict(cast(dict, OmegaConf.to_container(OmegaConf.create(text))))
 
     def save(self, path: str | Path) -> Path:
         """Atomic write: a reader never sees half a plan."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
@@ -30,6 +31,9 @@ from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
 from .warmup import WARMUP_MAX_ACTIONS, DeepWarmupSearch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FAMILY = "zb_h1"
 # of the node budget, what local search under ZB-H1 may spend (each neighbour is simulated), and what
@@ -55,7 +59,8 @@ def least_stages(limits: Limits) -> int:
 
 def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
     """(depth, warm-up) for depth 1 (the minimal warm-up, ()) up to max_warmup_depth, each distinct."""
-    out, previous = [(1, ())], deeper_warmup(num_stages, num_micro_batches, 1)
+    out: list[tuple[int, tuple[int, ...]]] = [(1, ())]
+    previous = deeper_warmup(num_stages, num_micro_batches, 1)
     for depth in range(2, limits.max_warmup_depth + 1):
         if num_stages * num_micro_batches > WARMUP_MAX_ACTIONS:
             break
@@ -131,10 +136,16 @@ class ZeroBubbleSearch(DeepWarmupSearch):
     """The branch and bound of one micro-batch size over layouts under ZB-H1 (module doc): the deeper
     warm-up pass's tree and tables, its own bound and leaves."""
 
+    family: Limits  # the base's limits under this family
+    compute_end: np.ndarray  # the bound tables' (bounds.py: compute_end)
+
     @classmethod
     def over(cls, base: BranchAndBound) -> ZeroBubbleSearch:
-        x = super().over(base)
+        x = cast(ZeroBubbleSearch, super().over(base))
         x.family = replace(base.limits, schedule=FAMILY)
+        compute_end = base.bounds.compute_end
+        assert compute_end is not None  # (the tables are built with it: bounds.suffix_bound)
+        x.compute_end = compute_end
         x.max_stages = max(s for s in range(1, x.max_stages + 1) if MIN_MICRO_BATCHES[FAMILY](s) <= x.M or s == 1)
         return x
 
@@ -157,7 +168,7 @@ class ZeroBubbleSearch(DeepWarmupSearch):
         return max(
             placed.compute_end,
             reach + self.M * max(rest, float(self.suffix[i, d])),
-            reach + float(self.bounds.compute_end[i, d]),
+            reach + float(self.compute_end[i, d]),
         )
 
     def _leaf(self, placed: Prefix) -> None:

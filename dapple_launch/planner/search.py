@@ -246,7 +246,7 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
         space = f" over layouts, micro-batches and 1F1B warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
     else:
         space = f" over layouts, micro-batches, {' and '.join(exact if split else exact + chunked)}{warm}"
-    gap = stats.gap_without_chunked if split else stats.proven_gap
+    gap = (stats.gap_without_chunked if split else stats.proven_gap) or 0.0  # (split: the first is set)
     if gap == 0:
         how = f"auto: optimal under the cost model{space} ({stats.nodes} candidates scored)"
     else:

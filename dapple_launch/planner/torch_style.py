@@ -55,7 +55,7 @@ def _chunked(family: str, chunk_choices: tuple[int, ...]):
                         family,
                         v,
                     )
-                    if c.fits and (best is None or c.iteration_s < best.iteration_s * (1 - 1e-12)):
+                    if c is not None and c.fits and (best is None or c.iteration_s < best.iteration_s * (1 - 1e-12)):
                         best = c
         return best
 

@@ -6,9 +6,14 @@ import, ARCHITECTURE.md) so that planning a file profile never pays for, or depe
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from .graph_file import ProfileFileError, parse_graph_text, read_profile_file
 from .model_profile import LayerProfile, ModelProfile, chain
+
+if TYPE_CHECKING:  # (what the lazy names below are, for a type checker)
+    from .analytic import analytic_profile
+    from .measure import measure_profile
 
 _NEEDS_TORCH = {"analytic_profile": ".analytic", "measure_profile": ".measure"}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..models.contract import PipelineModel, as_tuple, call_layer
+from ..models.contract import PipelineModel, as_tuple, call_layer, carry_of
 from .model_profile import LayerProfile, ModelProfile, chain
 
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -80,10 +80,10 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
             last = index == len(specs) - 1
             counter = FlopCounterMode(display=False)
             with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+                y = call_layer(layer, carry_of(x_in))
                 out_bytes = wire_bytes(y, compute)
                 if last:  # the loss runs on the last stage inside the same forward
-                    y = model.loss(y, target if len(target) > 1 else target[0]).sum()
+                    y = model.loss(y, carry_of(target)).sum()
             fwd = counter.get_total_flops()
             roots, ones = backward_roots(y)
             counter = FlopCounterMode(display=False)
@@ -107,7 +107,7 @@ def _trace_call(layer, x, owned: set, precision: str) -> tuple[float, float]:
     x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
     counter = FlopCounterMode(display=False)
     with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+        y = call_layer(layer, carry_of(x_in))
         roots, ones = backward_roots(y)
         if roots:
             torch.autograd.backward(roots, ones, retain_graph=True)
@@ -142,7 +142,7 @@ def trace_slice_shares(
         if key in seen:
             out.append(seen[key])
             with torch.no_grad():
-                y = call_layer(layer, x if len(x) > 1 else x[0])
+                y = call_layer(layer, carry_of(x))
             x = tuple(t.detach() for t in as_tuple(y))
             continue
         owned = {id(p) for p in layer.parameters()}
@@ -160,7 +160,7 @@ def trace_slice_shares(
         out.append((clamp(2 - 4 * r), clamp(2 * r3 - 1), clamp(2 - 4 * r2)))
         seen[key] = out[-1]
         with torch.no_grad():
-            y = call_layer(layer, x if len(x) > 1 else x[0])
+            y = call_layer(layer, carry_of(x))
         x = tuple(t.detach() for t in as_tuple(y))
     return out
 

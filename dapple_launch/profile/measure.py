@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer
+from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer, carry_of
 from ..models.split_backward import backward_input
 from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
 from .cache import cache_dir, read_cached, write_cached
@@ -85,7 +85,7 @@ def _time_layers(
             _sync(dev)
             t0 = time.perf_counter()
             with autocast(dev.type, precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+                y = call_layer(layer, carry_of(x_in))
             _sync(dev)
             t1 = time.perf_counter()
             roots, ones = backward_roots(y)
@@ -95,7 +95,7 @@ def _time_layers(
             t2 = time.perf_counter()
             # the same backward split: I to the layer's inputs, then W from where the weights join
             with autocast(dev.type, precision):
-                y2 = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+                y2 = call_layer(layer, carry_of(x_in))
             roots2, ones2 = backward_roots(y2)
             _sync(dev)
             t3 = t4 = t5 = time.perf_counter()
@@ -174,7 +174,7 @@ def _slice_shares(
                 autocast(dev.type, precision),
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
             ):
-                y = call_layer(layer, x_in if len(x_in) > 1 else x_in[0])
+                y = call_layer(layer, carry_of(x_in))
             roots, ones = backward_roots(y)
             if roots:
                 torch.autograd.backward(roots, ones)
@@ -201,7 +201,7 @@ def _slice_shares(
         clamp = lambda v: min(max(v, 0.0), 1.0)
         out.append((clamp(4 * r - 2), clamp(2 * r3 - 1), clamp(2 - 4 * r2)))
         with torch.no_grad(), autocast(dev.type, precision):
-            y = call_layer(layer, x if len(x) > 1 else x[0])
+            y = call_layer(layer, carry_of(x))
         x = tuple(t.detach() for t in as_tuple(y))
     return out
 

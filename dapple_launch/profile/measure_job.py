@@ -50,10 +50,11 @@ def measure_elsewhere(model_cfg, batch_size: int, device: str, precision: str):
 def main(model_yaml: str, batch_size: str, device: str, precision: str, out: str) -> int:
     from omegaconf import OmegaConf
 
+    from ..config.choices import mapping
     from ..plan_config import model_from_config
     from .measure import measure_profile
 
-    model = model_from_config(OmegaConf.load(model_yaml))
+    model = model_from_config(mapping(OmegaConf.load(model_yaml), str(model_yaml)))
     profile = measure_profile(model, int(batch_size), device=device, precision=precision)
     Path(out).write_text(profile.to_json())
     return 0

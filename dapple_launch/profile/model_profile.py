@@ -198,7 +198,7 @@ class ModelProfile:
         if any(x.weight_grad_s is None for x in layers):
             return None
         total = sum(x.backward_s for x in layers)
-        return min(1.0, sum(x.weight_grad_s for x in layers) / total) if total > 0 else None
+        return min(1.0, sum(x.weight_grad_s or 0.0 for x in layers) / total) if total > 0 else None
 
     def slice_shares(self, start: int, stop: int) -> tuple[float, float, float]:
         """Layers [start, stop)'s token-slicing shares (LayerProfile.slice_*): compute weighted by

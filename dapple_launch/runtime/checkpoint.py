@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -92,7 +93,7 @@ def _save(obj, path: Path) -> dict:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     w = _Hashing(fd)
     try:
-        torch.save(obj, w)
+        torch.save(obj, cast(Any, w))  # (a file-like object: write and flush are all torch.save calls)
         os.fsync(fd)
     except RuntimeError:
         if w.error is not None:

@@ -26,7 +26,7 @@ from .clock import now
 from .grid import split_bounds
 from .heartbeat import BEAT
 from .layouts import ensure_layouts, program
-from .p2p import PointToPoint
+from .p2p import StageLinks
 from .precision import MixedPrecision
 from .recompute import with_recomputation
 
@@ -91,7 +91,7 @@ class StageExecutor:
         self,
         layers: Iterable[nn.Module],
         loss_fn: Callable,
-        p2p: PointToPoint,
+        p2p: StageLinks,
         num_stages: int,
         replica_group=None,
         on_last_backward: Callable[[], None] | None = None,
@@ -367,15 +367,17 @@ class GradientSync:
             self.span = (now(self.device), 0.0)
         self.pending[k], self.sent = -1, k + 1
         bucket = self.buckets[k]
+        grads = []
         for p in bucket:
             if p.grad is None:  # (no gradient this iteration: its replicas' still sum with zeros)
                 p.grad = torch.zeros_like(p)
-        if len(bucket) == 1 and bucket[0].grad.is_contiguous():
+            grads.append(p.grad)
+        if len(grads) == 1 and grads[0].is_contiguous():
             # a bucket of one parameter (a large layer's weight) reduces its gradient in place: a copy
             # into a flat buffer and back would cost two passes over it, as much as gloo's own reduction
-            flat = bucket[0].grad.view(-1)
+            flat = grads[0].view(-1)
         else:
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            flat = torch.cat([g.reshape(-1) for g in grads])
         self.works.append((k, flat, dist.all_reduce(flat, group=self.group, async_op=True)))
 
     def start(self) -> None:
@@ -398,14 +400,16 @@ class GradientSync:
         for k, flat, work in self.works:
             work.wait()
             bucket = self.buckets[k]
-            if len(bucket) == 1 and flat.data_ptr() == bucket[0].grad.data_ptr():
+            grad = bucket[0].grad
+            if len(bucket) == 1 and grad is not None and flat.data_ptr() == grad.data_ptr():
                 continue  # reduced in place
             offset = 0
             for p in bucket:  # the sums as views of the reduced buffer: no second copy
                 n = p.numel()
                 p.grad = flat[offset : offset + n].view_as(p)
                 offset += n
-        self.span = (self.span[0], now(self.device))
+        start = self.span[0] if self.span is not None else now(self.device)
+        self.span = (start, now(self.device))
         self.works = []
 
 

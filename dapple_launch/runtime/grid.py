@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..planner.plan import Plan
 from ..schedule.transfers import split_bounds, split_sizes  # noqa: F401 (the runtime's names for them)
@@ -20,6 +20,7 @@ class ProcessGrid:
 
     replicas: tuple[int, ...]
     devices: tuple[tuple[int, ...], ...] = ()
+    _ranks: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self):
         if not self.devices:

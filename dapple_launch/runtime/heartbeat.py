@@ -61,6 +61,7 @@ class Heartbeat:
             pass
 
     def _write(self) -> None:
+        assert self._path is not None, "start() names the heartbeat's file"
         tmp = self._path.with_suffix(".tmp")
         state = dict(self.state)
         state["action"] = str(state["action"])

@@ -45,7 +45,8 @@ def output_layouts(ex, batch, inputs: dict, slice_lengths: tuple[int, ...]) -> d
                 if ex.is_first:
                     x = rows_of(batch).first_row()
                     if tok is not None:
-                        x = carry_map(lambda t: t[:, tok[0] : tok[1]], x)
+                        lo, hi = tok
+                        x = carry_map(lambda t: t[:, lo:hi], x)
                 else:
                     x = tuple(
                         torch.zeros((1, *tail), dtype=logical, device=device) for tail, _, logical in inputs[variant]
@@ -72,7 +73,7 @@ def ensure_layouts(comms, executors: dict, batch, slice_lengths: tuple[int, ...]
     BEAT.action("collective (layouts of what crosses stages)")
     for b in range(grid.num_stages - 1):
         src = grid.stage_ranks(b)[0]
-        found = [None]
+        found: list = [None]
         if comms.rank == src:
             inputs = {v: comms.layouts[(b - 1, v)] for v in variants} if b > 0 else {}
             found = [output_layouts(executors[b], batch, inputs, slice_lengths)]

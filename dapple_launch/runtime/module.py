@@ -7,6 +7,8 @@ Optimisation is manual because the schedule runs backward inside the step.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import lightning as L
 import torch
 from torch import nn
@@ -81,8 +83,10 @@ class PipelineModule(L.LightningModule):
         return hasattr(self.trainer.strategy, "pipeline_train_step")
 
     def training_step(self, batch, batch_idx):
-        opt, sched = self.optimizers(), self.lr_schedulers()
-        strategy = self.trainer.strategy
+        # one optimizer and one step-wise scheduler (configure_optimizers); the strategy a DappleStrategy
+        # when pipelined (_pipelined), Lightning's own otherwise
+        opt, sched = cast(Any, self.optimizers()), cast(Any, self.lr_schedulers())
+        strategy = cast(Any, self.trainer.strategy)
         scale = self.scaler.scale
         clip = self.gradient_clip_val
         step = self.trainer.global_step + 1  # the step being taken, as the progress line counts it
@@ -148,7 +152,7 @@ class PipelineModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         if self._pipelined():
-            loss = self.trainer.strategy.pipeline_eval_step(batch)
+            loss = cast(Any, self.trainer.strategy).pipeline_eval_step(batch)
         else:
             with torch.no_grad():
                 loss = self.reference_loss(batch)

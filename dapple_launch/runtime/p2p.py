@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -178,6 +179,25 @@ class RankComms:
         self.pending.clear()
         self.outbox.clear()
         self._it = None
+
+
+class StageLinks(Protocol):
+    """What a stage's executor moves its carries through: PointToPoint (to other ranks), or
+    rank_executor.ChunkLinks (to a neighbouring stage on the same rank, or else the rank's comms)."""
+
+    grid: ProcessGrid
+    stage: int
+    replica: int
+    device: torch.device
+    comms: RankComms
+
+    def replicas_of(self, stage: int) -> int: ...
+    def send_activation(self, carry: tuple, logical: tuple, micro_batch: int) -> None: ...
+    def recv_activation(self, micro_batch: int) -> Received: ...
+    def send_gradient(self, grads: tuple, micro_batch: int) -> None: ...
+    def recv_gradient(self, micro_batch: int) -> tuple: ...
+    @property
+    def sent_layouts(self) -> dict: ...
 
 
 @dataclass

@@ -17,6 +17,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 
 from ..cluster import Topology
 from ..planner.plan import Plan
+from ..schedule.ranks import RankSchedule
 from .grid import ProcessGrid
 
 
@@ -86,6 +87,7 @@ def _check_device_sharing(plan: Plan) -> None:
             )
         return
     schedule = plan.build_schedule()  # a ValueError naming the rule where stages and chunks do not fit the family
+    assert isinstance(schedule, RankSchedule)  # (a chunked plan's)
     group_devices: dict[int, tuple[int, tuple[int, ...]]] = {}  # group -> (the first stage listing it, its devices)
     for s, stage in enumerate(plan.stages):
         groups = schedule.placement[s]

@@ -18,6 +18,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from lightning.pytorch.callbacks import Callback
 
@@ -53,7 +54,7 @@ class Progress(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.step_s.append(perf(pl_module.device) - self._t0)
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.train_loss = float(loss) if loss is not None else self.train_loss
+        self.train_loss = float(cast(Any, loss)) if loss is not None else self.train_loss
         if not trainer.is_global_zero or not self.show:
             return
         step = trainer.global_step

@@ -133,22 +133,22 @@ class RankExecutor:
             comms.begin(program(comms, schedule, groups, rows), first.variant)
         except RuntimeError as exc:
             raise stopped_at(first_stage, replica, PREPARING, exc) from exc
-        record = self.timeline is not None
+        timeline = self.timeline
         for i, step in enumerate(order):
             s = step.stage
             ex, it = self.chunks[s], its[s]
             a = Action(step.kind, step.micro_batch)
             try:
                 comms.issue_through(i)
-                start = now(ex.device) if record else 0.0
+                start = now(ex.device) if timeline is not None else 0.0
                 BEAT.action(labels[i])
                 if i in finishing and finishing[i] in self.before_last_backward:
                     self.before_last_backward[finishing[i]]()
                 ex.act(a, it, loss_scale)
                 if i in finishing and finishing[i] in self.on_last_backward:
                     self.on_last_backward[finishing[i]]()
-                if record:
-                    self.timeline.append((labels[i], start, now(ex.device)))
+                if timeline is not None:
+                    timeline.append((labels[i], start, now(ex.device)))
                 self.saved_peak = max(self.saved_peak, sum(x.saved for x in its.values()))
             except RuntimeError as exc:
                 raise stopped(s, ex.replica, a, i, len(order), schedule.name, exc) from exc
@@ -200,12 +200,16 @@ def build_rank_executor(
     local = schedule.stages_of(group)
     chunks = {}
     replica = groups[group].index(rank)
-    route, routes = None, None
+    route: Callable[[int, int], tuple[int, ...]] | None = None
+    routes: dict | None = None
     if any(len(p) > 1 for p in schedule.placement):  # (Chimera, copies): a micro-batch's copy of each stage
-        routes = {"table": schedule.route_table}  # the running schedule's (evaluation routes its own way)
+        table = {"table": schedule.route_table}  # the running schedule's (evaluation routes its own way)
+        routes = table
 
-        def route(stage: int, micro_batch: int) -> tuple[int, ...]:
-            return tuple(groups[routes["table"][stage][micro_batch]])
+        def by_table(stage: int, micro_batch: int) -> tuple[int, ...]:
+            return tuple(groups[table["table"][stage][micro_batch]])
+
+        route = by_table
 
     for s in local:
         a, b = plan.stages[s].layers

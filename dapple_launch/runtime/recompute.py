@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from ..models.contract import as_tuple, run_layers
+from ..models.contract import as_tuple, carry_of, run_layers
 
 
 def segments(recomputed: Iterable[int], count: int) -> list[tuple[int, int]]:
@@ -67,7 +67,7 @@ class RecomputedSegment:
 
     def __call__(self, *inputs):
         if not torch.is_grad_enabled():  # evaluation: nothing to keep, nothing to recompute
-            return run_layers(self.layers, inputs if len(inputs) > 1 else inputs[0])
+            return run_layers(self.layers, carry_of(inputs))
         out = _Recompute.apply(self, len(inputs), *inputs, *self.params)
         out = as_tuple(out)
         return out if self.tuple_out else out[0]
@@ -89,7 +89,7 @@ class _Recompute(torch.autograd.Function):
         else:
             ctx.save_for_backward(*inputs)
         with torch.no_grad():
-            raw = run_layers(segment.layers, inputs if len(inputs) > 1 else inputs[0])
+            raw = run_layers(segment.layers, carry_of(inputs))
         segment.tuple_out = isinstance(raw, (tuple, list))
         out = as_tuple(raw)
         ctx.mark_non_differentiable(*[t for t in out if not t.is_floating_point()])
@@ -106,7 +106,7 @@ class _Recompute(torch.autograd.Function):
             for d, state in zip(ctx.devices, ctx.cuda_rng):
                 torch.cuda.set_rng_state(state, d)
             with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
-                out = as_tuple(run_layers(segment.layers, inputs if len(inputs) > 1 else inputs[0]))
+                out = as_tuple(run_layers(segment.layers, carry_of(inputs)))
         pairs = [(o, g) for o, g in zip(out, grads) if o.requires_grad and g is not None]
         wanted = [t for t in inputs if t.requires_grad] + list(segment.params)
         got = (

@@ -44,9 +44,10 @@ class StopSignal:
             signal.signal(s, self._flag)
         if requeue:  # under Slurm: submitit's handler stays for the hand-over
             name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
-            self.requeue_signum = getattr(signal, f"SIG{name}")
-            self.previous[self.requeue_signum] = signal.getsignal(self.requeue_signum)
-            signal.signal(self.requeue_signum, self._flag)
+            signum = getattr(signal, f"SIG{name}")
+            self.requeue_signum = signum
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._flag)
 
     def _flag(self, signum, frame) -> None:
         code = REQUEUE if signum == self.requeue_signum else STOP
@@ -55,6 +56,8 @@ class StopSignal:
 
     def hand_over(self) -> None:
         """Let submitit's handler checkpoint the submission and requeue the job (it exits)."""
+        if self.requeue_signum is None:
+            return
         handler = self.previous.get(self.requeue_signum)
         if callable(handler):
             handler(self.requeue_signum, None)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..planner.plan import Plan
 from ..schedule import StageCosts, simulate, simulate_ranks
+from ..schedule.ranks import RankSchedule
 from .grid import ProcessGrid
 
 COLOURS = {
@@ -110,8 +111,9 @@ def predicted(plan: Plan) -> dict | None:
             for sh in plan.estimate.slice_shares
         ]
     grid = ProcessGrid.from_plan(plan)
-    if hasattr(schedule, "orders"):  # device groups holding several stages: the rank orders' simulator
+    if isinstance(schedule, RankSchedule):  # device groups holding several stages: the rank orders' simulator
         sim = simulate_ranks(schedule, costs)
+        assert sim is not None  # (no budget given: it always simulates)
         row_of = {
             r: next(g for g in range(schedule.num_ranks) if schedule.stages_of(g) == grid.stages_at(r))
             for r in range(grid.world_size)

@@ -111,7 +111,7 @@ def forward_only_orders(placement: tuple[tuple[int, ...], ...], num_ranks: int, 
     orders: list[list[Step]] = [[] for _ in range(num_ranks)]
     for s, ranks in enumerate(placement):
         for m in range(num_micro_batches):
-            orders[ranks[m % len(ranks)] if len(ranks) > 1 else ranks[0]].append(Step(Kind.FORWARD, s, m))
+            orders[ranks[m % len(ranks)]].append(Step(Kind.FORWARD, s, m))
     return RankSchedule(
         "forward-only", len(placement), num_micro_batches, tuple(map(tuple, orders)), placement, forward_only=True
     )

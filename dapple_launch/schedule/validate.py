@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .actions import Action, Kind, Schedule
+from .ranks import RankSchedule
 
 
 class ScheduleError(ValueError):
@@ -86,10 +87,10 @@ def _check_stage(schedule: Schedule, s: int) -> None:
                 )
 
 
-def validate(schedule: Schedule) -> None:
+def validate(schedule: Schedule | RankSchedule) -> None:
     """Raise ScheduleError with the stage × step grid (failing step marked) if the schedule is broken.
     A RankSchedule (ranks holding several stages) goes to rank_validate.validate_ranks."""
-    if hasattr(schedule, "orders"):
+    if isinstance(schedule, RankSchedule):
         from .rank_validate import validate_ranks
 
         validate_ranks(schedule)

@@ -52,7 +52,7 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
             return
         need = needs(base[r][pos[r]])
         at = 0 if need is None else done_at.get(need)
-        if at is None:
+        if at is None and need is not None:
             waiting[need] = r
         if at is not None or pending[r]:
             claim[r] = (clock[r] if at is None else max(clock[r], min(at, clock[r] + 1)), r, at)
@@ -82,6 +82,7 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
         elif pending[r]:  # it would wait: a held-back W fills the gap
             run_weight(r)
         else:
+            assert at is not None  # (a claim without its input waits only with a W to run)
             clock[r] = at
         update(r)
         if woken is not None and woken != r:
