@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -33,8 +34,8 @@ def _entry(rank, world, port, out_dir, fn, args):
 
 def run_ranks(world: int, fn, args: tuple, tmp_path) -> list:
     """Run fn(rank, world, *args) on `world` gloo processes; return each rank's JSON result."""
-    out = Path(tmp_path) / f"ranks-{free_port()}"
-    out.mkdir(parents=True)
+    Path(tmp_path).mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="ranks-", dir=tmp_path))  # (unique: a free port may come back twice)
     try:
         mp.start_processes(_entry, args=(world, free_port(), str(out), fn, args), nprocs=world, start_method="spawn")
     except Exception as exc:
