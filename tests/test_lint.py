@@ -48,5 +48,6 @@ def test_the_import_contracts_are_kept():
 
 
 def test_the_package_type_checks():
-    out = subprocess.run([tool("basedpyright")], cwd=ROOT, capture_output=True, text=True)
+    # the project named outright: a pyrightconfig.json in a folder above the clone would win otherwise
+    out = subprocess.run([tool("basedpyright"), "-p", "pyproject.toml"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
