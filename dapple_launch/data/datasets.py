@@ -141,11 +141,17 @@ class PipelineData(L.LightningDataModule):
         self.seed, self.num_workers, self.min_val_batch = seed, num_workers, min_val_batch
         self.pin_memory = pin_memory
         self._resume: tuple[int, int] | None = None
-        self._said = False
+        self._views_made: tuple[Samples, Samples, bool] | None = None  # (train and validation share one)
 
     def _views(self) -> tuple[Samples, Samples, bool]:
         """(train, validation) as this rank reads them, and whether they are rank views: under a
-        pipeline strategy only its stages' rows and tensors (data/rank_batch.py); else whole."""
+        pipeline strategy only its stages' rows and tensors (data/rank_batch.py); else whole. Made
+        once: the train and validation loaders both ask."""
+        if self._views_made is None:
+            self._views_made = self._make_views()
+        return self._views_made
+
+    def _make_views(self) -> tuple[Samples, Samples, bool]:
         trainer = getattr(self, "trainer", None)
         reads = getattr(trainer.strategy, "batch_reads", None) if trainer is not None else None
         if reads is None:
@@ -153,9 +159,7 @@ class PipelineData(L.LightningDataModule):
         n_val, g = len(self.val_set), self.global_batch_size
         eval_sizes = {g} | ({n_val % g} if n_val % g >= self.min_val_batch else set())
         train, evaluation = reads([g], sorted(eval_sizes))
-        if not self._said:  # once per run, in this rank's log (rank 0's in the terminal)
-            self._said = True
-            get_logger().info(describe_reads(train[g], g))
+        get_logger().info(describe_reads(train[g], g))  # (this rank's log; rank 0's in the terminal)
         return RankView(self.train_set, train), RankView(self.val_set, evaluation), True
 
     def _loader(self, dataset: Samples, sampler: GlobalBatchSampler, view: bool) -> DataLoader:

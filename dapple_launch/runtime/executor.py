@@ -28,6 +28,7 @@ from .heartbeat import BEAT
 from .layouts import ensure_layouts, program
 from .p2p import StageLinks
 from .precision import MixedPrecision
+from .rank_rows import replica_rows
 from .recompute import with_recomputation
 
 
@@ -118,9 +119,8 @@ class StageExecutor:
         self.timeline: list | None = None  # set to a list to record (action, start, end) wall times
 
     def _slice(self, batch: RankBatch | WholeBatch, part: int, micro: tuple[int, int]):
-        """This replica's share of a micro-batch's inputs or targets (runtime/rank_rows.py reads the same)."""
-        lo, hi = split_bounds(micro[1] - micro[0], self.replicas)[self.replica]
-        return batch.take(part, micro[0] + lo, micro[0] + hi)
+        """This replica's share of a micro-batch's inputs or targets (what runtime/rank_rows.py reads)."""
+        return batch.take(part, *replica_rows(micro, self.replicas, self.replica))
 
     def run(self, schedule: Schedule, batch: tuple, loss_scale: float = 1.0) -> StepResult:
         """One iteration over the global batch. Backward populates .grad of this stage's parameters;

@@ -16,12 +16,16 @@ from ..schedule.ranks import RankSchedule, forward_only_orders
 from .grid import split_bounds
 
 
+def replica_rows(micro: tuple[int, int], replicas: int, replica: int) -> tuple[int, int]:
+    """Rows [a, b) of the global batch that `replica` of a stage with `replicas` takes of the
+    micro-batch holding rows `micro` (the executor slices with this too)."""
+    a, b = split_bounds(micro[1] - micro[0], replicas)[replica]
+    return micro[0] + a, micro[0] + b
+
+
 def share(n_total: int, sequences: int, seq: int, replicas: int, replica: int) -> tuple[int, int]:
-    """Rows [a, b) of the global batch that `replica` of a stage with `replicas` takes of micro-batch
-    `seq` (of `sequences` over n_total samples)."""
-    lo, hi = split_bounds(n_total, sequences)[seq]
-    a, b = split_bounds(hi - lo, replicas)[replica]
-    return lo + a, lo + b
+    """replica_rows of micro-batch `seq` of `sequences` over n_total samples."""
+    return replica_rows(split_bounds(n_total, sequences)[seq], replicas, replica)
 
 
 def eval_micro_batches(num_micro_batches: int, n_total: int, widest: int) -> int:
