@@ -191,6 +191,10 @@ def main() -> None:
         print(HELP)
         return
     overrides, config_dir = _user_overrides(argv)
+    if "--resolve" in argv:  # `--cfg job --resolve` shows the plan: its resolver is the planning layer's
+        from .plan_config import register_plan_resolver
+
+        register_plan_resolver()
     try:
         check(overrides, config_dir)
         check_run_dir(argv)

@@ -10,58 +10,17 @@ from omegaconf import DictConfig, OmegaConf
 from .cluster import Topology
 from .config import GBPS, GIB
 from .config.choices import mapping
-from .models import PipelineModel, build_custom, build_model
+from .models import PipelineModel
+from .models.from_config import model_from_config
 from .planner import Limits, Plan, fixed_plan
 from .planner.chunked import CHUNKED, check_chunked, groups_for
 from .profile import ModelProfile, analytic_profile, read_profile_file
 from .schedule import SPLIT_BACKWARD, validate
 
-_SHAPE_KEYS = {
-    "gpt": ("num_layers", "hidden", "heads", "seq_len", "vocab_size", "ffn_mult", "dropout", "tie_embeddings"),
-    "vgg19": ("image_size", "num_classes", "width_divisor", "fc_width"),
-}
-_SHAPE_KEYS["bert"] = _SHAPE_KEYS["gpt"]
-_SHAPE_KEYS["llama"] = (
-    "num_layers",
-    "hidden",
-    "heads",
-    "kv_heads",
-    "ffn_hidden",
-    "seq_len",
-    "vocab_size",
-    "rope_theta",
-    "tie_embeddings",
-)
 PROFILE_BATCH = 2
 
 # strategy=auto's families when none are named (README: strategy.schedules)
 DEFAULT_SCHEDULES = ("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera", "1f1b_rr", "zb_h1_rr")
-
-
-def model_from_config(m: DictConfig) -> PipelineModel:
-    if m.name == "from_profile":
-        raise ValueError(
-            "model=from_profile describes a profile only, for planning (dry_run=true); it has no "
-            "layers to train: pick model=gpt, bert, vgg19 or custom to train"
-        )
-    if m.name == "custom":
-        args = OmegaConf.to_container(m.args, resolve=True) if isinstance(m.args, DictConfig) else m.args
-        if args is not None and not isinstance(args, dict):
-            raise ValueError(
-                f"model.args={args!r} must be a mapping of keyword arguments, e.g. model.args={{hidden:128,layers:6}}"
-            )
-        return build_custom(m.target, args)
-    if m.name == "hf":
-        return _hf_model(m.path, m.config, str(m.init), int(m.seq_len))
-    return build_model(str(m.name), str(m.preset), **{k: m[k] for k in _SHAPE_KEYS[str(m.name)]})
-
-
-@lru_cache(maxsize=4)
-def _hf_model(path, config, init: str, seq_len: int) -> PipelineModel:
-    """Read once per process: the family's anatomy from its config, the weights' headers checked."""
-    from .models.hf import HFCausalLM
-
-    return HFCausalLM(path=path, config_dir=config, init=init, seq_len=seq_len)
 
 
 def run_precision(cfg: DictConfig) -> str:
@@ -525,3 +484,21 @@ def _plan_for(key: str) -> Plan:
         plan = plan_from_config(cfg)
     plan.check_transfers()  # every plan, whoever made it: its transfers proven against NCCL's rules
     return plan
+
+
+def _plan_resolver(*, _root_: DictConfig):
+    """`plan: ${dapple_plan:}` (conf/config.yaml): the plan of the config it sits in."""
+    from .config import check_schema
+
+    check_schema(_root_)
+    # A container (not a dict): OmegaConf.resolve, used by `--cfg job --resolve`, can then put it
+    # in place of the Any-typed node.
+    return OmegaConf.create(cached_plan(_root_).to_dict())
+
+
+def register_plan_resolver() -> None:
+    if not OmegaConf.has_resolver("dapple_plan"):
+        OmegaConf.register_new_resolver("dapple_plan", _plan_resolver)
+
+
+register_plan_resolver()  # whoever can plan can resolve `${dapple_plan:}`

@@ -11,7 +11,8 @@ import torch
 from dapple_launch.cluster import Topology
 from dapple_launch.models import LayerSpec, PipelineModel, build_model
 from dapple_launch.planner import Limits, Plan, fixed_plan
-from dapple_launch.planner.cost import StageSpec, evaluate, simulate_costed
+from dapple_launch.planner.cost import StageSpec, evaluate
+from dapple_launch.planner.score import simulate_costed
 from dapple_launch.profile import (
     LayerProfile,
     ModelProfile,
@@ -115,10 +116,10 @@ def test_a_damaged_cache_entry_is_measured_again_and_overwritten_not_fatal(tmp_p
 
     import numpy as np
 
+    from dapple_launch.cache import cache_dir
     from dapple_launch.data.files import max_token
     from dapple_launch.log import get_logger
     from dapple_launch.profile import measure_profile
-    from dapple_launch.profile.cache import cache_dir
 
     monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path / "cache"))
     lines: list[str] = []

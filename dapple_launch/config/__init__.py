@@ -1,10 +1,10 @@
-"""Typed config schemas (Hydra structured configs), one per kind, and the plan resolver.
+"""Typed config schemas (Hydra structured configs), one per kind, and the resolvers below the planner.
 
 Every choice is an enum (a wrong choice fails at composition with the valid ones); each model
 family, strategy kind and data kind has its own schema, so a key that belongs to another kind
 fails with its full path. Each section checks its values in `__post_init__`, run by
 `check_values` before any process starts. `plan: ${dapple_plan:}` in conf/config.yaml calls the
-planner so `--cfg job --resolve` shows the plan.
+planner so `--cfg job --resolve` shows the plan; that resolver is plan_config's (the layer that plans).
 """
 
 from .checks import check_schema, check_values, kind_hint, schema_of, unknown_key_message

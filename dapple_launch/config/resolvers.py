@@ -1,21 +1,11 @@
-"""The resolvers the configs interpolate: the plan (`${dapple_plan:}`), what a Slurm allocation holds
-(`${dapple_allocation:KEY}`, cluster=from_slurm), the development Slurm that is up
-(`${dapple_slurm_dev:KEY}`, cluster=slurm-dev) and the GPUs a Slurm job requests."""
+"""The resolvers the configs interpolate: what a Slurm allocation holds (`${dapple_allocation:KEY}`,
+cluster=from_slurm), the development Slurm that is up (`${dapple_slurm_dev:KEY}`, cluster=slurm-dev)
+and the GPUs a Slurm job requests. The plan's (`${dapple_plan:}`) is plan_config's, the layer that
+plans: it registers it when imported (the config package stays below the planner)."""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
-
-from .checks import check_schema
-
-
-def _plan_resolver(*, _root_: DictConfig):
-    from ..plan_config import cached_plan
-
-    check_schema(_root_)
-    # A container (not a dict): OmegaConf.resolve, used by `--cfg job --resolve`, can then put it
-    # in place of the Any-typed node.
-    return OmegaConf.create(cached_plan(_root_).to_dict())
+from omegaconf import OmegaConf
 
 
 def _gpus_per_node(device_kind, devices_per_node):
@@ -49,8 +39,6 @@ def _slurm_dev_value(key):
 
 
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("dapple_plan"):
-        OmegaConf.register_new_resolver("dapple_plan", _plan_resolver)
     if not OmegaConf.has_resolver("dapple_gpus_per_node"):
         OmegaConf.register_new_resolver("dapple_gpus_per_node", _gpus_per_node)
     for name, fn in (("dapple_allocation", _allocation_value), ("dapple_slurm_dev", _slurm_dev_value)):

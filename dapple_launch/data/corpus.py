@@ -54,14 +54,3 @@ def generate_text(num_chars: int, seed: int = 0) -> str:
 
 def encode(text: str) -> torch.Tensor:
     return torch.tensor([VOCAB[c] for c in text], dtype=torch.long)
-
-
-def mask_tokens(
-    ids: torch.Tensor, mask_id: int = 0, rate: float = 0.15, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT masking: pick `rate` of the positions (at least one per sample), hide them, predict them."""
-    pick = torch.rand(ids.shape, generator=generator) < rate
-    pick[:, 0] |= ~pick.any(1)
-    inputs = ids.masked_fill(pick, mask_id)
-    targets = ids.masked_fill(~pick, -100)
-    return inputs, targets

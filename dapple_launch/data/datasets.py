@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..log import get_logger
 from ..models.contract import PipelineModel
-from .corpus import encode, generate_text, mask_tokens
+from ..models.transformer import mask_tokens
+from .corpus import encode, generate_text
 from .rank_batch import RankView, Samples, describe_reads, keep_batch
 
 

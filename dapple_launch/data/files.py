@@ -191,7 +191,7 @@ def check(data_cfg, model: PipelineModel, global_batch: int, min_val_batch: int)
 def max_token(stream: np.ndarray, path: Path) -> int:
     """The largest id in the stream; a token file's is cached by (path, size, mtime): scanning
     gigabytes once per launch would be the slowest part of it."""
-    from ..profile.cache import cache_dir, read_cached, write_cached
+    from ..cache import cache_dir, read_cached, write_cached
 
     st = path.stat()
     ident = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:20]

@@ -59,7 +59,7 @@ def encode(files: list[Path], path: str | Path) -> np.ndarray:
 
 def encoded_stream(files: list[Path], path: str | Path) -> np.ndarray:
     """The ids of `files` under the tokenizer at `path`, encoded once and then memory-mapped."""
-    from ..profile.cache import cache_dir
+    from ..cache import cache_dir
 
     f = tokenizer_file(path)
     h = hashlib.sha256(f.read_bytes())

@@ -205,13 +205,13 @@ def after_failure(task, job) -> str | None:
 
 
 def _submit_successor(task, cfg, job, left: list[str], lost: dict) -> str:
-    from .slurm import TrainTask, executor_for
+    from .sbatch import executor_for
 
     tasks_per_node = job.num_tasks // max(job.num_nodes, 1)
     ex = executor_for(cfg, len(left), tasks_per_node, Path(task.run_dir), exclude=",".join(lost))
     saved = without_job_env()
     try:
-        new = ex.submit(TrainTask(task.run_dir, task.snapshot, task.ckpt_path, replan=True))
+        new = ex.submit(task.successor())
     finally:
         os.environ.update(saved)
     return str(new.job_id)

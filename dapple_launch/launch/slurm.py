@@ -24,6 +24,7 @@ from ..log import get_logger
 from ..plan_config import topology_from_config
 from ..planner.plan import Plan
 from ..runtime.placement import check_plan_runs_on, job_shape
+from .sbatch import executor
 
 JOB_ID_FILE = "slurm/job_id"
 
@@ -143,6 +144,10 @@ class TrainTask:
         )
         return True
 
+    def successor(self) -> TrainTask:
+        """The task of the job that replaces this one after a lost node (launch/node_loss.py)."""
+        return TrainTask(self.run_dir, self.snapshot, self.ckpt_path, replan=True)
+
     def checkpoint(self, *args, **kwargs):
         """Preempted or timed out: come back on the newest complete checkpoint of this run."""
         import submitit
@@ -189,41 +194,6 @@ def check_can_submit(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
                 f"run directory {run_dir} belongs to job {job}, which is still {state}; wait for it "
                 f"(squeue -j {job}), cancel it (scancel {job}), or pick another hydra.run.dir"
             )
-
-
-def executor(cfg: DictConfig, plan: Plan, run_dir: Path):
-    # one task per device of the nodes the plan touches; tasks on devices it leaves idle exit at once
-    nodes, tasks_per_node = job_shape(plan, cfg.cluster.devices_per_node)
-    return executor_for(cfg, nodes, tasks_per_node, run_dir)
-
-
-def executor_for(cfg: DictConfig, nodes: int, tasks_per_node: int, run_dir: Path, exclude: str | None = None):
-    import submitit
-
-    c = cfg.cluster
-    ex = submitit.AutoExecutor(folder=str(run_dir / "slurm"), cluster="slurm", slurm_max_num_timeout=c.max_num_timeout)
-    params = dict(
-        nodes=nodes,
-        tasks_per_node=tasks_per_node,
-        cpus_per_task=c.cpus_per_task,
-        timeout_min=c.time_min,
-        name=f"dapple-{cfg.model.name}",
-        slurm_setup=list(c.setup),
-    )
-    if c.device_kind == "gpu":  # the GPUs the plan's tasks sit on, no more (strategy.devices=auto may use few)
-        params["gpus_per_node"] = tasks_per_node
-    for key, value in (
-        ("slurm_partition", c.partition),
-        ("slurm_account", c.account),
-        ("slurm_qos", c.qos),
-        ("slurm_constraint", c.constraint),
-        ("mem_gb", c.mem_gb),
-        ("slurm_exclude", exclude),
-    ):
-        if value:
-            params[key] = value
-    ex.update_parameters(**params)
-    return ex
 
 
 def submission_script(cfg: DictConfig, plan: Plan, run_dir: Path) -> str:

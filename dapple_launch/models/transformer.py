@@ -171,8 +171,6 @@ class BERT(_Transformer):
     causal = False
 
     def batch(self, n, generator=None, device="cpu"):
-        from ..data.corpus import mask_tokens
-
         s = self.shape
         ids = torch.randint(1, s.vocab_size, (n, s.seq_len), generator=generator)
         inputs, targets = mask_tokens(ids, mask_id=0, generator=generator)
@@ -181,7 +179,16 @@ class BERT(_Transformer):
     def example_from_tokens(self, window, generator=None):
         """Masked language modelling on seq_len ids of the window; id 0 is [MASK] (a tokenizer for
         BERT keeps it free: the byte tokenizer's 0 is NUL, which text does not hold)."""
-        from ..data.corpus import mask_tokens
-
         inputs, targets = mask_tokens(window[None, :-1], mask_id=0, generator=generator)
         return inputs[0], targets[0]
+
+
+def mask_tokens(
+    ids: torch.Tensor, mask_id: int = 0, rate: float = 0.15, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking: pick `rate` of the positions (at least one per sample), hide them, predict them."""
+    pick = torch.rand(ids.shape, generator=generator) < rate
+    pick[:, 0] |= ~pick.any(1)
+    inputs = ids.masked_fill(pick, mask_id)
+    targets = ids.masked_fill(~pick, -100)
+    return inputs, targets

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,10 +59,22 @@ class VGG19(PipelineModel):
         return F.cross_entropy(output, target, reduction="none")
 
     def batch(self, n, generator=None, device="cpu"):
-        from ..data.images import pattern_images
-
         x, y = pattern_images(n, self.shape.image_size, self.shape.num_classes, generator)
         return x.to(device), y.to(device)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "VGG19", **self.shape.__dict__}
+
+
+def pattern_images(
+    n: int, size: int, num_classes: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic images whose class is where a bright square sits: learnable, not noise."""
+    labels = torch.randint(0, num_classes, (n,), generator=generator)
+    x = 0.3 * torch.randn(n, 3, size, size, generator=generator)
+    grid = math.ceil(math.sqrt(num_classes))
+    cell = size // grid
+    for i, c in enumerate(labels.tolist()):
+        r, q = divmod(c, grid)
+        x[i, c % 3, r * cell : (r + 1) * cell, q * cell : (q + 1) * cell] += 1.5
+    return x, labels

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cache import cache_dir, read_cached, write_cached
+from ..cache import cache_dir, read_cached, write_cached
 
 SMALL, LARGE = 4096, 4 * 2**20  # bytes: latency-bound, bandwidth-bound
 REPEATS = 15

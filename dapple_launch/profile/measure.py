@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import torch
 
+from ..cache import cache_dir, read_cached, write_cached
 from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer, carry_of
 from ..models.split_backward import backward_input
 from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
-from .cache import cache_dir, read_cached, write_cached
 from .model_profile import LayerProfile, ModelProfile, chain
 
 

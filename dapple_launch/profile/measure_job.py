@@ -51,7 +51,7 @@ def main(model_yaml: str, batch_size: str, device: str, precision: str, out: str
     from omegaconf import OmegaConf
 
     from ..config.choices import mapping
-    from ..plan_config import model_from_config
+    from ..models.from_config import model_from_config
     from .measure import measure_profile
 
     model = model_from_config(mapping(OmegaConf.load(model_yaml), str(model_yaml)))

@@ -39,7 +39,7 @@ VERSION = 1  # of the probe's method: a cache written by another is measured aga
 def _cache_path(processes: int, cores: int) -> Path:
     import torch
 
-    from ..profile.cache import cache_dir
+    from ..cache import cache_dir
 
     return cache_dir() / f"actions-gloo-{processes}p-{cores}c-torch{torch.__version__.split('+')[0]}.json"
 
@@ -122,8 +122,8 @@ def _cached_cost(text: str) -> float | None:
 def measure_action_cost(processes: int, links: LinkProfile | None, use_cache: bool = True) -> float:
     """Seconds the runtime adds to each compute action with `processes` local ranks (see the module's
     docstring). `links`: those measured between as many processes (None for one: no transfers)."""
+    from ..cache import read_cached, write_cached
     from ..host import threads_per_rank, usable_cores
-    from ..profile.cache import read_cached, write_cached
     from ..profile.links import run_gloo_probe
 
     cores = usable_cores()

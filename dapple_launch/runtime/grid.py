@@ -85,3 +85,15 @@ def _stage_major(replicas: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
         out.append(tuple(range(d, d + r)))
         d += r
     return tuple(out)
+
+
+def group_ranks(grid, schedule, group: int) -> list[int]:
+    """The ranks of device group `group` (the one running orders[group]): the devices of its first
+    stage, or for a stage on several groups (Chimera's two pipelines, round-robin copies) that
+    group's part of them: a stage lists its groups' devices in the order of its placement, in equal
+    parts (Chimera: the down pipeline's copy first)."""
+    s = schedule.stages_of(group)[0]
+    ranks, groups = grid.stage_ranks(s), schedule.placement[s]
+    part = len(ranks) // len(groups)
+    j = groups.index(group)
+    return ranks[j * part : (j + 1) * part]

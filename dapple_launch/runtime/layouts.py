@@ -17,10 +17,10 @@ import torch.distributed as dist
 from ..data.rank_batch import rows_of
 from ..models.contract import as_tuple, carry_map, run_layers
 from ..models.token_slices import KVCache, TokenSlice, running
+from ..schedule import validate
 from ..schedule.nccl import check_lowered
 from ..schedule.ranks import RankSchedule
 from ..schedule.transfers import RankProgram, lower, rank_pairs
-from ..schedule.validate import validate
 from .groups import communicators
 from .heartbeat import BEAT
 

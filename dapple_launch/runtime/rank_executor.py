@@ -21,6 +21,7 @@ from ..schedule import Action
 from ..schedule.ranks import RankSchedule
 from .clock import now
 from .executor import PREPARING, SENDS_DRAINING, StageExecutor, StepResult, stopped, stopped_at
+from .grid import group_ranks
 from .heartbeat import BEAT
 from .layouts import ensure_layouts, program
 from .p2p import PointToPoint, RankComms, Received
@@ -158,18 +159,6 @@ class RankExecutor:
             raise stopped_at(first_stage, replica, SENDS_DRAINING, exc) from exc
         losses = [it.loss_sum for it in its.values()]  # zero but on the stage holding the loss
         return StepResult(torch.stack(losses).sum(), first.n_total)
-
-
-def group_ranks(grid, schedule: RankSchedule, group: int) -> list[int]:
-    """The ranks of device group `group` (the one running orders[group]): the devices of its first
-    stage, or for a stage on several groups (Chimera's two pipelines, round-robin copies) that
-    group's part of them: a stage lists its groups' devices in the order of its placement, in equal
-    parts (Chimera: the down pipeline's copy first)."""
-    s = schedule.stages_of(group)[0]
-    ranks, groups = grid.stage_ranks(s), schedule.placement[s]
-    part = len(ranks) // len(groups)
-    j = groups.index(group)
-    return ranks[j * part : (j + 1) * part]
 
 
 def build_rank_executor(

@@ -13,7 +13,7 @@ from ..data.rank_batch import Reads
 from ..schedule import Kind
 from ..schedule.gpipe import forward_only
 from ..schedule.ranks import RankSchedule, forward_only_orders
-from .grid import split_bounds
+from .grid import group_ranks, split_bounds
 
 
 def replica_rows(micro: tuple[int, int], replicas: int, replica: int) -> tuple[int, int]:
@@ -47,8 +47,6 @@ def rank_reads(grid, schedule, rank: int, n_total: int) -> Reads:
     last = grid.num_stages - 1
     parts: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
     if isinstance(schedule, RankSchedule):
-        from .rank_executor import group_ranks
-
         groups = [group_ranks(grid, schedule, g) for g in range(schedule.num_ranks)]
         group = next(g for g, ranks in enumerate(groups) if rank in ranks)
         replica = groups[group].index(rank)

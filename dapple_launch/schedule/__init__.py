@@ -48,7 +48,8 @@ __all__ = [
 ]
 
 from .simulate import Simulation, StageCosts, simulate  # noqa: E402
-from .validate import ScheduleError, validate  # noqa: E402
+from .validate import ScheduleError  # noqa: E402
+from .validate import validate as validate_stages  # noqa: E402
 
 __all__ += ["Simulation", "StageCosts", "simulate", "ScheduleError", "validate"]
 
@@ -59,6 +60,16 @@ from .rank_simulate import busiest_rank_s, simulate_ranks  # noqa: E402
 from .rank_validate import validate_ranks  # noqa: E402
 from .ranks import RankSchedule, Step, from_stages  # noqa: E402
 from .zbv import zbv  # noqa: E402
+
+
+def validate(schedule: Schedule | RankSchedule) -> None:
+    """Raise ScheduleError (the grid, the failing step marked) if `schedule` cannot run to the end: a
+    per-stage Schedule by validate.validate, a RankSchedule (ranks holding several stages) by
+    rank_validate.validate_ranks."""
+    if isinstance(schedule, RankSchedule):
+        validate_ranks(schedule)
+    else:
+        validate_stages(schedule)
 
 
 def build_rank_schedule(name: str, num_groups: int, num_micro_batches: int, chunks: int = 1):

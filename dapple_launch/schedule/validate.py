@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import Counter
 
 from .actions import Action, Kind, Schedule
-from .ranks import RankSchedule
 
 
 class ScheduleError(ValueError):
@@ -87,14 +86,9 @@ def _check_stage(schedule: Schedule, s: int) -> None:
                 )
 
 
-def validate(schedule: Schedule | RankSchedule) -> None:
+def validate(schedule: Schedule) -> None:
     """Raise ScheduleError with the stage × step grid (failing step marked) if the schedule is broken.
-    A RankSchedule (ranks holding several stages) goes to rank_validate.validate_ranks."""
-    if isinstance(schedule, RankSchedule):
-        from .rank_validate import validate_ranks
-
-        validate_ranks(schedule)
-        return
+    (A RankSchedule, ranks holding several stages, is rank_validate's; `schedule.validate` takes either.)"""
     if schedule.num_stages != len(schedule.stage_actions):
         raise ScheduleError(f"schedule says {schedule.num_stages} stages but lists {len(schedule.stage_actions)}")
     for s in range(schedule.num_stages):

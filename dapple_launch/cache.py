@@ -41,7 +41,7 @@ def read_cached(path: Path, parse: Callable[[str], T]) -> T | None:
         TypeError,
         AttributeError,
     ) as exc:  # (bad bytes and bad JSON are ValueErrors)
-        from ..log import get_logger
+        from .log import get_logger
 
         get_logger().warning(f"cache entry {path} cannot be read ({type(exc).__name__}: {exc}); measuring again")
         return None
