@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from dapple_launch.models import build_model  # noqa: E402
 from dapple_launch.plan_config import DEFAULT_SCHEDULES, shipped_topology  # noqa: E402
-from dapple_launch.planner.cost import Limits, simulate_costed, speed_ratio  # noqa: E402
+from dapple_launch.planner.cost import Limits, speed_ratio  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
+from dapple_launch.planner.score import simulate_costed  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
 from dapple_launch.planner.torch_style import torch_style_baselines  # noqa: E402
 from dapple_launch.profile import analytic_profile, read_profile_file  # noqa: E402

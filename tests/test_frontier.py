@@ -13,8 +13,6 @@ import pytest
 
 from dapple_launch.cluster import Topology
 from dapple_launch.planner import Limits, Plan
-from dapple_launch.planner.baselines import divisors
-from dapple_launch.planner.build import MIN_MICRO_BATCHES
 from dapple_launch.planner.cost import evaluate
 from dapple_launch.planner.frontier import (
     NoPointFits,
@@ -29,6 +27,7 @@ from dapple_launch.planner.frontier import (
     sub_cluster,
 )
 from dapple_launch.planner.frontier_svg import frontier_svg
+from dapple_launch.planner.shapes import MIN_MICRO_BATCHES, divisors
 from dapple_launch.schedule import build_schedule, validate
 
 from .test_planner import all_layouts, random_profile

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from dapple_launch.cluster import Topology
-from dapple_launch.planner.baselines import divisors
-from dapple_launch.planner.build import MIN_MICRO_BATCHES
 from dapple_launch.planner.cost import Limits, StageSpec, evaluate
 from dapple_launch.planner.search import NoFeasiblePlan, plan, replica_choices, search
+from dapple_launch.planner.shapes import MIN_MICRO_BATCHES, divisors
 from dapple_launch.planner.warmup import deeper_depths
 from dapple_launch.profile import LayerProfile, chain, read_profile_file
 
@@ -145,7 +144,8 @@ def test_vgg_large_batch_beats_dapples_published_plan_with_uneven_replicas():
     """In DAPPLE's own space (its minimal warm-up) the planner finds an uneven plan (VGG's famous
     shape) at least as fast, simulated, as DAPPLE's published one (cut after Conv2d_5_2, 15:1);
     allowed deeper warm-ups, it finds a faster one, and the simulator agrees with its estimate."""
-    from dapple_launch.planner.cost import evaluate, simulate_costed
+    from dapple_launch.planner.cost import evaluate
+    from dapple_launch.planner.score import simulate_costed
 
     p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32, device_tflops=125)
     dapple = plan(p, V100X16, 1024, Limits(max_warmup_depth=1))
@@ -217,7 +217,8 @@ def test_a_first_pass_with_a_gap_alone_is_within_the_gap(seed):
     the whole search, exact pass included, is the optimum."""
     from dapple_launch.planner.branch import BranchAndBound as _Search
     from dapple_launch.planner.branch import SearchStats
-    from dapple_launch.planner.search import _sweep, micro_batch_sizes
+    from dapple_launch.planner.search import _sweep
+    from dapple_launch.planner.shapes import micro_batch_sizes
 
     rng = random.Random(100 + seed)
     profile = random_profile(rng, rng.choice([5, 6]))
@@ -387,7 +388,7 @@ def test_the_planner_deepens_the_warmup_when_links_sit_on_the_steady_cycle():
     nodes: DAPPLE's minimal warm-up waits on every round trip, a deeper one hides it. The planner
     picks the deeper warm-up, its estimate is the simulator's, and its memory counts the extra
     micro-batches in flight; without the option (max_warmup_depth=1) it is never chosen."""
-    from dapple_launch.planner.cost import simulate_costed
+    from dapple_launch.planner.score import simulate_costed
 
     profile = chain("links", [LayerProfile(f"l{i}", 1e-3, 2e-3, 2.5e6, 2e8) for i in range(4)], batch_size=4)
     topo = Topology("t", 4, 1, 8e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=1e9)
@@ -440,8 +441,8 @@ def test_local_search_under_a_deeper_warmup_ends_at_a_local_optimum_within_its_b
     move helps (descending again costs moves but finds nothing); a budget stops it after the move
     that spends it."""
     from dapple_launch.planner.branch import CELLS_PER_NODE
-    from dapple_launch.planner.cost import simulate_costed
     from dapple_launch.planner.polish import descend
+    from dapple_launch.planner.score import simulate_costed
 
     profile = chain("links", [LayerProfile(f"l{i}", 1e-3, 2e-3, 2.5e6, 2e8) for i in range(8)], batch_size=4)
     topo = Topology("t", 4, 1, 8e9, 10.0, 100e9, 1e9, inter_node_allreduce_bandwidth=1e9)
@@ -629,7 +630,7 @@ def test_the_runtimes_cost_per_action_is_planned_for():
     """Topology.action_overhead_s: every F and B costs that much more (StageCosts.action_s), so the
     estimate counts the 2 M actions of each stage and the planner weighs a smaller bubble (more
     micro-batches) against paying that cost more often: with a large enough cost it picks fewer."""
-    from dapple_launch.planner.cost import simulate_costed
+    from dapple_launch.planner.score import simulate_costed
     from dapple_launch.profile.model_profile import ModelProfile
 
     layers = tuple(

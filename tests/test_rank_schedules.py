@@ -312,9 +312,9 @@ def _exhaustive_chunked(profile, topo, G, limits):
     """Every shape (family, chunks, groups' replicas, micro-batch size) × every cut, simulated."""
     import itertools
 
-    from dapple_launch.planner.baselines import divisors
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.shapes import divisors
 
     best = math.inf
     L = profile.num_layers

@@ -263,10 +263,9 @@ def brute_force_both(profile, topo, G, limits):
     """The exhaustive optimum over layouts × {1F1B, ZB-H1} × every warm-up depth each may take."""
     from dataclasses import replace as dc_replace
 
-    from dapple_launch.planner.baselines import divisors
-    from dapple_launch.planner.build import MIN_MICRO_BATCHES
     from dapple_launch.planner.cost import evaluate
     from dapple_launch.planner.schedules import depths
+    from dapple_launch.planner.shapes import MIN_MICRO_BATCHES, divisors
     from dapple_launch.planner.warmup import deeper_depths
 
     from .test_planner import all_layouts

@@ -1,7 +1,8 @@
 """The planner: pure functions (ModelProfile, Topology, global batch, limits) -> Plan."""
 
-from .build import fixed_plan, to_plan
+from .build import to_plan
 from .cost import Costed, Limits, StageSpec, evaluate
+from .fixed import fixed_plan
 from .plan import Estimate, Plan, RunnerUp, StagePlan
 
 __all__ = [

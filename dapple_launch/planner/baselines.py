@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
+from .branch import replica_choices
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio, stage_costs
-
-
-@lru_cache(maxsize=64)
-def _divisors(n: int) -> tuple[int, ...]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return tuple(sorted({*small, *(n // d for d in small)}))
-
-
-def divisors(n: int) -> list[int]:
-    """Ascending; asked for once per layout a baseline tries, hence cached."""
-    return list(_divisors(n))
+from .shapes import divisors
+from .warmup import warmup_bound
 
 
 def best_over_micro_batches(
@@ -49,8 +40,6 @@ def fastest(
     the best found; under 1F1B one whose warmup.py bound (valid at any warm-up; recomputation only
     adds time) passes it is not simulated: the full sweep's answer at a fraction of its stage costs
     and simulations."""
-    from .warmup import warmup_bound  # (warmup.py's search imports this module's callers)
-
     todo = []
     speed = speed_ratio(profile, topology)
     for index, (layout, min_micro_batches) in enumerate(layouts):
@@ -169,8 +158,6 @@ def even_uniform(num_layers: int, num_devices: int, num_stages: int) -> tuple[St
 def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
     """PipeDream's planner: contiguous stages, replicated stages allowed, minimising the slowest
     of (stage compute / replicas, activation transfer); its layout then runs synchronously (1F1B)."""
-    from .branch import replica_choices
-
     L, D = profile.num_layers, topology.num_devices
     pbs = profile.batch_size
     work = [0.0]
@@ -218,8 +205,6 @@ def pipedream(profile: ModelProfile, topology: Topology, global_batch: int, limi
 def dapple_two_stage(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits) -> Costed | None:
     """The published DAPPLE planner's P:Q family: two stages on P and D - P devices, best cut.
     Beyond 16 devices P takes the search's replica counts (1..devices per node, whole nodes)."""
-    from .branch import replica_choices
-
     L, D = profile.num_layers, topology.num_devices
     layouts = [
         ((StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D)))), _min_micro(limits, 2))

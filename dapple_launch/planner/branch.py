@@ -31,8 +31,8 @@ from typing import NamedTuple
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .bounds import BoundInputs, least_bottleneck_stages, stage_starts, suffix_bound
-from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
+from .shapes import MIN_MICRO_BATCHES
 
 # A simulated candidate (every leaf: cost.evaluate walks its S M compute actions) counts as
 # S M / CELLS_PER_NODE scored candidates of the node budget, about what its time is worth in

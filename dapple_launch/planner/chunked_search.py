@@ -31,8 +31,18 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD, busiest_rank_s
-from .branch import CELLS_PER_NODE
-from .chunked import CHUNKED, INTERLEAVED, chunked_layout, evaluate_chunked, group_devices, group_of, rank_orders
+from .baselines import balanced_boundaries
+from .branch import CELLS_PER_NODE, replica_choices
+from .chunked import (
+    CHUNKED,
+    INTERLEAVED,
+    chunked_layout,
+    evaluate_chunked,
+    group_devices,
+    group_of,
+    groups_of,
+    rank_orders,
+)
 from .cost import Costed, Limits, speed_ratio
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
@@ -48,8 +58,6 @@ def _compositions(total: int, parts: int):
 def groupings(topology: Topology, groups: int) -> list[tuple[int, ...]]:
     """Up to 8 devices every composition; beyond, equal groups and every split into two groups whose
     counts the plain search allows a stage (1 .. a node, then whole nodes: branch.replica_choices)."""
-    from .branch import replica_choices
-
     devices = topology.num_devices
     if devices <= 8:
         return list(_compositions(devices, groups))
@@ -173,8 +181,6 @@ def pipeline_ends(family: str, v: int, groups: int, least_forward: float, least_
     action is a B of its earliest stage (any later one would precede the B's of its own earlier
     stages), after which the last micro-batch's gradient still crosses those k stages on other
     groups: + k_g B. A split backward may end a group on a W, so it counts no drain."""
-    from .chunked import groups_of
-
     S = num_stages(family, v, (1,) * groups)
     first = [S] * groups
     for s in range(S):
@@ -246,8 +252,6 @@ def search_chunked(
 ) -> tuple[list[Costed], dict[int, float], int]:
     """(candidates found, per micro-batch size the least bound of any shape not searched exactly,
     candidates scored). `incumbent`: the best plan so far (shapes that cannot beat it are cut)."""
-    from .baselines import balanced_boundaries
-
     L = profile.num_layers
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}

@@ -23,10 +23,10 @@ from functools import lru_cache
 
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
-from ..schedule import SPLIT_BACKWARD, Simulation, StageCosts, build_schedule, simulate, zero_bubble
+from ..schedule import SPLIT_BACKWARD, StageCosts, zero_bubble
 from ..schedule.gpipe import compute_orders as gpipe_orders
 from ..schedule.one_f_one_b import compute_orders, deeper_warmup
-from ..schedule.simulate import encode_orders, orders_time, program
+from ..schedule.simulate import encode_orders, orders_time
 from .allreduce import bucket_layers, exposed
 
 
@@ -511,50 +511,3 @@ def compute_orders_of(schedule: str, num_stages: int, num_micro_batches: int, wa
     else:
         raise ValueError(f"no stage-order generator for schedule {schedule!r} (device groups: planner/chunked.py)")
     return encode_orders(compute)
-
-
-@lru_cache(maxsize=32)
-def _program(schedule: str, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]):
-    """A shape's schedule and its validated program: shared by every plan of that shape (a frontier's
-    points and a plan's runners-up share shapes; validating 16 stages × 128 micro-batches takes a second)."""
-    sched = build_schedule(schedule, num_stages, num_micro_batches, warmup)
-    return sched, program(sched, validated=True)  # a shipped generator's lists (validated when a plan is read)
-
-
-def simulate_costed(c: Costed, record: bool = False) -> Simulation:
-    """Run the discrete-event simulator on the schedule this candidate would execute (`record`: with
-    its timeline, which a plan's check of its estimate does not need)."""
-    if "copies" in c.extra:  # stages of round-robin copies: the rank orders' simulator
-        from .round_robin import simulate_rr
-
-        sim = simulate_rr(c, record)
-        assert sim is not None  # (no cutoff: always simulated)
-        return sim
-    if "chunks" in c.extra:  # device groups holding several stages: the rank orders' simulator
-        from .chunked import simulate_chunked
-
-        sim = simulate_chunked(c, record)
-        assert sim is not None
-        return sim
-    if c.schedule == "terapipe":  # its per-slice costs: planner/terapipe.py
-        from .terapipe import stage_scales
-
-        lengths = c.extra["token_slices"]
-        sched = build_schedule("terapipe", len(c.layout), c.num_micro_batches, token_slices=lengths)
-        return simulate(
-            sched,
-            c.costs,
-            record,
-            steps=program(sched, validated=True),
-            scale=stage_scales(
-                c.extra["profile"],
-                c.extra["topology"],
-                c.layout,
-                c.costs,
-                c.micro_batch_size,
-                lengths,
-                c.num_micro_batches,
-            ),
-        )
-    sched, steps = _program(c.schedule, len(c.layout), c.num_micro_batches, tuple(c.warmup))
-    return simulate(sched, c.costs, record, steps=steps)

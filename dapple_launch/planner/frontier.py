@@ -23,7 +23,9 @@ from dataclasses import dataclass, replace
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .cost import Limits
+from .explain import human_bytes, human_seconds, recomputed_per_stage
 from .plan import Plan
+from .search import NoFeasiblePlan, plan
 
 EXACT = 1e-12  # a cap "just below" a peak, for step 0
 LATER_SHARE = 0.25  # of strategy.search_nodes, what each search below the first may score
@@ -87,8 +89,6 @@ def frontier(
 ) -> tuple[list[Plan], int]:
     """(non-dominated plans fastest first, searches run). Searches use `limits` with recompute=auto
     unless recomputation is switched off (none) or fixed (full / selective)."""
-    from .search import NoFeasiblePlan, plan
-
     if not 0 <= step < 1:
         raise ValueError(
             f"strategy.frontier_step={step} must be in [0, 1): the relative memory step between "
@@ -179,9 +179,6 @@ def plan_choice(
     max_devices: int | None = None,
 ) -> Frontier:
     """The plans an objective chooses among, and its choice (see choose)."""
-    from .explain import human_bytes, human_seconds
-    from .search import NoFeasiblePlan, plan
-
     t0 = time.perf_counter()
     usable = topology.device_memory_bytes * (1 - limits.memory_headroom)
     if budget_bytes is not None and budget_bytes > usable:
@@ -263,8 +260,6 @@ def plan_choice(
 
 def describe(f: Frontier) -> str:
     """The frontier as a table, the chosen point marked."""
-    from .explain import human_bytes, human_seconds, recomputed_per_stage
-
     if not f.points:
         return "frontier: no plan fits"
     rows = [

@@ -25,8 +25,8 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .bounds import fresh_node_start
 from .branch import CELLS_PER_NODE
-from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
+from .shapes import MIN_MICRO_BATCHES
 from .warmup import WARMUP_MAX_ACTIONS, worth_simulating
 
 

@@ -27,9 +27,9 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import _EMPTY, CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep, replica_choices
-from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
+from .shapes import MIN_MICRO_BATCHES, micro_batch_sizes
 from .warmup import WARMUP_MAX_ACTIONS, DeepWarmupSearch
 
 if TYPE_CHECKING:
@@ -101,8 +101,6 @@ def starts(
             if c.schedule != FAMILY:
                 z.extra["over"] = c  # the layout's plan under the family it was found with, for the plan's note
             costed.append(z)
-    from .search import micro_batch_sizes  # (search.py imports this module)
-
     allowed_replicas = replica_choices(topology, global_batch)
     sizes = micro_batch_sizes(global_batch, limits)
     out, tried = list(costed), set()

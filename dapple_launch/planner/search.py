@@ -24,7 +24,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.round_robin import RR_FAMILIES
 from . import schedules
-from .baselines import all_baselines, balanced_uniform, divisors
+from .baselines import all_baselines, balanced_boundaries, balanced_uniform
 from .branch import BranchAndBound, SearchStats, _OutOfTime, replica_choices
 from .build import to_plan
 from .chunked import CHUNKED
@@ -35,6 +35,7 @@ from .plan import Plan
 from .polish import descend, shape_of
 from .round_robin import RR, START_PLANS, search_round_robin
 from .schedules import search_family
+from .shapes import micro_batch_sizes
 from .warmup import deep_sweep, deepen_best_layouts
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
@@ -59,17 +60,6 @@ class NoFeasiblePlan(ValueError):
 
 # the least estimated gain (a share of the iteration) for which strategy.token_slices=auto slices
 SLICE_MIN_GAIN = 0.01
-
-
-def micro_batch_sizes(global_batch: int, limits: Limits) -> list[int]:
-    if limits.micro_batch_size:
-        if global_batch % limits.micro_batch_size:
-            raise ValueError(
-                f"strategy.micro_batch_size={limits.micro_batch_size} does not divide "
-                f"global_batch_size={global_batch}; pick a divisor of {global_batch}"
-            )
-        return [limits.micro_batch_size]
-    return sorted(divisors(global_batch), reverse=True)
 
 
 def search(
@@ -430,8 +420,6 @@ def smallest_memory_need(profile: ModelProfile, topology: Topology, limits: Limi
     """Per device, the least memory any layout needs (fully pipelined, one sample per micro-batch)."""
     L, D = profile.num_layers, topology.num_devices
     S = min(L, D)
-    from .baselines import balanced_boundaries
-
     cuts = balanced_boundaries(profile, S)
     layout = tuple(StageSpec(a, z, (s,)) for s, (a, z) in enumerate(zip([0, *cuts], [*cuts, L])))
     c = evaluate(profile, topology, layout, 1, max(S, 1), limits)

@@ -23,6 +23,7 @@ from ..schedule import build_schedule, simulate
 from ..schedule.simulate import program
 from ..schedule.terapipe import slice_scale, unit_scales
 from .cost import Costed, Limits, StageSpec, speed_ratio, stage_costs
+from .shapes import divisors
 
 SIMULATED_SLICINGS = 2  # of the DP's candidates (one per t_max), how many the simulator costs
 
@@ -208,8 +209,6 @@ def improve_with_slices(
     """strategy.token_slices=auto: the best few layouts found, at every micro-batch count up to twice
     their stages (beyond that the pipeline's fill is small and slicing has little to gain), with the
     DP's slices; the fastest sliced plan that fits, or None."""
-    from .baselines import divisors
-
     if not (limits.seq_len and profile.slices_tokens):
         return None
     seen, best = [], None

@@ -38,8 +38,8 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep
-from .build import MIN_MICRO_BATCHES
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
+from .shapes import MIN_MICRO_BATCHES
 
 # Deeper warm-ups: bounded work per candidate (S M at most WARMUP_MAX_ACTIONS simulated; each
 # simulated candidate costs branch.CELLS_PER_NODE's share of the node budget).
