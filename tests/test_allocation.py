@@ -65,6 +65,7 @@ def test_from_slurm_outside_an_allocation_is_one_line_and_exit_2(tmp_path):
     assert out.stderr.strip().splitlines()[-1].startswith("error: cluster=from_slurm reads the Slurm allocation")
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_from_slurm_plans_for_the_allocation_it_reads(tmp_path):
     from .conftest import cli
 

@@ -193,6 +193,7 @@ def test_a_plan_whose_device_groups_hold_several_stages_runs_from_its_file_and_o
             check_plan_runs_on(edited, topo, plan.num_layers)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_headline_plan_passes_the_submission_checks(compose_cfg):
     """`python -m dapple_launch model=bert cluster=v100x16`: whatever schedule the planner picks,
     the plan it prints is one the cluster's checks accept."""

@@ -140,6 +140,7 @@ def test_twelve_layers_on_eight_devices_is_optimal():
 V100X16 = Topology("v100x16", 2, 8, 16 * 2**30, 125, 25e9, 1e9, inter_node_allreduce_bandwidth=3e9)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_vgg_large_batch_beats_dapples_published_plan_with_uneven_replicas():
     """In DAPPLE's own space (its minimal warm-up) the planner finds an uneven plan (VGG's famous
     shape) at least as fast, simulated, as DAPPLE's published one (cut after Conv2d_5_2, 15:1);
@@ -419,6 +420,7 @@ def _shipped_cluster(name: str) -> Topology:
     return shipped_topology(name)  # at trainer.precision=auto's speed: fp16 on V100, the profiles' 125 TFLOPS
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_layout_slowest_under_the_minimal_warmup_is_deepened_too():
     """BERT-48 on sixteen single-V100 nodes over 10 Gbps: DAPPLE's straight 16-stage pipeline waits
     on every link under the minimal warm-up (more than twice the best plan's time) and is the

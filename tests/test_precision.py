@@ -53,6 +53,7 @@ def test_floating_tensors_cross_stages_in_the_compute_dtype():
     assert MixedPrecision("32").to_wire(torch.ones(2)).dtype == torch.float32
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_planner_sees_half_the_bytes_on_the_wire():
     model = build_model("gpt", "tiny", num_layers=2, hidden=64, seq_len=32)
     fp32 = analytic_profile(model, 2, 1.0, "x", precision="32")

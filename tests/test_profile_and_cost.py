@@ -147,6 +147,7 @@ def test_a_damaged_cache_entry_is_measured_again_and_overwritten_not_fatal(tmp_p
         get_logger().removeHandler(handler)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_analytic_profile_counts_real_parameters():
     model = build_model("bert", "48")
     p = analytic_profile(model, 2, 125, "v100")

@@ -265,6 +265,7 @@ def test_the_planner_plans_a_chunked_family_alone_and_the_plan_runs_its_rank_ord
     assert len(plan.orders()) == x.num_ranks and "ZB-V with 2 stages per device group" in plan.planner
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_recomputation_runs_on_the_families_with_a_whole_backward_and_the_planner_chooses_among_them(compose_cfg):
     """strategy.recompute=full or selective: interleaved 1F1B and Chimera recompute (a fixed layout
     lists each stage's positions and costs them: a longer backward, less kept), the planner searches
@@ -329,6 +330,7 @@ def _exhaustive_chunked(profile, topo, G, limits):
     return best
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each
     layer's tail: its group's micro-batches then its all-reduce) is a lower bound on every plan of
@@ -519,6 +521,7 @@ def test_a_simulation_stopped_at_its_cutoff_only_drops_slower_ones():
     assert stopped > 50 and kept > 200, (stopped, kept)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_chunked_pass_keeps_to_its_share_of_the_budget():
     """search_chunked scores at most its share of strategy.search_nodes, counting every candidate's
     stage costs and simulation (and a shape's first, its rank orders): past it by at most one

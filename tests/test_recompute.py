@@ -100,6 +100,7 @@ def _plan(recompute="none", schedule="1f1b", replicas=(1, 1), **kw):
     return make_plan(tiny_model(), replicas, schedule, 4, 8, recompute=recompute, **kw)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_fixed_plans_carry_recompute_layers_and_cost_them():
     """none / full / selective (counts per stage, one count for all, positions): plan.json lists the
     positions per stage; each recomputed stage keeps less per micro-batch and its backward costs
@@ -128,6 +129,7 @@ def test_fixed_plans_carry_recompute_layers_and_cost_them():
     assert "recomputed" in full.explain() and "all (full)" in full.explain()
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_plans_recomputation_reads_in_one_word():
     """The frontier's table and picture say none, full, or each stage's count."""
     from dapple_launch.planner.explain import recomputed_per_stage
@@ -150,6 +152,7 @@ def test_recomputation_refusals_name_the_rule():
         Plan.from_dict(d)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_auto_recomputes_the_fewest_layers_that_fit():
     """A card too small for any plan without recomputation: recompute=none says no plan fits;
     recompute=auto finds one whose recomputed stages recompute their first layers, the fewest that fit

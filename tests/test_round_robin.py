@@ -159,6 +159,7 @@ def test_the_closed_forms_of_copies_stay_below_the_simulator():
                 assert busiest_rank_s(orders, c.costs) <= c.iteration_s * (1 + 1e-9)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_planner_shares_vgg_convolutions_among_copies_where_replicas_cannot_divide_micro_batches():
     """VGG-19 on 16 V100s, G 128: the convolutions (69 % of the compute) sit on 8 replicas at one
     sample each (16 micro-batches × 8); copies of single devices run whole micro-batches in turn

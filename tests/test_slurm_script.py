@@ -39,6 +39,7 @@ def render(compose_cfg) -> str:
     shutil.which("srun") is None,
     reason="submitit renders the script only where srun exists (a Slurm client; the Slurm tier installs one)",
 )
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_generated_script_matches_the_recorded_copy(compose_cfg):
     text = render(compose_cfg)
     if not GOLDEN.exists():  # first run records it; review the file like code
@@ -52,6 +53,7 @@ def test_generated_script_matches_the_recorded_copy(compose_cfg):
     shutil.which("srun") is None,
     reason="submitit renders the script only where srun exists (a Slurm client; the Slurm tier installs one)",
 )
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_devices_auto_submits_exactly_the_nodes_and_tasks_its_plan_uses(compose_cfg):
     """strategy.devices=auto chose fewer devices than the cluster has: the job asks for those nodes,
     tasks and GPUs only (what the user pays for)."""
