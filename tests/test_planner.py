@@ -218,8 +218,8 @@ def test_a_first_pass_with_a_gap_alone_is_within_the_gap(seed):
     the whole search, exact pass included, is the optimum."""
     from dapple_launch.planner.branch import BranchAndBound as _Search
     from dapple_launch.planner.branch import SearchStats
-    from dapple_launch.planner.search import _sweep
     from dapple_launch.planner.shapes import micro_batch_sizes
+    from dapple_launch.planner.stage_search import sweep as _sweep
 
     rng = random.Random(100 + seed)
     profile = random_profile(rng, rng.choice([5, 6]))

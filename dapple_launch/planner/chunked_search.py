@@ -44,6 +44,7 @@ from .chunked import (
     rank_orders,
 )
 from .cost import Costed, Limits, speed_ratio
+from .proposal import Proposal, SearchState
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
@@ -375,3 +376,26 @@ def search_chunked(
             found.append(current)
             best = min(best, current.iteration_s)
     return found, bounds, scored
+
+
+class DeviceGroups:
+    """The proposer of device groups holding several stages (interleaved 1F1B and zero bubble, ZB-V,
+    Chimera): their shapes searched from the incumbent down (search_chunked)."""
+
+    def wanted(self, state: SearchState) -> bool:
+        return any(f in CHUNKED for f in state.allowed())
+
+    def propose(self, state: SearchState) -> Proposal:
+        best = state.best()
+        found, bounds, scored = search_chunked(
+            state.profile,
+            state.topology,
+            state.global_batch,
+            state.limits,
+            state.sizes,
+            best.iteration_s if best is not None else math.inf,
+        )
+        state.stats.nodes += scored
+        if best is not None:  # what holds without these families, for the statement
+            state.stats.gap_without_chunked = state.gap()
+        return Proposal(CHUNKED, [*found, *(c for c in state.prior if c.schedule in CHUNKED)], bounds)

@@ -29,6 +29,7 @@ from ..schedule.one_f_one_b import deeper_warmup
 from .branch import _EMPTY, CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep, replica_choices
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
+from .proposal import Proposal, SearchState, proven_gap
 from .shapes import MIN_MICRO_BATCHES, micro_batch_sizes
 from .warmup import WARMUP_MAX_ACTIONS, DeepWarmupSearch
 
@@ -40,6 +41,8 @@ FAMILY = "zb_h1"
 # its exact pass may score on top of the 1F1B passes' budget
 DESCENT_SHARE = 1 / 8
 SWEEP_SHARE = 1 / 4
+# layouts the per-stage proposer found good that zero bubble is costed on before its own exact pass
+START_LAYOUTS = 6
 
 
 def allowed(limits: Limits) -> tuple[str, ...]:
@@ -199,3 +202,28 @@ def sweep(searches: list[BranchAndBound], incumbent: float, budget: int) -> tupl
     """The exact ZB-H1 pass over every micro-batch size, least root bound first: (best found per size,
     a lower bound per size on every ZB-H1 plan, candidates scored)."""
     return exact_sweep([ZeroBubbleSearch.over(s) for s in searches], incumbent, budget)
+
+
+class ZeroBubble:
+    """The ZB-H1 proposer: from the layouts found good so far (starts), then its exact pass over the
+    per-stage proposer's trees. Where 1F1B is not allowed, what that proposer found were starts only."""
+
+    def wanted(self, state: SearchState) -> bool:
+        return state.best() is not None and FAMILY in state.allowed()
+
+    def propose(self, state: SearchState) -> Proposal:
+        limits = state.limits
+        good = sorted(state.found, key=lambda c: c.iteration_s)[:START_LAYOUTS]
+        started = starts(state.profile, state.topology, state.global_batch, limits, good)
+        admitted = [c for c in [*state.found, *started] if c.schedule in state.allowed()]
+        incumbent = min((c.iteration_s for c in admitted), default=math.inf)
+        found, bounds, scored = sweep(state.searches, incumbent, int(limits.search_nodes * SWEEP_SHARE))
+        state.stats.nodes += scored
+        if "1f1b" not in state.allowed():
+            return Proposal((FAMILY,), [*started, *found], bounds, supersedes=True)
+        # the ZB-H1 pass's bound is weaker than 1F1B's: what holds over 1F1B plans alone, for the statement
+        best_1f1b = min(
+            (c.iteration_s for c in [*state.found, *started, *found] if c.schedule != FAMILY), default=math.inf
+        )
+        state.stats.gap_without_zero_bubble = proven_gap(best_1f1b, state.bounds) if math.isfinite(best_1f1b) else None
+        return Proposal((FAMILY,), [*started, *found], bounds)

@@ -1,17 +1,14 @@
-"""The search: the fastest plan under the cost model that fits memory.
+"""The driver: the fastest plan under the cost model that fits memory, over every allowed family.
 
-Decided jointly: the cuts between stages, each stage's replica count (uneven allowed), where the
-replicas sit (branch.py), the micro-batch size and count, and the 1F1B warm-up depth (warmup.py).
-
-Order of work, each step giving the next a stronger incumbent: the baselines and an even split;
-each micro-batch size's least-bottleneck placement (bounds.py); local search (polish.py) from the
-best starts; branch and bound per micro-batch size over DAPPLE's minimal warm-up (a first pass
-cuts branches that cannot win by more than `optimality_gap`, a second, exact pass closes the gap);
-the best layouts with deeper warm-ups, and local search from the best two at their depths; then
-the exact pass over every layout with deeper warm-ups (warmup.py), cut by a bound valid for any
-warm-up. When a node budget ends first, the least lower bound of everything left unexplored says
-how far from the optimum the answer can be: the plan states that proven gap. A node budget, not a
-clock: the same inputs give the same plan anywhere.
+The baselines and an even split are the first incumbent. Then each proposer in PROPOSERS, in turn,
+from what the ones before found (proposal.py): the per-stage one (stage_search.py: cuts, uneven
+replicas, placement, micro-batches, 1F1B warm-ups, by branch and bound), ZB-H1 (schedules.py),
+device groups holding several stages (chunked_search.py) and stages of round-robin copies
+(round_robin_search.py). Each hands back its candidates and, per micro-batch size, a bound on what
+it did not hand back; the driver keeps one incumbent, one budget (strategy.search_nodes, counted as
+candidates scored) and one proven gap: how far the incumbent can be above the least bound any of
+them left. A node budget, not a clock: the same inputs give the same plan anywhere. Token slices
+(terapipe.py) and the statement come after, on the plan chosen.
 """
 
 from __future__ import annotations
@@ -25,33 +22,25 @@ from ..profile.model_profile import ModelProfile
 from ..schedule.round_robin import RR_FAMILIES
 from . import schedules
 from .baselines import all_baselines, balanced_boundaries, balanced_uniform
-from .branch import BranchAndBound, SearchStats, _OutOfTime, replica_choices
+from .branch import SearchStats, replica_choices
 from .build import to_plan
 from .chunked import CHUNKED
-from .chunked_search import search_chunked
+from .chunked_search import DeviceGroups, search_chunked
 from .cost import Costed, Limits, StageSpec, evaluate
 from .explain import human_bytes, human_gap
 from .plan import Plan
-from .polish import descend, shape_of
-from .round_robin import RR, START_PLANS, search_round_robin
-from .schedules import search_family
+from .proposal import Proposal, Proposer, SearchState, proven_gap
+from .round_robin import RR
+from .round_robin_search import START_PLANS, Copies, search_round_robin
+from .schedules import ZeroBubble, search_family
 from .shapes import micro_batch_sizes
-from .warmup import deep_sweep, deepen_best_layouts
+from .stage_search import StageFamilies
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
 
 
-# Of the node budget, what the local search under a deeper warm-up may spend (its moves are
-# simulated), shared by the best few deeper-warm-up layouts it starts from (two: measured on the
-# planner benchmark, two distinct starts found better plans on two rows and lost 0.9% on one; three
-# lost more than they found).
-DEEP_DESCENT_SHARE = 1 / 8
-DEEP_DESCENT_STARTS = 2
-# what local search from the best starts (before any branching, and after a budget-cut pass) may
-# spend of the node budget, shared by its starts: every neighbour is simulated
-POLISH_SHARE = 1 / 4
-# layouts found good under 1F1B that zero bubble is costed on before its own exact pass
-ZB_START_LAYOUTS = 6
+# The proposers, in the order the driver asks them: each starts from what the ones before found.
+PROPOSERS: tuple[Proposer, ...] = (StageFamilies(), ZeroBubble(), DeviceGroups(), Copies())
 
 
 class NoFeasiblePlan(ValueError):
@@ -79,126 +68,15 @@ def search(
         return _copies_only(profile, topology, global_batch, limits, keep, t0)
     if not [f for f in schedules.allowed(limits) if f not in CHUNKED]:  # chunked families alone
         return _chunked_only(profile, topology, global_batch, limits, keep, t0)
-    baselines = all_baselines(profile, topology, global_batch, limits) if with_baselines else {}
-    start = balanced_uniform(profile, topology, global_batch, limits)
-    stats = SearchStats()
-    prior = _default_budget_plans(profile, topology, global_batch, limits, keep, stats)
-    found = [c for c in [*baselines.values(), start, *prior] if c is not None and c.schedule not in CHUNKED]
-    sizes = micro_batch_sizes(global_batch, limits)
-    # One search per micro-batch size, most promising first (by its least bottleneck). Each one's
-    # least-bottleneck placement is costed up front, then the best few starts are improved by
-    # local search: a strong incumbent before any branching.
-    incumbent = min((c.iteration_s for c in found), default=math.inf)  # only stages that could beat it are bounded
-    searches = [
-        BranchAndBound(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), math.inf) for b in sizes
-    ]
-    searches.sort(key=lambda x: (x.root_bound(), -x.b))
-    for x in searches:
-        x._seed_incumbent()
-        if x.seed is not None:
-            found.append(x.seed)
-    found += _polished(found, profile, topology, global_batch, limits, sizes, stats)
-    incumbent = min((c.iteration_s for c in found), default=math.inf)
-    # Pass 1 prunes what cannot beat the incumbent by more than the optimality gap, every size
-    # with an equal share of half the budget: fast, and provably within the gap if all finish.
-    # Pass 2 closes the gap exactly with what is left (small instances always finish: optimum).
-    # The budget is shared: the minimal-warm-up passes may score up to three quarters of it, the
-    # deeper-warm-up pass gets the rest (at least a quarter).
-    deep = limits.schedule == "1f1b" and limits.max_warmup_depth > 1
-    minimal_budget = limits.search_nodes * 3 // 4 if deep else limits.search_nodes
-    share = max(1, minimal_budget // (2 * max(1, len(searches))))
-    per_b, bounds = _sweep(searches, incumbent, limits.optimality_gap, share, minimal_budget, stats)
-    best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
-    if best is not None and _proven_gap(best.iteration_s, bounds) > 0:
-        exact, exact_bounds = _sweep(searches, best.iteration_s, 0.0, math.inf, minimal_budget, stats)
-        per_b += exact
-        bounds = {b: max(v, exact_bounds.get(b, v)) for b, v in bounds.items()}  # each is a valid bound
-        best = min([*found, *per_b], key=lambda c: c.iteration_s)
-        if _proven_gap(best.iteration_s, bounds) > 0:  # the budget ended first: polish what it found
-            per_b += _polished([best], profile, topology, global_batch, limits, sizes, stats, top=1)
-            best = min([*found, *per_b], key=lambda c: c.iteration_s)
-    # Deeper warm-ups: the best layouts first (a few simulations), then every layout whose bound
-    # under any warm-up could still win (warmup.py). Optimal means optimal over both spaces.
-    per_b += deepen_best_layouts(found + per_b, profile, topology, limits)
-    descent_cost = 0
-    deep_starts = []
-    for c in sorted(per_b, key=lambda c: (c.iteration_s, c.summary())):
-        if c.warmup_depth > 1 and all(c.layout != d.layout for d in deep_starts):
-            deep_starts.append(c)
-    allowed = replica_choices(topology, global_batch)
-    for start in deep_starts[:DEEP_DESCENT_STARTS]:  # local search at that depth (simulated moves)
-        better, cost = descend(
-            start,
-            profile,
-            topology,
-            global_batch,
-            limits,
-            allowed,
-            sizes,
-            cost_budget=limits.search_nodes * DEEP_DESCENT_SHARE / DEEP_DESCENT_STARTS,
-        )
-        stats.nodes += cost
-        descent_cost += cost
-        if better is not start:
-            per_b.append(better)
-    best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
-    if best is not None:
-        budget = max(limits.search_nodes // 4 - descent_cost, limits.search_nodes - stats.nodes)
-        deeper, deep_bounds, scored = deep_sweep(searches, best.iteration_s, limits, budget)
-        per_b += deeper
-        stats.nodes += scored
-        bounds = {b: min(v, deep_bounds.get(b, math.inf)) for b, v in bounds.items()}
-        best = min([*found, *per_b], key=lambda c: c.iteration_s)
-    if best is not None and schedules.FAMILY in schedules.allowed(limits):
-        # zero bubble: starts from the layouts found good, then its own exact pass (planner/schedules.py)
-        good = sorted(found + per_b, key=lambda c: c.iteration_s)[:ZB_START_LAYOUTS]
-        per_b += schedules.starts(profile, topology, global_batch, limits, good)
-        admitted = [c for c in found + per_b if c.schedule in schedules.allowed(limits)]
-        incumbent = min((c.iteration_s for c in admitted), default=math.inf)
-        zb_found, zb_bounds, scored = schedules.sweep(
-            searches, incumbent, int(limits.search_nodes * schedules.SWEEP_SHARE)
-        )
-        per_b += zb_found
-        stats.nodes += scored
-        if "1f1b" in schedules.allowed(limits):
-            best_1f1b = min((c.iteration_s for c in found + per_b if c.schedule != schedules.FAMILY), default=math.inf)
-            stats.gap_without_zero_bubble = _proven_gap(best_1f1b, bounds) if math.isfinite(best_1f1b) else None
-            bounds = {b: min(v, zb_bounds.get(b, math.inf)) for b, v in bounds.items()}
-        else:
-            bounds, found = zb_bounds, [c for c in found if c.schedule == schedules.FAMILY]
-            per_b = [c for c in per_b if c.schedule == schedules.FAMILY]
-        best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
-    if any(f in CHUNKED for f in schedules.allowed(limits)):
-        # device groups holding several stages (planner/chunked_search.py): the simulator costs each
-        chunked, chunked_bounds, scored = search_chunked(
-            profile, topology, global_batch, limits, sizes, best.iteration_s if best is not None else math.inf
-        )
-        per_b += chunked
-        stats.nodes += scored
-        if best is not None:
-            stats.gap_without_chunked = _proven_gap(best.iteration_s, bounds)
-        per_b += [c for c in prior if c.schedule in CHUNKED]
-        bounds = {b: min(bounds.get(b, math.inf), chunked_bounds.get(b, math.inf)) for b in {*bounds, *chunked_bounds}}
-        best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
-    rr = [f for f in RR if f in schedules.allowed(limits)]
-    if rr and best is not None:
-        # stages of round-robin copies (planner/round_robin.py), from the layouts the passes above found best
-        starts = [c for c in found + per_b if c.schedule in ("1f1b", "zb_h1")]
-        copied, rr_bounds, scored = search_round_robin(
-            profile, topology, global_batch, limits, sizes, starts, rr, best.iteration_s
-        )
-        per_b += copied
-        stats.nodes += scored
-        if stats.gap_without_chunked is None:
-            stats.gap_without_chunked = _proven_gap(best.iteration_s, bounds)
-        bounds = {b: min(bounds.get(b, math.inf), rr_bounds.get(b, math.inf)) for b in {*bounds, *rr_bounds}}
-        best = min([*found, *per_b], key=lambda c: c.iteration_s, default=None)
-    stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
+    state, baselines = initial_state(profile, topology, global_batch, limits, keep, with_baselines)
+    drive(state)
+    stats = state.stats
+    stats.proven_gap = state.gap()
     stats.proven_optimal = stats.proven_gap == 0.0
     # equal times (a link-bound pipeline is as fast under several warm-ups and both families): the
     # least memory per device, then 1F1B's simpler schedule, then fewer stages
     candidates = sorted(
-        found + per_b,
+        state.found,
         key=lambda c: (c.iteration_s, c.peak_memory_bytes, c.schedule != "1f1b", len(c.layout), c.summary()),
     )
     unique, seen = [], set()
@@ -208,6 +86,32 @@ def search(
             unique.append(c)
     stats.seconds = time.perf_counter() - t0
     return (unique[0] if unique else None), unique[1 : keep + 1], baselines, stats
+
+
+def initial_state(
+    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, keep: int, with_baselines: bool
+) -> tuple[SearchState, dict[str, Costed | None]]:
+    """The driver's state before any proposer: the baselines and an even split as the first
+    candidates (and, under a budget above the default, the default budget's plans); the baselines."""
+    state = SearchState(profile, topology, global_batch, limits, micro_batch_sizes(global_batch, limits))
+    baselines = all_baselines(profile, topology, global_batch, limits) if with_baselines else {}
+    start = balanced_uniform(profile, topology, global_batch, limits)
+    state.prior = _default_budget_plans(profile, topology, global_batch, limits, keep, state.stats)
+    state.found = [c for c in [*baselines.values(), start, *state.prior] if c is not None and c.schedule not in CHUNKED]
+    return state, baselines
+
+
+def drive(state: SearchState) -> list[tuple[Proposer, Proposal]]:
+    """One driver: each proposer in turn, from what the others found; one incumbent, one budget
+    (state.stats.nodes), one proven gap over the least bound any of them left. (proposer, proposal)
+    of each that ran, for the tests of their bounds."""
+    ran = []
+    for proposer in PROPOSERS:
+        if proposer.wanted(state):
+            proposal = proposer.propose(state)
+            state.take(proposal)
+            ran.append((proposer, proposal))
+    return ran
 
 
 LABELS = {
@@ -287,7 +191,7 @@ def _chunked_only(
     )
     found.sort(key=lambda c: (c.iteration_s, c.peak_memory_bytes, c.summary()))
     best = found[0] if found else None
-    stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
+    stats.proven_gap = proven_gap(best.iteration_s, bounds) if best is not None else 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
     stats.seconds = time.perf_counter() - t0
     return best, found[1 : keep + 1], {}, stats
@@ -318,7 +222,7 @@ def _copies_only(
     found.sort(key=lambda c: (c.iteration_s, c.peak_memory_bytes, c.summary()))
     best = found[0] if found else None
     stats.gap_without_chunked = stats.gap_without_zero_bubble = None
-    stats.proven_gap = _proven_gap(best.iteration_s, bounds) if best is not None else 0.0
+    stats.proven_gap = proven_gap(best.iteration_s, bounds) if best is not None else 0.0
     stats.proven_optimal = stats.proven_gap == 0.0
     stats.seconds = time.perf_counter() - t0
     return best, found[1 : keep + 1], {}, stats
@@ -340,80 +244,6 @@ def _default_budget_plans(
     )
     stats.nodes += small.nodes
     return [c for c in [best, *runners_up] if c is not None]
-
-
-def _polished(
-    starts: list[Costed],
-    profile: ModelProfile,
-    topology: Topology,
-    global_batch: int,
-    limits: Limits,
-    sizes: list[int],
-    stats: SearchStats,
-    top: int = 3,
-) -> list[Costed]:
-    """Local search (polish.py) from the `top` best distinct starts in the search's own space."""
-    allowed = replica_choices(topology, global_batch)
-    out, seen = [], set()
-    for c in sorted(starts, key=lambda c: (c.iteration_s, c.summary())):
-        if len(seen) == top:
-            break
-        shape = shape_of(c, topology)
-        if shape in seen or shape.layout(topology) != c.layout or any(r not in allowed for r in shape.replicas):
-            continue  # not a plan of the search's space (a baseline placed otherwise)
-        seen.add(shape)
-        better, costed = descend(
-            c,
-            profile,
-            topology,
-            global_batch,
-            limits,
-            allowed,
-            sizes,
-            cost_budget=limits.search_nodes * POLISH_SHARE / top,
-        )
-        stats.nodes += costed
-        if better is not c:
-            out.append(better)
-    return out
-
-
-def _proven_gap(best: float, bounds: dict[int, float]) -> float:
-    """How far above the optimum `best` can be: 1 - (least lower bound of anything not yet ruled
-    out, over every micro-batch size) / best."""
-    lowest = min(bounds.values(), default=math.inf)
-    return 0.0 if lowest >= best * (1 - 1e-9) else 1 - lowest / best
-
-
-def _sweep(
-    searches: list[BranchAndBound], incumbent: float, gap: float, per_search: float, budget: int, stats: SearchStats
-) -> tuple[list[Costed], dict[int, float]]:
-    """Branch and bound over each micro-batch size in turn; (best per size, bound per size started):
-    no plan of that size left unexplored or pruned is faster than the bound. A finished search
-    pruned only what its final cutoff (the incumbent less the gap) rules out; one the budget ended
-    also left its open branches. A size never started keeps its root bound.
-    A node budget, not a clock: the same inputs give the same plan on any machine."""
-    per_b, bounds = [], {}
-    for s in searches:
-        left = budget - stats.nodes
-        if left <= 0:
-            bounds[s.b] = s.root_bound()
-            continue
-        s.restart(incumbent * (1 + 1e-9), min(left, per_search), gap)
-        if s.root_bound() >= s.cutoff:
-            bounds[s.b] = s.root_bound()
-            continue
-        try:
-            best = s.run()
-            bounds[s.b] = s.cutoff
-        except _OutOfTime:
-            best, bounds[s.b] = s.best, min(s.open_bound, s.cutoff)
-        stats.nodes += s.scored
-        stats.leaves += s.stats.leaves
-        if best is not None:
-            per_b.append(best)
-            incumbent = min(incumbent, best.iteration_s)
-    return per_b, bounds
 
 
 def smallest_memory_need(profile: ModelProfile, topology: Topology, limits: Limits) -> tuple[float, str]:

@@ -1,0 +1,357 @@
+"""The search pass over stages of round-robin copies (costed by round_robin.py).
+
+Search: from the best plans the exact passes found (their cuts and replica counts), each micro-batch
+size a copy could help and each warm-up depth; then local search (a replica moved between two
+stages, a cut moved by one layer), a move whose busiest copy alone cannot win left unsimulated.
+Bound over the families, per micro-batch size b: each device runs whole copy-micro-batches, so the
+M micro-batches' work over all layers, each layer at its cheapest copy size g (g devices running
+ceil(b / g) samples each), is shared by at most D devices: T >= (M / D) Σ_l min_g g t_l(ceil(b / g)),
+the compute bound at this granularity (a weak bound, as the chunked families' is).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import SPLIT_BACKWARD
+from ..schedule.round_robin import round_robin_constraint
+from .cost import Costed, Limits, StageSpec, speed_ratio
+from .proposal import Proposal, SearchState
+from .round_robin import RR, canonical_copies, evaluate_rr
+
+START_PLANS = 4  # distinct layouts of the exact passes' best plans the pass starts from
+SLACK = 1.25  # how much slower than the incumbent a start of the local search may be
+SIZES = 3  # micro-batch sizes (the smallest) the pass re-shares each start's devices for
+MOVES_SIMULATED = 6  # per step of the local search, the moves the proxy ranks best
+SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greedy share
+STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
+
+
+def contiguous(bounds: tuple[int, ...], replicas: tuple[int, ...]) -> tuple[StageSpec, ...]:
+    """Stages [bounds[s], bounds[s + 1]) on contiguous devices in stage order (copies: consecutive
+    runs of a stage's devices, so a copy of a node's size or less stays inside a node where it can)."""
+    out, first = [], 0
+    for s, r in enumerate(replicas):
+        out.append(StageSpec(bounds[s], bounds[s + 1], tuple(range(first, first + r))))
+        first += r
+    return tuple(out)
+
+
+def granularity_bound(profile: ModelProfile, topology: Topology, global_batch: int, b: int, memo: dict) -> float:
+    """T >= (M / D) Σ_l min_g g t_l(ceil(b / g)): no plan of copies at micro-batch size b is faster
+    (each device runs whole copy-micro-batches, one step at a time)."""
+    D, M = topology.num_devices, global_batch // b
+    speed = speed_ratio(profile, topology)
+    key = ("granularity", b)
+    if key not in memo:
+        per_g = []
+        for g in sorted({math.ceil(b / n) for n in range(1, b + 1)} | {1}):
+            g = min(g, D)
+            n = math.ceil(b / g)
+            per_g.append(np.array([sum(profile.seconds(l, l + 1, n)) for l in range(profile.num_layers)]) * g * speed)
+        memo[key] = float(np.min(per_g, axis=0).sum())
+    return M / D * memo[key]
+
+
+class _Loads(dict):
+    """(start, stop) -> the load of a stage of layers [start, stop) on one device set (see
+    _stage_load), computed on first use: the cut balancer asks O(S L^2) of them, most again."""
+
+    def __init__(self, profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...]):
+        super().__init__()
+        self.profile, self.topology, self.M, self.b, self.devices = profile, topology, M, b, devices
+
+    def __missing__(self, key: tuple[int, int]) -> float:
+        start, stop = key
+        r = len(self.devices)
+        load = _copy_compute(self.profile, self.topology, self.M, self.b, start, stop, r) + (
+            self.topology.allreduce_s(self.devices, self.profile.span(start, stop)[3]) if r > 1 else 0.0
+        )
+        self[key] = load
+        return load
+
+
+def _loads(profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...], memo: dict) -> _Loads:
+    """The loads of stages on `devices` (alike for every device set of its size that does, or does
+    not, span nodes: the all-reduce's cost depends on nothing else)."""
+    key = ("load", M, b, len(devices), topology.spans_nodes(devices))
+    table = memo.get(key)
+    if table is None:
+        table = memo[key] = _Loads(profile, topology, M, b, devices)
+    return table
+
+
+def _stage_load(
+    profile: ModelProfile,
+    topology: Topology,
+    M: int,
+    b: int,
+    start: int,
+    stop: int,
+    devices: tuple[int, ...],
+    memo: dict,
+) -> float:
+    """A stage's busiest copy's compute with canonical copies (ceil(M / c) micro-batches of b / g
+    samples) and its gradient all-reduce over all its devices: what the stage adds to the
+    iteration at the least. The proxy the layout moves are ranked by (each pick is then simulated)."""
+    return _loads(profile, topology, M, b, devices, memo)[start, stop]
+
+
+def _copy_compute(profile: ModelProfile, topology: Topology, M: int, b: int, start: int, stop: int, r: int) -> float:
+    """A stage's busiest copy's compute with canonical copies: ceil(M / c) micro-batches of b / g samples."""
+    c = canonical_copies(r, b)
+    return math.ceil(M / c) * speed_ratio(profile, topology) * sum(profile.seconds(start, stop, math.ceil(b * c / r)))
+
+
+def compute_floor(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    stops: tuple[int, ...],
+    replicas: tuple[int, ...],
+    b: int,
+) -> float:
+    """The busiest copy's compute: no plan of these stages and copies is faster."""
+    return max(
+        _copy_compute(profile, topology, global_batch // b, b, start, stop, r)
+        for start, stop, r in zip((0, *stops), stops, replicas)
+    )
+
+
+def proxy(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    stops: tuple[int, ...],
+    replicas: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> float:
+    layout = contiguous((0, *stops), replicas)
+    return max(
+        _stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo) for st in layout
+    )
+
+
+def share_devices(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    stops: tuple[int, ...],
+    b: int,
+    memo: dict,
+    start: tuple[int, ...] | None = None,
+) -> tuple[int, ...] | None:
+    """Replica counts for copies at micro-batch size b: from `start` (default: one device each, then
+    each next device to the slowest stage), moves of 1 to 3 devices between two stages while the
+    proxy (the slowest stage's load, all-reduce included) falls."""
+    S, D = len(stops), topology.num_devices
+    if S > D:
+        return None
+    if start is None or sum(start) != D or len(start) != S:
+        replicas = [1] * S
+        for _ in range(D - S):
+            layout = contiguous((0, *stops), tuple(replicas))
+            loads = [
+                _stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo)
+                for st in layout
+            ]
+            replicas[max(range(S), key=lambda k: (loads[k], -k))] += 1
+    else:
+        replicas = list(start)
+    here = proxy(profile, topology, global_batch, stops, tuple(replicas), b, memo)
+    improved = S <= SHARE_MOVES_STAGES  # (S^2 moves a round: beyond, the greedy share alone)
+    while improved:
+        improved = False
+        for i in range(S):
+            for j in range(S):
+                for k in (1, 2, 3):
+                    if i == j or replicas[j] <= k:
+                        continue
+                    r = list(replicas)
+                    r[i], r[j] = r[i] + k, r[j] - k
+                    v = proxy(profile, topology, global_batch, stops, tuple(r), b, memo)
+                    if v < here * (1 - 1e-9):
+                        replicas, here, improved = r, v, True
+    return tuple(replicas)
+
+
+def balance_cuts(
+    profile: ModelProfile, topology: Topology, global_batch: int, replicas: tuple[int, ...], b: int, memo: dict
+) -> tuple[int, ...]:
+    """Cuts minimising the proxy for these replica counts (a dynamic program over layers: O(S L^2))."""
+    L, S, M = profile.num_layers, len(replicas), global_batch // b
+    devices = [st.devices for st in contiguous(tuple(range(S + 1)), replicas)]
+    INF = math.inf
+    best = [[INF] * (L + 1) for _ in range(S + 1)]
+    back = [[0] * (L + 1) for _ in range(S + 1)]
+    best[0][0] = 0.0
+    for s in range(1, S + 1):
+        loads = _loads(profile, topology, M, b, devices[s - 1], memo)
+        for stop in range(s, L - (S - s) + 1):
+            for start in range(stop - 1, s - 2, -1):  # the stage grows: once it alone is no better, stop
+                load = loads[start, stop]
+                if load >= best[s][stop]:
+                    break
+                v = max(best[s - 1][start], load)
+                if v < best[s][stop]:
+                    best[s][stop], back[s][stop] = v, start
+    stops, stop = [], L
+    for s in range(S, 0, -1):
+        stops.append(stop)
+        stop = back[s][stop]
+    return tuple(reversed(stops))
+
+
+def search_round_robin(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    sizes: list[int],
+    starts: list[Costed],
+    families: list[str],
+    incumbent: float,
+) -> tuple[list[Costed], dict[int, float], int]:
+    """(candidates found, bound per micro-batch size, candidates simulated)."""
+    memo: dict = {}
+    # a budget of simulated steps, not candidates: a candidate's simulation walks every (stage,
+    # micro-batch) step, so 512 devices' 35 stages × 1024 micro-batches cost what 100 small ones do
+    budget = max(STEPS_PER_NODE * 1000, limits.search_nodes * STEPS_PER_NODE)
+    scored, walked = 0, 0
+    bounds = {b: granularity_bound(profile, topology, global_batch, b, memo) for b in sizes}
+    best: Costed | None = None
+    # the local search walks from the best plan of copies even where it starts slower than the
+    # incumbent (a plain stage's layout is rarely the right one for copies): within SLACK of it
+    cut = incumbent * SLACK
+
+    def consider(layout, b, family, depth) -> Costed | None:
+        nonlocal best, cut, scored, walked
+        M = global_batch // b
+        copies = tuple(canonical_copies(st.replicas, b) for st in layout)
+        # (all copies of one: the plain stage, which the exact passes cost, unless they are not asked)
+        if (
+            (all(c == 1 for c in copies) and incumbent < math.inf)
+            or round_robin_constraint(copies, M)
+            or walked >= budget
+        ):
+            return None
+        c = evaluate_rr(profile, topology, layout, copies, b, M, limits, family, depth, cutoff=cut, memo=memo)
+        scored += 1
+        walked += M * len(layout) * (3 if family in SPLIT_BACKWARD else 2)
+        if c is None or not c.fits:
+            return None
+        if c.iteration_s < cut:
+            best, cut = c, c.iteration_s
+        return c
+
+    seen = set()
+    shapes = []
+    for c in sorted(starts, key=lambda c: (c.iteration_s, c.summary())):
+        key = (tuple(st.stop for st in c.layout), tuple(st.replicas for st in c.layout))
+        if key in seen or len(seen) == START_PLANS:
+            continue
+        seen.add(key)
+        # the start's busiest device's compute: copies help where they cut it (a replica count that
+        # does not divide the micro-batch, or more replicas than samples)
+        floor = max(c.num_micro_batches * (x.forward_s + x.backward_s) for x in c.costs)
+        shapes.append((*key, floor))
+    depths = range(1, limits.max_warmup_depth + 1)
+    # copies pay where micro-batches are small against the replica counts: the few smallest sizes
+    small = sorted(b for b in sizes if b * START_PLANS <= topology.num_devices)[:SIZES] or sorted(sizes)[:1]
+    for stops, replicas, floor in shapes:
+        tried = set()
+        layouts = [(stops, replicas, b) for b in small]
+        for b in small:  # the start's cuts, its devices re-shared for copies; then cuts for those, and again
+            layouts.append((balance_cuts(profile, topology, global_batch, replicas, b, memo), replicas, b))
+            st, r = stops, None
+            for _ in range(3):
+                r = share_devices(profile, topology, global_batch, st, b, memo, r)
+                if r is None:
+                    break
+                st = balance_cuts(profile, topology, global_batch, r, b, memo)
+                layouts.append((st, r, b))
+        for st, r, b in layouts:
+            if (
+                (st, r, b) in tried
+                or r is None
+                or (incumbent < math.inf and compute_floor(profile, topology, global_batch, st, r, b) >= floor)
+            ):
+                continue
+            tried.add((st, r, b))
+            # at the deepest warm-up first (copies keep fewer micro-batches in flight each; the winner tries every depth)
+            consider(contiguous((0, *st), r), b, families[-1], depths[-1])
+    if best is None:
+        return [], bounds, scored
+    # local search from the best: 1 to 3 devices moved between two stages (the cuts kept, or
+    # re-balanced for the new counts), a cut moved by one layer; the moves the proxy ranks best are simulated
+    done = set()
+    while best is not None and walked < budget:
+        here = best
+        stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
+        S, b = len(stops), here.micro_batch_size
+        moves = set()
+        shifted = []
+        for i in range(S):
+            for j in range(S):
+                for k in (1, 2, 3):
+                    if i != j and replicas[j] > k:
+                        r = list(replicas)
+                        r[i], r[j] = r[i] + k, r[j] - k
+                        shifted.append((proxy(profile, topology, global_batch, stops, tuple(r), b, memo), tuple(r)))
+        for _, r in sorted(shifted)[:MOVES_SIMULATED]:  # the best few shifts, with their cuts kept and re-balanced
+            moves.add((stops, r))
+            moves.add((balance_cuts(profile, topology, global_batch, r, b, memo), r))
+        for k in range(S - 1):
+            for d in (-1, 1):
+                st = list(stops)
+                st[k] += d
+                if (st[k - 1] if k else 0) < st[k] < st[k + 1]:
+                    moves.add((tuple(st), replicas))
+        ranked = sorted(
+            (m for m in moves if (m, b) not in done),
+            key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m),
+        )
+        for st, r in ranked[:MOVES_SIMULATED]:
+            done.add(((st, r), b))
+            consider(contiguous((0, *st), r), b, here.schedule, here.warmup_depth)
+        if best is here:
+            break
+    if best is not None:  # the winner's other warm-ups and families
+        layout = best.layout
+        for family in families:
+            for depth in depths:
+                consider(layout, best.micro_batch_size, family, depth)
+    return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored
+
+
+class Copies:
+    """The proposer of stages of round-robin copies (1f1b_rr, zb_h1_rr), from the layouts the
+    per-stage proposers found best."""
+
+    def wanted(self, state: SearchState) -> bool:
+        return state.best() is not None and any(f in RR for f in state.allowed())
+
+    def propose(self, state: SearchState) -> Proposal:
+        best = state.best()
+        assert best is not None  # (wanted)
+        starts = [c for c in state.found if c.schedule in ("1f1b", "zb_h1")]
+        families = [f for f in RR if f in state.allowed()]
+        found, bounds, scored = search_round_robin(
+            state.profile,
+            state.topology,
+            state.global_batch,
+            state.limits,
+            state.sizes,
+            starts,
+            families,
+            best.iteration_s,
+        )
+        state.stats.nodes += scored
+        if state.stats.gap_without_chunked is None:
+            state.stats.gap_without_chunked = state.gap()
+        return Proposal(tuple(families), found, bounds)
