@@ -7,7 +7,7 @@ would configure by hand for each torch schedule, planner/torch_style.py), the es
 the planning wall time. Over the 16-device rows at G=128, the geometric-mean share of the compute
 bound, and the most any plan could reach by the searches' proven lower bounds (1F1B and ZB-H1
 exactly; the chunked families' bound is their busiest group's). Then the scaling
-case: a 96-layer BERT (analytic profile) on 512 devices (64 nodes × 8).
+case: a 96-layer BERT (analytic profile) on 512 and 1024 devices (64 and 128 nodes × 8).
 
     python benchmarks/planner.py [--quick] [--out planner_bench.json]
 """
@@ -234,14 +234,16 @@ def main() -> None:
         profile = analytic_profile(model, 2, 312.0, "a100")
         from dapple_launch.cluster import Topology
 
-        big = Topology("a100x512", 64, 8, 80 * 2**30, 312.0, 300e9, 25e9, 3e-6, 8e-6)
-        r = row("bert-96 (analytic)", profile, big, 2048, limits)
-        rows.append(r)
-        print(
-            f"\nscaling: 96 layers on 512 devices, G 2048: {r['plan']}, {r.get('iteration_s', 0) * 1e3:.1f} ms, "
-            f"planned in {r['wall_s']:.1f} s, {r.get('nodes')} nodes, proven: {proven(r)}"
-        )
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+        for nodes in (64, 128):  # 512 and 1024 A100s
+            big = Topology(f"a100x{nodes * 8}", nodes, 8, 80 * 2**30, 312.0, 300e9, 25e9, 3e-6, 8e-6)
+            r = row("bert-96 (analytic)", profile, big, 2048, limits)
+            rows.append(r)
+            print(
+                f"\nscaling: 96 layers on {nodes * 8} devices, G 2048: {r['plan']}, "
+                f"{r.get('iteration_s', 0) * 1e3:.1f} ms, planned in {r['wall_s']:.1f} s, {r.get('nodes')} nodes, "
+                f"proven: {proven(r)}"
+            )
+            Path(args.out).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

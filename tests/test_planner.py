@@ -288,7 +288,7 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
     )
     limits = Limits(schedule="1f1b" if deep else rng.choice(["1f1b", "gpipe"]))
     G = 16 if deep else 8
-    for b in (1, 2, 4):
+    for b in (1, 2, 4, G):  # G: one micro-batch, one stage (the tables of a stage limit of one and two)
         M = G // b
         x = BranchAndBound(profile, topo, G, limits, b, math.inf)  # no incumbent: it prunes nothing
         if deep:

@@ -7,7 +7,7 @@ device, and takes an allowed replica count), each within memory (parameters × o
 plus one micro-batch of activations: the least any schedule keeps). A transfer counts at its
 least: this stage's share of the activation over the fastest link the placement allows (the
 network when the stage spans nodes or the next stage must start on another node, else NVLink).
-The warm-up, the other side's replica count, all-reduces and the stage limit are left out, so the
+The warm-up, the other side's replica count, all-reduces and a stage limit above two are left out, so the
 bound never exceeds the bottleneck of a real completion. One dynamic programme per micro-batch
 size, vectorised over cut points and device positions.
 """
@@ -39,6 +39,11 @@ class BoundInputs:
     # recomputation may shrink what a micro-batch keeps (strategy.recompute=auto: a stage's recomputed
     # segment and the rest never live at once), so only the parameters bound a stage's memory
     activations_may_shrink: bool = False
+    # the most stages a plan may have (1F1B and ZB-H1: no more than micro-batches; 0: no limit).
+    # With 1, every table is the last stage's alone; with 2, rows past layer 0 are (a stage is
+    # placed before them), and row 0 takes two: exact there, at a fraction of the work (with one or
+    # two micro-batches, 512 devices' largest sizes cost most of the planning otherwise).
+    stage_limit: int = 0
 
 
 def fresh_node_start(d, devices_per_node: int, devices: int):
@@ -127,19 +132,25 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     starts = np.arange(D)
     # Replica counts in chunks of at most ~64k cells per array: small clusters take every count in
     # one vectorised step, 512 devices one count at a time (same results, ties to the fewest replicas).
+    # A row whose stage can only be the last (its one stop is L) takes counts by 64k / D at a time.
     replicas = [r for r in x.replica_choices if r <= D]
-    per_chunk = max(1, 65536 // (L * D))
-    chunks = []
-    for c in range(0, len(replicas), per_chunk):
-        R = np.asarray(replicas[c : c + per_chunk])
-        nxt = starts[None, :] + R[:, None]  # (R, D): the next free device after the stage
-        nxt = np.where(nxt <= D, nxt, D + 1)
-        lat, bw = (np.stack(v) for v in zip(*(_links(x, int(r)) for r in R)))
-        slope, fixed = (np.stack(v) for v in zip(*(_allreduce_factors(topo, int(r)) for r in R)))
-        n = np.ceil(x.micro_batch / R)
-        chunks.append((R, nxt, lat, bw, slope, fixed, n))
+
+    def chunked(per_chunk: int) -> list[tuple]:
+        out = []
+        for c in range(0, len(replicas), per_chunk):
+            R = np.asarray(replicas[c : c + per_chunk])
+            nxt = starts[None, :] + R[:, None]  # (R, D): the next free device after the stage
+            nxt = np.where(nxt <= D, nxt, D + 1)
+            lat, bw = (np.stack(v) for v in zip(*(_links(x, int(r)) for r in R)))
+            slope, fixed = (np.stack(v) for v in zip(*(_allreduce_factors(topo, int(r)) for r in R)))
+            out.append((R, nxt, lat, bw, slope, fixed, np.ceil(x.micro_batch / R)))
+        return out
+
+    every_stop = chunked(max(1, 65536 // (L * D)))
+    last_stop = chunked(max(1, 65536 // D)) if x.stage_limit in (1, 2) else every_stop
     for i in range(L - 1, -1, -1):
-        z_all = np.arange(i + 1, L + 1)
+        last_only = x.stage_limit == 1 or (x.stage_limit == 2 and i > 0)
+        z_all = np.arange(L, L + 1) if last_only else np.arange(i + 1, L + 1)
         stage_work_all = (work[z_all] - work[i]) * x.speed / pbs  # per sample; nondecreasing in the stop
         stage_fwd_all = (fwd[z_all] - fwd[i]) * x.speed / pbs
         stage_fixed_all = (call[z_all] - call[i]) * x.speed  # per call; nondecreasing in the stop
@@ -154,12 +165,17 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         best_at = np.full(D, np.inf)
         sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
-        for R, nxt, lat, bw, slope, fixed, n_all in chunks:  # arrays laid out (replicas, stop, start)
+        for R, nxt, lat, bw, slope, fixed, n_all in last_stop if last_only else every_stop:  # (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
             useful = int(np.searchsorted(stage_fixed_all + stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
             if useful == 0:
                 continue
+            # starts past D - min(R) leave no device for any of the chunk's counts: their completions
+            # are inf, so only the first w starts are computed (half the cells at 512 devices)
+            w = D - int(R[0]) + 1
             z, n = z_all[:useful], n_all
+            ahead = _ahead(int(z[0]), int(z[0]) + useful, D, R, nxt[:, :w])  # (stops z are consecutive)
+            lat, bw, slope, fixed = lat[:, :w], bw[:, :w], slope[:, :w], fixed[:, :w]
             stage_work, stage_fwd = stage_work_all[:useful], stage_fwd_all[:useful]
             stage_fixed, stage_fwd_fixed = stage_fixed_all[:useful], stage_fwd_fixed_all[:useful]
             stage_param_bytes, stage_params = stage_param_bytes_all[:useful], stage_params_all[:useful]
@@ -175,17 +191,18 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             link = np.where(
                 (z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0
             )
-            rest = bound[z][:, nxt].transpose(1, 0, 2)  # the completion from device s + r on
-            value = np.maximum(np.maximum(t, link), rest).reshape(-1, D)
+            rest = ahead(bound)  # the completion from device s + r on
+            value = np.maximum(np.maximum(t, link), rest).reshape(-1, w)
             flat = value.argmin(axis=0)
-            cand = value[flat, starts]
-            better = cand < best_at
-            best_at = np.where(better, cand, best_at)
-            stop_at = np.where(better, z[flat % len(z)], stop_at)
-            replicas_at = np.where(better, R[flat // len(z)], replicas_at)
-            per_pass = t + 2 * link
-            rest_sum = pass_sum[z][:, nxt].transpose(1, 0, 2)
-            sum_at = np.minimum(sum_at, (per_pass + rest_sum).min(axis=(0, 1)))
+            cand = value[flat, starts[:w]]
+            better = cand < best_at[:w]
+            best_at[:w] = np.where(better, cand, best_at[:w])
+            stop_at[:w] = np.where(better, z[flat % len(z)], stop_at[:w])
+            replicas_at[:w] = np.where(better, R[flat // len(z)], replicas_at[:w])
+            two_links = 2 * link
+            per_pass = t + two_links
+            rest_sum = ahead(pass_sum)
+            sum_at[:w] = np.minimum(sum_at[:w], (per_pass + rest_sum).min(axis=(0, 1)))
             forward = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None]
             # what is left of the all-reduce after the last backward, whose buckets it may overlap
             # (planner/allreduce.py): at least one all-reduce of every byte less that backward
@@ -197,21 +214,17 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 0.0,
             )
             forward_in = forward + link
-            end = np.maximum(M * t + 2 * link + ar + rest_sum, forward_in + stage_end[z][:, nxt].transpose(1, 0, 2))
-            end_at = np.minimum(end_at, end.min(axis=(0, 1)))
+            end = np.maximum(M * t + two_links + ar + rest_sum, forward_in + ahead(stage_end))
+            end_at[:w] = np.minimum(end_at[:w], end.min(axis=(0, 1)))
             slow_side = (M - 1) * np.maximum(forward, t - forward) if M > 1 else 0.0  # (0 × inf is nan)
-            reach = np.maximum(
-                np.maximum(M * t, t + slow_side + 2 * link + rest_sum) + ar,
-                forward_in + reach_end[z][:, nxt].transpose(1, 0, 2),
-            )
-            reach_at = np.minimum(reach_at, reach.min(axis=(0, 1)))
-            round_trip = np.maximum(
-                np.maximum(M * t, t + slow_side + 2 * link + rest_sum),
-                per_pass + round_end[z][:, nxt].transpose(1, 0, 2),
-            )
-            round_at = np.minimum(round_at, round_trip.min(axis=(0, 1)))
-            computed = np.maximum(M * t + ar, forward_in + compute_end[z][:, nxt].transpose(1, 0, 2))
-            compute_at = np.minimum(compute_at, computed.min(axis=(0, 1)))
+            # the first micro-batch's round trip and the rest's steps, before the last backward leaves
+            trip = np.maximum(M * t, t + slow_side + two_links + rest_sum)
+            reach = np.maximum(trip + ar, forward_in + ahead(reach_end))
+            reach_at[:w] = np.minimum(reach_at[:w], reach.min(axis=(0, 1)))
+            round_trip = np.maximum(trip, per_pass + ahead(round_end))
+            round_at[:w] = np.minimum(round_at[:w], round_trip.min(axis=(0, 1)))
+            computed = np.maximum(M * t + ar, forward_in + ahead(compute_end))
+            compute_at[:w] = np.minimum(compute_at[:w], computed.min(axis=(0, 1)))
         fresh = fresh_node_start(starts, k, D)
         s = np.where(best_at[fresh] < best_at, fresh, starts)  # ties: continue on the same node
         bound[i, :D] = best_at[s]
@@ -222,6 +235,20 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         round_end[i, :D] = np.minimum(round_at, round_at[fresh])
         compute_end[i, :D] = np.minimum(compute_at, compute_at[fresh])
     return SuffixBounds(bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end)
+
+
+def _ahead(lo: int, hi: int, D: int, R: np.ndarray, nxt: np.ndarray):
+    """table -> table[z, nxt[r, s]] laid out (replicas, stop, start) for stops z in [lo, hi) and the
+    starts nxt covers: the completion after a stage of R[r] replicas starting at device s. One
+    replica count (512 devices take them one at a time) is a shifted slice: a view, not a gather."""
+    if len(R) > 1:
+        return lambda table: table[lo:hi][:, nxt].transpose(1, 0, 2)
+    r, w = int(R[0]), nxt.shape[1]  # starts 0..w - 1 = D - r: device s + r is free (at most D)
+
+    def shifted(table):
+        return table[lo:hi, r : r + w][None]  # a view: read only
+
+    return shifted
 
 
 def _allreduce_factors(t: Topology, r: int) -> tuple[np.ndarray, np.ndarray]:

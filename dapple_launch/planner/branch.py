@@ -120,6 +120,7 @@ class BranchAndBound:
             limits.optimizer_factor,
             stage_time_cap=incumbent / self.M,
             activations_may_shrink=limits.recompute == "auto",
+            stage_limit=self.max_stages,
         )
         self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
         self.suffix = self.bounds.bottleneck

@@ -72,8 +72,10 @@ def round_robin(
     stage_orders = (one_f_one_b_orders if RR_FAMILIES[family] == "1f1b" else zero_bubble_orders)(S, M, warmup)
     orders, placement, first = [], [], 0
     for s, (c, order) in enumerate(zip(copies, stage_orders)):
-        for k in range(c):
-            orders.append(tuple(Step(a.kind, s, a.micro_batch) for a in order if a.micro_batch % c == k))
+        per_copy: list[list[Step]] = [[] for _ in range(c)]  # copy k runs micro-batches k, k + c, ...
+        for a in order:
+            per_copy[a.micro_batch % c].append(Step(a.kind, s, a.micro_batch))
+        orders.extend(tuple(steps) for steps in per_copy)
         placement.append(tuple(range(first, first + c)))
         first += c
     return RankSchedule(family, len(copies), M, tuple(orders), tuple(placement))
