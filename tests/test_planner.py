@@ -267,9 +267,9 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
     minimal-warm-up pass's with DAPPLE's warm-up, the deeper-warm-up pass's with every warm-up, the
     zero-bubble pass's with ZB-H1 at every warm-up."""
     from dapple_launch.planner.branch import BranchAndBound
-    from dapple_launch.planner.schedules import ZeroBubbleSearch
-    from dapple_launch.planner.schedules import depths as zb_depths
     from dapple_launch.planner.warmup import DeepWarmupSearch
+    from dapple_launch.planner.zero_bubble_search import ZeroBubbleSearch
+    from dapple_launch.planner.zero_bubble_search import depths as zb_depths
 
     zb = deep == "zb_h1"
     rng = random.Random(900 + seed)

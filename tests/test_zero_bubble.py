@@ -264,9 +264,9 @@ def brute_force_both(profile, topo, G, limits):
     from dataclasses import replace as dc_replace
 
     from dapple_launch.planner.cost import evaluate
-    from dapple_launch.planner.schedules import depths
     from dapple_launch.planner.shapes import MIN_MICRO_BATCHES, divisors
     from dapple_launch.planner.warmup import deeper_depths
+    from dapple_launch.planner.zero_bubble_search import depths
 
     from .test_planner import all_layouts
 
@@ -323,7 +323,7 @@ def test_the_zero_bubble_bound_is_below_every_simulated_plan(seed):
     that layout, at any warm-up depth."""
 
     from dapple_launch.planner.cost import evaluate, stage_costs
-    from dapple_launch.planner.schedules import depths
+    from dapple_launch.planner.zero_bubble_search import depths
 
     from .test_planner import all_layouts
 

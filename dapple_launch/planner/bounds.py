@@ -84,7 +84,7 @@ class SuffixBounds:
         np.ndarray
     )  # least max over p of sum_{j<p}(F_j + c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p) + AR_p
     round_end: np.ndarray  # least max over p of sum_{j<p}(t_j + 2 c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p)
-    # Valid for any schedule, a split backward's included (planner/schedules.py):
+    # Valid for any schedule, a split backward's included (planner/zero_bubble_search.py):
     compute_end: np.ndarray | None = None  # least max over p of sum_{j<p}(F_j + c_j) + M t_p + AR_p
 
 

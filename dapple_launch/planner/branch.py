@@ -414,7 +414,7 @@ class Prefix(NamedTuple):
     down: float  # down_s of the last placed stage
     finish: float  # max over placed stages (and links) of the least end time that implies
     starts: tuple[tuple[float, float, float, float], ...]  # per stage (a_s, F_s, B_s, down_s)
-    # Any schedule, a split backward's included (planner/schedules.py): stage s starts no earlier than
+    # Any schedule, a split backward's included (planner/zero_bubble_search.py): stage s starts no earlier than
     # a_s, computes M t_s and all-reduces after its last weight gradient: max over s of a_s + M t_s + AR_s.
     compute_end: float = 0.0
 

@@ -12,7 +12,7 @@ largest window mean of adjacent stages, is not a time: on random layouts with sl
 overstates the simulator by up to 43 % and understates it by up to 4 % (its windows are not the
 schedule's dependency cycles, and its steady phase spans the warm-up). What survives of closed
 forms are the lower bounds the branch and bound cuts with (branch.py, warmup.py,
-planner/schedules.py), each checked below the simulator by the tests.
+planner/zero_bubble_search.py), each checked below the simulator by the tests.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Limits:
     search_nodes: int = 20_000  # candidates the search may score, all passes; ending within it proves optimality
     optimality_gap: float = 0.01  # first pass: prune what cannot win by more than this (then closed exactly)
     max_warmup_depth: int = 4  # deepest 1F1B warm-up searched (1 = DAPPLE's minimum only)
-    # the planner's choice of schedule family (planner/schedules.py); () = `schedule` alone
+    # the planner's choice of schedule family (planner/zero_bubble_search.py); () = `schedule` alone
     schedules: tuple[str, ...] = ()
     # activation recomputation (runtime/recompute.py): "none"; "full" (every layer of every stage);
     # "selective" (the layer positions `recompute_layers`, or each stage's first `recompute_counts`

@@ -2,7 +2,7 @@
 
 The baselines and an even split are the first incumbent. Then each proposer in PROPOSERS, in turn,
 from what the ones before found (proposal.py): the per-stage one (stage_search.py: cuts, uneven
-replicas, placement, micro-batches, 1F1B warm-ups, by branch and bound), ZB-H1 (schedules.py),
+replicas, placement, micro-batches, 1F1B warm-ups, by branch and bound), ZB-H1 (zero_bubble_search.py),
 device groups holding several stages (chunked_search.py) and stages of round-robin copies
 (round_robin_search.py). Each hands back its candidates and, per micro-batch size, a bound on what
 it did not hand back; the driver keeps one incumbent, one budget (strategy.search_nodes, counted as
@@ -20,7 +20,7 @@ from dataclasses import replace
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.round_robin import RR_FAMILIES
-from . import schedules
+from . import zero_bubble_search as zero_bubble
 from .baselines import all_baselines, balanced_boundaries, balanced_uniform
 from .branch import SearchStats, replica_choices
 from .build import to_plan
@@ -32,9 +32,9 @@ from .plan import Plan
 from .proposal import Proposal, Proposer, SearchState, proven_gap
 from .round_robin import RR
 from .round_robin_search import START_PLANS, Copies, search_round_robin
-from .schedules import ZeroBubble, search_family
 from .shapes import micro_batch_sizes
 from .stage_search import StageFamilies
+from .zero_bubble_search import ZeroBubble, search_family
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
 
@@ -62,11 +62,11 @@ def search(
     """(best, runners-up, baselines, stats). `with_baselines=False`: the search's own space only (a
     frontier's searches below the first: the baselines were compared once, on the whole card)."""
     t0 = time.perf_counter()
-    if not [f for f in schedules.allowed(limits) if f not in (*CHUNKED, *RR)] and any(
-        f in RR for f in schedules.allowed(limits)
+    if not [f for f in zero_bubble.allowed(limits) if f not in (*CHUNKED, *RR)] and any(
+        f in RR for f in zero_bubble.allowed(limits)
     ):
         return _copies_only(profile, topology, global_batch, limits, keep, t0)
-    if not [f for f in schedules.allowed(limits) if f not in CHUNKED]:  # chunked families alone
+    if not [f for f in zero_bubble.allowed(limits) if f not in CHUNKED]:  # chunked families alone
         return _chunked_only(profile, topology, global_batch, limits, keep, t0)
     state, baselines = initial_state(profile, topology, global_batch, limits, keep, with_baselines)
     drive(state)
@@ -130,7 +130,7 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
     """What the search proved, in the plan's words. Interleaved 1F1B and ZB-V are searched by shape
     (chunked_search.py) with a weaker bound, so where the plan is of another family the exact claim
     over that family comes first and theirs follows."""
-    exact = [LABELS[n] for n in ("1f1b", schedules.FAMILY) if n in allowed]
+    exact = [LABELS[n] for n in ("1f1b", zero_bubble.FAMILY) if n in allowed]
     chunked = [LABELS[n] for n in (*CHUNKED, *RR) if n in allowed]  # (searched with the weaker bounds)
     warm = f" with warm-ups ×1-×{limits.max_warmup_depth}" if deep else ""
     split = bool(exact) and stats.gap_without_chunked is not None and best.schedule not in (*CHUNKED, *RR)
@@ -149,7 +149,7 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
             f"budget of {limits.search_nodes} scored candidates ended the search first "
             f"(strategy.search_nodes raises it)"
         )
-        if stats.gap_without_zero_bubble is not None and best.schedule != schedules.FAMILY:
+        if stats.gap_without_zero_bubble is not None and best.schedule != zero_bubble.FAMILY:
             # the ZB-H1 pass's bound is weaker than 1F1B's: say what holds over 1F1B plans alone
             alone = stats.gap_without_zero_bubble
             how += (
@@ -202,7 +202,7 @@ def _copies_only(
 ) -> tuple[Costed | None, list[Costed], dict[str, Costed | None], SearchStats]:
     """strategy.schedules naming only stages of copies (and chunked families): the copies' pass from
     the layouts 1F1B and ZB-H1 find best (those plans themselves not chosen), then the chunked pass."""
-    allowed = schedules.allowed(limits)
+    allowed = zero_bubble.allowed(limits)
     rr = [f for f in RR if f in allowed]
     plain = tuple(RR_FAMILIES[f] for f in rr)
     start, runners_up, _, stats = search(
@@ -269,11 +269,15 @@ def plan(
         )
     limits = replace(limits, schedule=search_family(limits))
     best, runners_up, baselines, stats = search(profile, topology, global_batch, limits, with_baselines=with_baselines)
-    if best is None and "1f1b" not in schedules.allowed(requested) and schedules.FAMILY in schedules.allowed(requested):
+    if (
+        best is None
+        and "1f1b" not in zero_bubble.allowed(requested)
+        and zero_bubble.FAMILY in zero_bubble.allowed(requested)
+    ):
         other, *_ = search(profile, topology, global_batch, replace(limits, schedules=("1f1b",)))
         if other is not None:
             raise NoFeasiblePlan(
-                f"no plan fits under strategy.schedules={list(requested.schedules)}: {schedules.FAMILY} keeps s more "
+                f"no plan fits under strategy.schedules={list(requested.schedules)}: {zero_bubble.FAMILY} keeps s more "
                 f"micro-batches on stage s than 1F1B; under 1f1b {other.summary()} fits "
                 f"({human_bytes(other.peak_memory_bytes)} per device); allow 1f1b (strategy.schedules=[1f1b,zb_h1]) "
                 f"or add devices"
@@ -299,9 +303,9 @@ def plan(
             c.extra["note"] = name
     dp = baselines.get("data parallel")
     deep = limits.schedule == "1f1b" and limits.max_warmup_depth > 1
-    how = _statement(best, stats, limits, schedules.allowed(requested), deep)
+    how = _statement(best, stats, limits, zero_bubble.allowed(requested), deep)
     over = best.extra.get("over")
-    if best.schedule == schedules.FAMILY and over is not None:
+    if best.schedule == zero_bubble.FAMILY and over is not None:
         how += f"; {best.schedule} is {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
     if best.warmup_depth > 1:
         how += (
@@ -309,7 +313,7 @@ def plan(
             f"minimal warm-up waits on"
         )
     plain = [c for c in [best, *runners_up] if c.schedule not in CHUNKED]  # (token slices run stage per group)
-    if limits.auto_token_slices and plain and [f for f in schedules.allowed(requested) if f not in CHUNKED]:
+    if limits.auto_token_slices and plain and [f for f in zero_bubble.allowed(requested) if f not in CHUNKED]:
         # TeraPipe on the best layouts found (planner/terapipe.py)
         from .terapipe import improve_with_slices
 
@@ -325,7 +329,7 @@ def plan(
             runners_up, best = [best, *runners_up][: len(runners_up) or 1], sliced
     proof = {
         "gap": stats.proven_gap,
-        "families": list(schedules.allowed(requested)),
+        "families": list(zero_bubble.allowed(requested)),
         "candidates": stats.nodes,
         "seconds": round(time.perf_counter() - started, 3),
     }

@@ -36,7 +36,7 @@ POLISH_SHARE = 1 / 4
 
 class StageFamilies:
     """1F1B and GPipe, a stage per device group. Where only ZB-H1 of the two is allowed it still runs
-    (under 1F1B): its layouts are ZB-H1's starts and its tables ZB-H1's tree (schedules.py)."""
+    (under 1F1B): its layouts are ZB-H1's starts and its tables ZB-H1's tree (zero_bubble_search.py)."""
 
     def wanted(self, state: SearchState) -> bool:
         return True
