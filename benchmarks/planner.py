@@ -7,7 +7,8 @@ would configure by hand for each torch schedule, planner/torch_style.py), the es
 the planning wall time. Over the 16-device rows at G=128, the geometric-mean share of the compute
 bound, and the most any plan could reach by the searches' proven lower bounds (1F1B and ZB-H1
 exactly; the chunked families' bound is their busiest group's). Then the scaling
-case: a 96-layer BERT (analytic profile) on 512 and 1024 devices (64 and 128 nodes × 8).
+case: a 96-layer BERT (analytic profile) on 512 and 1024 devices (64 and 128 nodes × 8), and
+model=gpt model.preset=medium on 64, 512 and 1024 A100s (G 1024).
 
     python benchmarks/planner.py [--quick] [--out planner_bench.json]
 """
@@ -240,6 +241,19 @@ def main() -> None:
             rows.append(r)
             print(
                 f"\nscaling: 96 layers on {nodes * 8} devices, G 2048: {r['plan']}, "
+                f"{r.get('iteration_s', 0) * 1e3:.1f} ms, planned in {r['wall_s']:.1f} s, {r.get('nodes')} nodes, "
+                f"proven: {proven(r)}"
+            )
+            Path(args.out).write_text(json.dumps(rows, indent=2))
+        # model=gpt model.preset=medium (24 x 1024) on the shipped A100 nodes: 64, 512 and 1024 devices
+        a100 = topology("a100x64")
+        gpt = analytic_profile(build_model("gpt", "medium"), 2, a100.device_tflops, "a100", precision="bf16-mixed")
+        for nodes in (8, 64, 128):
+            cluster = replace(a100, name=f"a100x{nodes * 8}", nodes=nodes)
+            r = row("gpt-medium (analytic)", gpt, cluster, 1024, limits)
+            rows.append(r)
+            print(
+                f"\nscaling: gpt medium on {nodes * 8} devices, G 1024: {r['plan']}, "
                 f"{r.get('iteration_s', 0) * 1e3:.1f} ms, planned in {r['wall_s']:.1f} s, {r.get('nodes')} nodes, "
                 f"proven: {proven(r)}"
             )
