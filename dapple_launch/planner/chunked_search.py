@@ -79,7 +79,7 @@ def num_stages(family: str, v: int, groups: tuple[int, ...]) -> int:
 def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int]):
     """(family, v, groups, b) for every chunked family the limits allow."""
     L, D = profile.num_layers, topology.num_devices
-    families = [f for f in (limits.schedules or (limits.schedule,)) if f in CHUNKED]
+    families = [f for f in limits.allowed() if f in CHUNKED]
     for family in families:
         for v in INTERLEAVED_CHUNKS if family in INTERLEAVED else (2,):
             most = min(D, L) if family == "chimera" else min(D, L // v)
@@ -383,7 +383,7 @@ class DeviceGroups:
     Chimera): their shapes searched from the incumbent down (search_chunked)."""
 
     def wanted(self, state: SearchState) -> bool:
-        return any(f in CHUNKED for f in state.allowed())
+        return any(f in CHUNKED for f in state.limits.allowed())
 
     def propose(self, state: SearchState) -> Proposal:
         best = state.best()

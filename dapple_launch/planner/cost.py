@@ -95,6 +95,10 @@ class Limits:
                 f"strategy.max_warmup_depth={self.max_warmup_depth} must be >= 1 (1 = DAPPLE's minimum warm-up only)"
             )
 
+    def allowed(self) -> tuple[str, ...]:
+        """The schedule families a search may return: strategy.schedules, else the one schedule."""
+        return self.schedules or (self.schedule,)
+
 
 RECOMPUTE = ("none", "full", "selective", "auto")
 
@@ -110,16 +114,13 @@ class StageSpec:
         return len(self.devices)
 
     @cached_property
-    def device_span(self) -> tuple[int, int]:
-        """(lowest, highest) device: whether the stage spans nodes, asked for every costing of it."""
-        return min(self.devices), max(self.devices)
+    def device_span(self) -> tuple[int, ...]:
+        """(lowest, highest) device, () for none: whether the stage spans nodes, asked for every costing of it."""
+        return (min(self.devices), max(self.devices)) if self.devices else ()
 
     def spans_nodes(self, topology: Topology) -> bool:
         """Topology.spans_nodes(self.devices), without walking a 1024-device stage each time."""
-        if not self.devices:
-            return False
-        lo, hi = self.device_span
-        return topology.node_of(lo) != topology.node_of(hi)
+        return topology.spans_nodes(self.device_span)
 
 
 @dataclass

@@ -47,10 +47,6 @@ class SearchState:
     # proposer and walked again by ZB-H1's
     searches: list[BranchAndBound] = field(default_factory=list)
 
-    def allowed(self) -> tuple[str, ...]:
-        """The schedule families this search may return (strategy.schedules)."""
-        return self.limits.schedules or (self.limits.schedule,)
-
     def best(self) -> Costed | None:
         return min(self.found, key=lambda c: c.iteration_s, default=None)
 

@@ -334,13 +334,13 @@ class Copies:
     per-stage proposers found best."""
 
     def wanted(self, state: SearchState) -> bool:
-        return state.best() is not None and any(f in RR for f in state.allowed())
+        return state.best() is not None and any(f in RR for f in state.limits.allowed())
 
     def propose(self, state: SearchState) -> Proposal:
         best = state.best()
         assert best is not None  # (wanted)
         starts = [c for c in state.found if c.schedule in ("1f1b", "zb_h1")]
-        families = [f for f in RR if f in state.allowed()]
+        families = [f for f in RR if f in state.limits.allowed()]
         found, bounds, scored = search_round_robin(
             state.profile,
             state.topology,

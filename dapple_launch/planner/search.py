@@ -62,11 +62,9 @@ def search(
     """(best, runners-up, baselines, stats). `with_baselines=False`: the search's own space only (a
     frontier's searches below the first: the baselines were compared once, on the whole card)."""
     t0 = time.perf_counter()
-    if not [f for f in zero_bubble.allowed(limits) if f not in (*CHUNKED, *RR)] and any(
-        f in RR for f in zero_bubble.allowed(limits)
-    ):
+    if not [f for f in limits.allowed() if f not in (*CHUNKED, *RR)] and any(f in RR for f in limits.allowed()):
         return _copies_only(profile, topology, global_batch, limits, keep, t0)
-    if not [f for f in zero_bubble.allowed(limits) if f not in CHUNKED]:  # chunked families alone
+    if not [f for f in limits.allowed() if f not in CHUNKED]:  # chunked families alone
         return _chunked_only(profile, topology, global_batch, limits, keep, t0)
     state, baselines = initial_state(profile, topology, global_batch, limits, keep, with_baselines)
     drive(state)
@@ -202,7 +200,7 @@ def _copies_only(
 ) -> tuple[Costed | None, list[Costed], dict[str, Costed | None], SearchStats]:
     """strategy.schedules naming only stages of copies (and chunked families): the copies' pass from
     the layouts 1F1B and ZB-H1 find best (those plans themselves not chosen), then the chunked pass."""
-    allowed = zero_bubble.allowed(limits)
+    allowed = limits.allowed()
     rr = [f for f in RR if f in allowed]
     plain = tuple(RR_FAMILIES[f] for f in rr)
     start, runners_up, _, stats = search(
@@ -269,11 +267,7 @@ def plan(
         )
     limits = replace(limits, schedule=search_family(limits))
     best, runners_up, baselines, stats = search(profile, topology, global_batch, limits, with_baselines=with_baselines)
-    if (
-        best is None
-        and "1f1b" not in zero_bubble.allowed(requested)
-        and zero_bubble.FAMILY in zero_bubble.allowed(requested)
-    ):
+    if best is None and "1f1b" not in requested.allowed() and zero_bubble.FAMILY in requested.allowed():
         other, *_ = search(profile, topology, global_batch, replace(limits, schedules=("1f1b",)))
         if other is not None:
             raise NoFeasiblePlan(
@@ -303,7 +297,7 @@ def plan(
             c.extra["note"] = name
     dp = baselines.get("data parallel")
     deep = limits.schedule == "1f1b" and limits.max_warmup_depth > 1
-    how = _statement(best, stats, limits, zero_bubble.allowed(requested), deep)
+    how = _statement(best, stats, limits, requested.allowed(), deep)
     over = best.extra.get("over")
     if best.schedule == zero_bubble.FAMILY and over is not None:
         how += f"; {best.schedule} is {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
@@ -313,7 +307,7 @@ def plan(
             f"minimal warm-up waits on"
         )
     plain = [c for c in [best, *runners_up] if c.schedule not in CHUNKED]  # (token slices run stage per group)
-    if limits.auto_token_slices and plain and [f for f in zero_bubble.allowed(requested) if f not in CHUNKED]:
+    if limits.auto_token_slices and plain and [f for f in requested.allowed() if f not in CHUNKED]:
         # TeraPipe on the best layouts found (planner/terapipe.py)
         from .terapipe import improve_with_slices
 
@@ -329,7 +323,7 @@ def plan(
             runners_up, best = [best, *runners_up][: len(runners_up) or 1], sliced
     proof = {
         "gap": stats.proven_gap,
-        "families": list(zero_bubble.allowed(requested)),
+        "families": list(requested.allowed()),
         "candidates": stats.nodes,
         "seconds": round(time.perf_counter() - started, 3),
     }

@@ -44,8 +44,7 @@ class StageFamilies:
     def propose(self, state: SearchState) -> Proposal:
         profile, topology, global_batch, limits = state.profile, state.topology, state.global_batch, state.limits
         sizes, stats = state.sizes, state.stats
-        found = list(state.found)
-        new: list[Costed] = []
+        found = list(state.found)  # what came before, then this proposer's own (returned)
         # One search per micro-batch size, most promising first (by its least bottleneck). Each one's
         # least-bottleneck placement is costed up front, then the best few starts are improved by
         # local search: a strong incumbent before any branching.
@@ -58,10 +57,8 @@ class StageFamilies:
         for x in searches:
             x._seed_incumbent()
             if x.seed is not None:
-                new.append(x.seed)
-        new += polished([*found, *new], state)
-        found += new
-        new = []
+                found.append(x.seed)
+        found += polished(found, state)
         incumbent = min((c.iteration_s for c in found), default=math.inf)
         # Pass 1 prunes what cannot beat the incumbent by more than the optimality gap, every size
         # with an equal share of half the budget: fast, and provably within the gap if all finish.

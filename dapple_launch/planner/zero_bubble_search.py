@@ -45,19 +45,15 @@ SWEEP_SHARE = 1 / 4
 START_LAYOUTS = 6
 
 
-def allowed(limits: Limits) -> tuple[str, ...]:
-    return limits.schedules or (limits.schedule,)
-
-
 def search_family(limits: Limits) -> str:
     """The schedule the layout search runs under: 1F1B whenever ZB-H1 or 1F1B is allowed."""
-    return "gpipe" if set(allowed(limits)) == {"gpipe"} else "1f1b"
+    return "gpipe" if set(limits.allowed()) == {"gpipe"} else "1f1b"
 
 
 def least_stages(limits: Limits) -> int:
     """On one stage ZB-H1 runs each micro-batch's I and W back to back: 1F1B's time and memory, so
     where 1F1B is allowed too its one-stage plans are left to it."""
-    return 2 if "1f1b" in allowed(limits) else 1
+    return 2 if "1f1b" in limits.allowed() else 1
 
 
 def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
@@ -209,17 +205,17 @@ class ZeroBubble:
     per-stage proposer's trees. Where 1F1B is not allowed, what that proposer found were starts only."""
 
     def wanted(self, state: SearchState) -> bool:
-        return state.best() is not None and FAMILY in state.allowed()
+        return state.best() is not None and FAMILY in state.limits.allowed()
 
     def propose(self, state: SearchState) -> Proposal:
         limits = state.limits
         good = sorted(state.found, key=lambda c: c.iteration_s)[:START_LAYOUTS]
         started = starts(state.profile, state.topology, state.global_batch, limits, good)
-        admitted = [c for c in [*state.found, *started] if c.schedule in state.allowed()]
+        admitted = [c for c in [*state.found, *started] if c.schedule in state.limits.allowed()]
         incumbent = min((c.iteration_s for c in admitted), default=math.inf)
         found, bounds, scored = sweep(state.searches, incumbent, int(limits.search_nodes * SWEEP_SHARE))
         state.stats.nodes += scored
-        if "1f1b" not in state.allowed():
+        if "1f1b" not in state.limits.allowed():
             return Proposal((FAMILY,), [*started, *found], bounds, supersedes=True)
         # the ZB-H1 pass's bound is weaker than 1F1B's: what holds over 1F1B plans alone, for the statement
         best_1f1b = min(
