@@ -54,6 +54,14 @@ def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
+def built_on(dev: torch.device, spec, index: int, seed: int) -> torch.nn.Module:
+    """Layer `index` made on `dev` directly: a layer's initialisation on the CPU (one thread, in
+    this job) took most of a GPU profile's time (GPT xl: over two minutes for 50 layers timed in
+    four passes, the GPU idle); a timing needs the shapes, not the CPU's values."""
+    with torch.device(dev):
+        return build_layer(spec, index, seed)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -69,7 +77,7 @@ def _time_layers(
     x = as_tuple(x)
     out = []
     for i, spec in enumerate(model.layers()):
-        layer = build_layer(spec, i, seed).to(dev)
+        layer = built_on(dev, spec, i, seed)
         params = sum(nbytes(p) for p in layer.parameters())
         owned = {p.untyped_storage().data_ptr() for p in layer.parameters()}
         fwd, bwd, wgt = [], [], []
@@ -184,7 +192,7 @@ def _slice_shares(
         return times, float(sum(saved))
 
     for i, (spec, prof) in enumerate(zip(model.layers(), profiled)):
-        layer = build_layer(spec, i, seed).to(dev)
+        layer = built_on(dev, spec, i, seed)
         owned = {p.untyped_storage().data_ptr() for p in layer.parameters()}
         first = tuple(t[:, :half] for t in x)
         second = tuple(t[:, half:] for t in x)

@@ -48,10 +48,14 @@ def all_finite(tensors) -> bool:
     """No inf or NaN in any floating tensor of `tensors` (one fused pass over them)."""
     import torch
 
-    floats = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
-    if not floats:
-        return True
-    return bool(torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(floats)])).all())
+    by_device: dict = {}  # Adam's `step` lives on the CPU beside GPU moments: one pass per device
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            by_device.setdefault(t.device, []).append(t)
+    return all(
+        bool(torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(ts)])).all())
+        for ts in by_device.values()
+    )
 
 
 def layer_of(name: str) -> int:
