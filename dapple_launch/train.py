@@ -81,7 +81,14 @@ def build_trainer(cfg: DictConfig, plan: Plan, run_dir: Path) -> L.Trainer:
     callbacks = [
         saving,
         StopOnSignal(saving.save),
-        Progress(t.max_steps, cfg.global_batch_size, plan.estimate.iteration_s, run_dir, show=t.progress_bar),
+        Progress(
+            t.max_steps,
+            cfg.global_batch_size,
+            plan.estimate.iteration_s,
+            run_dir,
+            show=t.progress_bar,
+            estimated_peak_bytes=list(plan.estimate.peak_memory_bytes),
+        ),
     ]
     logger = build_logger(cfg, run_dir)
     if logger:

@@ -139,3 +139,21 @@ def test_the_closing_summary_says_why_a_guessed_estimate_is_off_and_how_to_measu
         text = closing_summary(tmp_path, guessed=guessed)
         assert (guessed in text) is said, (measured, text)
         assert guessed not in closing_summary(tmp_path)
+
+
+def test_the_closing_summary_sets_a_gpu_runs_peak_memory_against_the_estimate(tmp_path):
+    """A GPU run's summary.json carries the allocator's peak on the fullest device and the plan's
+    estimate (runtime/progress.py); the closing summary says both and how far apart (the figures of
+    the H200 run in benchmarks/results/gpu.json); a CPU run's summary has neither and says nothing."""
+    import json
+
+    from dapple_launch.launch.job import closing_summary
+
+    summary = {"steps": [0, 8], "train_loss": 6.47, "estimated_s_per_iteration": 1.547, "samples_per_s": 36.4}
+    summary["measured_s_per_iteration"] = 1.714
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert "device memory" not in closing_summary(tmp_path)
+    gpu = {**summary, "measured_peak_memory_bytes": 126.5 * 2**30, "estimated_peak_memory_bytes": 117.3 * 2**30}
+    (tmp_path / "summary.json").write_text(json.dumps(gpu))
+    line = [x for x in closing_summary(tmp_path).splitlines() if "device memory" in x]
+    assert line == ["  126.5 GiB peak device memory allocated, 117.3 GiB estimated (+8%)"], line

@@ -173,7 +173,7 @@ def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
     said (guessed_estimate) when the measured time is more than GUESS_WARNING away from the estimate."""
     import json
 
-    from ..planner.explain import human_seconds
+    from ..planner.explain import human_bytes, human_seconds
     from ..runtime.checkpoint import find_checkpoints
 
     lines = []
@@ -205,6 +205,11 @@ def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
             lines.append(
                 f"  {human_seconds(whole)} per training step with the optimizer step and Lightning's "
                 f"hooks ({human_seconds(whole - m)} outside the pipeline the plan estimates)"
+            )
+        peak, est = s.get("measured_peak_memory_bytes"), s.get("estimated_peak_memory_bytes")
+        if peak and est:  # GPU runs: the allocator's peak on the fullest device against the plan's
+            lines.append(
+                f"  {human_bytes(peak)} peak device memory allocated, {human_bytes(est)} estimated ({peak / est - 1:+.0%})"
             )
     else:
         lines.append("done")

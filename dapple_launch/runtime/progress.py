@@ -9,7 +9,8 @@ whole training step, samples per second; the launcher prints it. Medians, the fi
 out as warm-up. The estimate describes the pipeline: the schedule's actions and the gradient
 all-reduces (DappleStrategy.pipeline_s times that span); the whole step adds the optimizer step,
 moving the batch and Lightning's hooks, which no plan changes. Comparing the estimate with the
-whole step would blame the plan for them.
+whole step would blame the plan for them. On GPUs it adds each rank's peak of allocated device
+memory (`torch.cuda.max_memory_allocated`) against the plan's estimate for that rank's stages.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from .clock import perf
@@ -27,8 +29,17 @@ from .heartbeat import BEAT
 
 
 class Progress(Callback):
-    def __init__(self, max_steps: int, global_batch: int, estimate_s: float, run_dir: str | Path, show: bool = True):
+    def __init__(
+        self,
+        max_steps: int,
+        global_batch: int,
+        estimate_s: float,
+        run_dir: str | Path,
+        show: bool = True,
+        estimated_peak_bytes: list[float] | None = None,
+    ):
         self.max_steps, self.global_batch, self.estimate_s = max_steps, global_batch, estimate_s
+        self.estimated_peak_bytes = estimated_peak_bytes  # per stage, the plan's
         self.run_dir, self.show = Path(run_dir), show
         self.step_s: list[float] = []
         self.train_loss: float | None = None
@@ -80,6 +91,7 @@ class Progress(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if self._bar is not None:
             self._bar.close()
+        memory = self._device_memory(trainer, pl_module.device)  # a collective: every rank takes part
         if not trainer.is_global_zero:
             return
         step = self.measured_s()
@@ -96,8 +108,38 @@ class Progress(Callback):
             # steps skipped for a non-finite loss or gradient norm (16-mixed overflows aside)
             "skipped_steps": getattr(pl_module, "bad_steps", 0),
             "loss_scale_overflows": getattr(getattr(pl_module, "scaler", None), "skipped", 0),
+            **memory,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    def _device_memory(self, trainer, device: torch.device) -> dict:
+        """On a GPU run, per rank the peak of allocated device memory and the plan's estimate for its
+        stages (the largest, for a rank holding several); nothing on CPU, where no allocator counts
+        a rank's tensors apart from the process's other memory."""
+        if device.type != "cuda":
+            return {}
+        stages = getattr(trainer.strategy, "local_stages", (0,))
+        mine = [trainer.global_rank, float(torch.cuda.max_memory_allocated(device)), list(stages)]
+        ranks = [mine]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, mine)
+        est = self.estimated_peak_bytes
+        rows = [
+            {
+                "rank": r,
+                "stages": st,
+                "peak_bytes": peak,
+                "estimated_peak_bytes": max(est[s] for s in st) if est else None,
+            }
+            for r, peak, st in sorted(x for x in ranks if x is not None)
+        ]
+        worst = max(rows, key=lambda x: x["peak_bytes"])
+        return {
+            "device_memory": rows,
+            "measured_peak_memory_bytes": worst["peak_bytes"],
+            "estimated_peak_memory_bytes": max(est) if est else None,
+        }
 
 
 def _steady_median(times: list[float]) -> float | None:
