@@ -13,8 +13,9 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "dapple_launch"
 PURE = ("schedule", "planner", "profile")
-# These two profile sources run the model by design; the package loads them only on first use.
-NEEDS_TORCH = {"profile.analytic", "profile.measure"}
+# The two profile sources run the model by design, and the live-bytes counter they share is a torch
+# dispatch mode; the package loads them only on first use.
+NEEDS_TORCH = {"profile.analytic", "profile.measure", "profile.live_bytes"}
 UPSTREAM = ("runtime", "launch", "train", "cli", "__main__")
 
 

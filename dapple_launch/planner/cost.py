@@ -192,13 +192,15 @@ def memory_per_device(
     limits: Limits,
     warmup: tuple[int, ...] = (),
 ) -> list[float]:
-    """Per stage, the bytes one of its devices keeps: parameters × optimizer factor plus the
-    activations of the micro-batches the schedule (and warm-up) keeps in flight."""
+    """Per stage, the bytes one of its devices keeps at its fullest: parameters × optimizer factor,
+    the activations of the micro-batches the schedule (and warm-up) keeps in flight, and what one
+    backward holds beyond them (a recomputed segment, a layer's workspace)."""
     S = len(layout)
     return [
         profile.span(st.start, st.stop)[3] * limits.optimizer_factor
         + in_flight(limits.schedule, s, S, num_micro_batches, warmup) * c.activation_bytes
         + c.recompute_bytes
+        + c.workspace_bytes
         for s, (st, c) in enumerate(zip(layout, costs))
     ]
 
@@ -285,7 +287,7 @@ def fit_by_recomputation(
 
         def need(k: int) -> float:
             kept, extra, _ = profile.first_layers_recomputed(st.start, st.stop, k, n)
-            return params + count * kept + extra
+            return params + count * kept + extra + costs[s].workspace_bytes
 
         if count >= 2:  # memory(k) never rises with k: the fewest that fit, by bisection
             lo, hi = 1, layers
@@ -352,8 +354,9 @@ def stage_costs(
                 stage_allreduce(profile, topology, st, n, share),
                 profile.kept_bytes(st.start, st.stop, n),
                 share,
+                profile.workspace(st.start, st.stop, n),
             )
-        f, b, allreduce, activation, share = memo[key]
+        f, b, allreduce, activation, share, workspace = memo[key]
         # the first stage's input needs no gradient: its split backward is all W (models/split_backward.py);
         # elsewhere W's measured share of the backward, or the simulator's rule (half) when not measured
         costs.append(
@@ -368,6 +371,7 @@ def stage_costs(
                 action_s=topology.action_overhead_s,
                 allreduce_after_b_s=allreduce[1],
                 allreduce_after_w_s=allreduce[2],
+                workspace_bytes=workspace,
             )
         )
     for layers, nbytes in profile.tied:

@@ -14,6 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..models.contract import PipelineModel, as_tuple, call_layer, carry_of
+from .live_bytes import LiveBytes
 from .model_profile import LayerProfile, ModelProfile, chain
 
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -50,7 +51,10 @@ def autocast(device_type: str, precision: str):
 
 
 def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
-    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes) per layer, traced on
+    """Yield (name, fwd flops, bwd flops, out bytes, saved bytes, param bytes, workspace bytes) per
+    layer (workspace: the most the call holds at once beyond the storages it saves, counted by
+    profile/live_bytes.py; its weights' gradients stay in it, as a later micro-batch's backward holds
+    a new gradient beside their sum), traced on
     fake CPU tensors (shapes and dtypes, no memory): operators dispatch as on a real device, so what
     they save is what a real run saves (on the meta device, attention falls back to a kernel that
     keeps its whole score matrix: fp32 transformer blocks came out 25-40 % high), and autocast
@@ -70,28 +74,32 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
             params = sum(nbytes(p) for p in layer.parameters())
             owned = {id(p) for p in layer.parameters()}
             x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
-            saved = []
+            saved, held = [], {}
 
             def pack(t):
                 if id(t) not in owned and (t._base is None or id(t._base) not in owned):
                     saved.append(nbytes(t))
+                    # the memory behind the saves: a storage two operators save (the loss's log-softmax) once
+                    held[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
                 return t
 
             last = index == len(specs) - 1
             counter = FlopCounterMode(display=False)
-            with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                y = call_layer(layer, carry_of(x_in))
-                out_bytes = wire_bytes(y, compute)
-                if last:  # the loss runs on the last stage inside the same forward
-                    y = model.loss(y, carry_of(target)).sum()
-            fwd = counter.get_total_flops()
-            roots, ones = backward_roots(y)
-            counter = FlopCounterMode(display=False)
-            with counter:
-                if roots:
-                    torch.autograd.backward(roots, ones)
+            with LiveBytes() as live:
+                with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    y = call_layer(layer, carry_of(x_in))
+                    out_bytes = wire_bytes(y, compute)
+                    if last:  # the loss runs on the last stage inside the same forward (the logits die in it)
+                        y = model.loss(y, carry_of(target)).sum()
+                fwd = counter.get_total_flops()
+                roots, ones = backward_roots(y)
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    if roots:
+                        torch.autograd.backward(roots, ones)
             bwd = counter.get_total_flops()
-            yield spec.name, fwd, bwd, out_bytes, sum(saved), params
+            workspace = max(0.0, float(live.peak - sum(held.values())))
+            yield spec.name, fwd, bwd, out_bytes, sum(saved), params, workspace
             x = tuple(t.detach() for t in as_tuple(y))
 
 
@@ -180,8 +188,10 @@ def analytic_profile(
     layers = []
     # Traced at two batch sizes: what each call saves whatever its samples (half-precision weight
     # copies under autocast) is the intercept of the saved bytes' line through both.
-    twice = [saved for *_, saved, _ in trace_layers(model, 2 * batch_size, precision)]
-    for (name, fwd, bwd, out, saved, params), saved2 in zip(trace_layers(model, batch_size, precision), twice):
+    twice = [(saved, ws) for *_, saved, _, ws in trace_layers(model, 2 * batch_size, precision)]
+    for (name, fwd, bwd, out, saved, params, ws), (saved2, ws2) in zip(
+        trace_layers(model, batch_size, precision), twice
+    ):
         fixed = min(max(0.0, 2.0 * saved - saved2), float(saved))
         layers.append(
             LayerProfile(
@@ -192,6 +202,8 @@ def analytic_profile(
                 float(params),
                 saved_bytes=float(saved),
                 saved_fixed_bytes=fixed,
+                workspace_bytes=ws,
+                workspace_fixed_bytes=min(max(0.0, 2.0 * ws - ws2), ws),
             )
         )
     from ..models.token_slices import supports_slicing

@@ -9,6 +9,7 @@ and the device, so a second plan of the same model costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import statistics
@@ -21,6 +22,7 @@ from ..cache import cache_dir, read_cached, write_cached
 from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer, carry_of
 from ..models.split_backward import backward_input
 from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
+from .live_bytes import LiveBytes
 from .model_profile import LayerProfile, ModelProfile, chain
 
 
@@ -33,7 +35,8 @@ def device_name(device: torch.device) -> str:
 def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str = "32") -> str:
     # "fit": profiles from before the per-call fit (times only) are not read back as if they had it;
     # "saved": from before parameters were left out of the saved bytes; "passes": from before the
-    # passes apart in time (one pass kept a busy machine's slowdown)
+    # passes apart in time (one pass kept a busy machine's slowdown); "workspace": from before the
+    # loss was timed with the last layer and each layer's transient bytes were counted
     from ..models import identity
 
     ident = json.dumps(
@@ -47,6 +50,7 @@ def cache_key(model: PipelineModel, batch_size: int, device: str, precision: str
             "split": "I and W",
             "slices": "context shares",
             "passes": "until two agree",
+            "workspace": "live bytes, loss on the last layer",
         },
         sort_keys=True,
         default=str,
@@ -70,37 +74,56 @@ def _sync(device: torch.device) -> None:
 def _time_layers(
     model: PipelineModel, batch_size: int, dev: torch.device, repeats: int, seed: int, precision: str = "32"
 ) -> list[tuple]:
-    """Per layer: (name, forward s, backward s, output bytes, parameter bytes, saved bytes, W s) on one
-    batch; W s: the weight gradients' part of a split backward (models/split_backward.py), timed on a
-    second forward of the same repetition."""
-    x, _ = model.batch(batch_size, torch.Generator().manual_seed(seed), device=dev)
-    x = as_tuple(x)
+    """Per layer: (name, forward s, backward s, output bytes, parameter bytes, saved bytes, W s,
+    workspace bytes) on one batch; W s: the weight gradients' part of a split backward
+    (models/split_backward.py), timed on a second forward of the same repetition. The last layer's
+    figures include the loss, as its stage runs it (and as the analytic trace counts it); its bytes
+    are counted exactly on the untimed first repetition (profile/live_bytes.py): the workspace is
+    the most the forward and backward hold at once beyond the storages they save (the weights'
+    gradients stay in it: a later micro-batch's backward holds a new gradient beside their sum)."""
+    x, target = model.batch(batch_size, torch.Generator().manual_seed(seed), device=dev)
+    x, target = as_tuple(x), as_tuple(target)
     out = []
-    for i, spec in enumerate(model.layers()):
+    specs = model.layers()
+    for i, spec in enumerate(specs):
+        last = i == len(specs) - 1
         layer = built_on(dev, spec, i, seed)
         params = sum(nbytes(p) for p in layer.parameters())
         owned = {p.untyped_storage().data_ptr() for p in layer.parameters()}
         fwd, bwd, wgt = [], [], []
+        workspace = 0.0
         for rep in range(repeats + 1):
             x_in = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x)
-            saved = []
+            saved, held = [], {}
 
             def pack(t):
-                if t.untyped_storage().data_ptr() not in owned:  # a weight is counted once, as a weight
+                key = t.untyped_storage().data_ptr()
+                if key not in owned:  # a weight is counted once, as a weight
                     saved.append(nbytes(t))
+                    # the memory behind the saves: a storage two operators save (the loss's log-softmax) once
+                    held[key] = t.untyped_storage().nbytes()
                 return t
 
-            _sync(dev)
-            t0 = time.perf_counter()
-            with autocast(dev.type, precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                y = call_layer(layer, carry_of(x_in))
-            _sync(dev)
-            t1 = time.perf_counter()
-            roots, ones = backward_roots(y)
-            if roots:
-                torch.autograd.backward(roots, ones)
-            _sync(dev)
-            t2 = time.perf_counter()
+            for p in layer.parameters():
+                p.grad = None
+            live = LiveBytes() if rep == 0 else contextlib.nullcontext()  # (a dispatch mode slows the timing)
+            with live:
+                _sync(dev)
+                t0 = time.perf_counter()
+                with autocast(dev.type, precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    y = call_layer(layer, carry_of(x_in))
+                    out_bytes = float(wire_bytes(y, MIXED.get(precision)))
+                    if last:  # the loss runs on the last stage inside the same forward (the logits die in it)
+                        y = model.loss(y, carry_of(target)).sum()
+                _sync(dev)
+                t1 = time.perf_counter()
+                roots, ones = backward_roots(y)
+                if roots:
+                    torch.autograd.backward(roots, ones)
+                _sync(dev)
+                t2 = time.perf_counter()
+            if isinstance(live, LiveBytes):
+                workspace = max(0.0, float(live.peak - sum(held.values())))
             # the same backward split: I to the layer's inputs, then W from where the weights join
             with autocast(dev.type, precision):
                 y2 = call_layer(layer, carry_of(x_in))
@@ -127,10 +150,11 @@ def _time_layers(
                 spec.name,
                 statistics.median(fwd),
                 b,
-                float(wire_bytes(y, MIXED.get(precision))),
+                out_bytes,
                 float(params),
                 float(sum(saved)),
                 b * statistics.median(wgt) if wgt else 0.0,
+                workspace,
             )
         )
         x = tuple(t.detach() for t in as_tuple(y))
@@ -238,7 +262,7 @@ def combine_passes(passes: list[list[tuple]]) -> list[tuple]:
     out = []
     for rows in zip(*passes):
         f, b, w = (statistics.median(r[k] for r in rows) for k in (1, 2, 6))
-        out.append((*rows[0][:1], f, b, *rows[0][3:6], min(w, b)))
+        out.append((*rows[0][:1], f, b, *rows[0][3:6], min(w, b), *rows[0][7:]))
     return out
 
 
@@ -300,8 +324,10 @@ def measure_profile(
             backward_fixed_s=per_call(b, b4, small, large),
             saved_fixed_bytes=per_call(saved, saved4, small, large),
             weight_grad_s=w,
+            workspace_bytes=ws,
+            workspace_fixed_bytes=per_call(ws, ws4, small, large),
         )
-        for (name_, f, b, out, params, saved, w), (_, f4, b4, _o, _p, saved4, _w) in zip(at_small, at_large)
+        for (name_, f, b, out, params, saved, w, ws), (_, f4, b4, _o, _p, saved4, _w, ws4) in zip(at_small, at_large)
     ]
     from ..models.token_slices import supports_slicing
 

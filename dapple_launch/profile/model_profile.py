@@ -35,6 +35,13 @@ class LayerProfile:
     slice_compute: float = 0.0
     slice_memory_kv: float = 0.0
     slice_memory_att: float = 0.0
+    # The most a call holds at once beyond the storages it saves (at the profile batch; the part any
+    # batch holds, as for saved_bytes): its weights' gradients, gradients in flight, the loss's
+    # log-softmax and its gradient on the last layer. Its stage holds it during one layer's backward
+    # on top of every micro-batch in flight (ModelProfile.workspace). Measured and analytic profiles
+    # count it exactly (profile/live_bytes.py); profile files do not state it (0).
+    workspace_bytes: float = 0.0
+    workspace_fixed_bytes: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -108,6 +115,33 @@ class ModelProfile:
             "ff": pre(layer.forward_fixed_s for layer in self.layers),
             "bf": pre(layer.backward_fixed_s for layer in self.layers),
         }
+
+    @cached_property
+    def _workspace_tables(self) -> tuple[list[list[float]], list[list[float]]]:
+        """Sparse tables of the layers' fixed workspace and workspace per sample: range maxima in O(1)."""
+        fixed = [min(x.workspace_fixed_bytes, x.workspace_bytes) for x in self.layers]
+        slope = [(x.workspace_bytes - f) / self.batch_size for x, f in zip(self.layers, fixed)]
+        tables = []
+        for row in (fixed, slope):
+            table = [row]
+            k = 1
+            while 2 * k <= len(row):
+                prev = table[-1]
+                table.append([max(prev[i], prev[i + k]) for i in range(len(row) - 2 * k + 1)])
+                k *= 2
+            tables.append(table)
+        return tables[0], tables[1]
+
+    def workspace(self, start: int, stop: int, samples: float) -> float:
+        """The most one layer of [start, stop) holds beyond its saves during a call on `samples`
+        samples, at most: the largest fixed part plus the largest part per sample (two range
+        maxima; they may come from different layers, so this never falls short)."""
+        if stop <= start:
+            return 0.0
+        k = (stop - start).bit_length() - 1
+        fixed, slope = self._workspace_tables
+        top = [max(t[k][start], t[k][stop - (1 << k)]) for t in (fixed, slope)]
+        return top[0] + top[1] * samples
 
     def span(self, start: int, stop: int) -> tuple[float, float, float, float]:
         """(forward s, backward s, bytes kept for backward, parameter bytes) of layers [start, stop)."""

@@ -59,7 +59,8 @@ def simulate_ranks(
     last_backward = [0.0] * S
     timeline: list[Event] = []
     last = S - 1
-    again = [c.recompute_bytes for c in costs]
+    again = [c.recompute_bytes + c.workspace_bytes for c in costs]  # held during a backward
+    ws = [c.workspace_bytes for c in costs]  # held during any compute action
     codes = schedule.encoded_orders  # (kind code as actions.CODE_OF, stage, micro-batch) per step
     pending = list(range(R - 1, -1, -1))
     while pending:
@@ -98,8 +99,8 @@ def simulate_ranks(
                 count += 1
                 if count > count_peak:
                     count_peak = count
-                if held > held_peak:
-                    held_peak = held
+                if held + ws[s] > held_peak:
+                    held_peak = held + ws[s]
             elif code == 3:  # weight gradient: local
                 t += weight[s]
             else:  # backward or input gradient: waits for the gradient from the next stage
@@ -111,6 +112,8 @@ def simulate_ranks(
                         start = arrival
                         idle += arrival - t
                 t = start + (backward[s] if code == 1 else input_[s])
+                if held + again[s] > held_peak:
+                    held_peak = held + again[s]
                 if code == 2:
                     held -= early[s]
                 if s > 0:
@@ -122,8 +125,8 @@ def simulate_ranks(
                         gradient[s - 1][m] = links[to] = (t if t > free else free) + send_down[s]
                         woken.add(to)
             if code & 1:  # B or W: the micro-batch's last step on this stage frees what it saved
-                if again[s] and held + again[s] > held_peak:
-                    held_peak = held + again[s]
+                if code == 3 and held + ws[s] > held_peak:
+                    held_peak = held + ws[s]
                 held -= kept[s] - early[s] if code == 3 else kept[s]
                 count -= 1
                 if t > last_backward[s]:

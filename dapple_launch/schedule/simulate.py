@@ -35,6 +35,10 @@ class StageCosts:
     # this is what a micro-batch holds above activation_bytes while its backward runs (the
     # recomputed activations of one segment), once per stage at a time
     recompute_bytes: float = 0.0
+    # the most one of the stage's layers holds at once beyond its saves during a call (gradients in
+    # flight, the loss's log-softmax and its gradient: ModelProfile.workspace), on top of what is
+    # live at each of its compute actions
+    workspace_bytes: float = 0.0
     # the runtime's own time per compute action (F, B, I or W) on top of its layers': the executor's
     # Python, the autograd engine's call, posting its transfers. A split backward is two actions and
     # pays it twice; a token slice pays it whole (it is a call, not a share of the sequence).
@@ -285,16 +289,17 @@ def simulate(
             # what I frees early: the input-only share, scaled as the micro-batch's bytes are
             early = kept * costs[s].input_only_bytes / costs[s].activation_bytes if costs[s].input_only_bytes else 0.0
             if kind is I_:
+                peak_bytes[s] = max(peak_bytes[s], live[s] + costs[s].workspace_bytes)
                 live[s] -= early
             elif kind is F:
                 in_flight[s] += 1
                 if in_flight[s] > peak[s]:
                     peak[s] = in_flight[s]
                 live[s] += kept
-                peak_bytes[s] = max(peak_bytes[s], live[s])
+                peak_bytes[s] = max(peak_bytes[s], live[s] + costs[s].workspace_bytes)
             elif kind.frees_activations:
-                if costs[s].recompute_bytes:
-                    peak_bytes[s] = max(peak_bytes[s], live[s] + costs[s].recompute_bytes)
+                top = live[s] + costs[s].recompute_bytes + costs[s].workspace_bytes
+                peak_bytes[s] = max(peak_bytes[s], top)
                 in_flight[s] -= 1
                 live[s] -= kept - early if kind is W_ else kept
                 last_backward_end[s] = end
