@@ -52,13 +52,28 @@ def test_this_machines_cuda_is_described_truthfully():
         assert "CPU-only build" in why
 
 
-def test_the_flight_recorder_is_on_and_the_users_settings_win(tmp_path, monkeypatch):
-    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
-    env = nccl_env(tmp_path)
-    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(str(tmp_path / "logs"))
-    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "77")
-    assert nccl_env(tmp_path)["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "77"
+@pytest.mark.parametrize(
+    "version,buffer,dump",
+    [
+        (
+            "2.13.0+cpu",
+            "TORCH_FR_BUFFER_SIZE",
+            "TORCH_FR_DUMP_TEMP_FILE",
+        ),  # torch 2.9 renamed them and warns on the old
+        ("2.8.1", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    ],
+)
+def test_the_flight_recorder_is_on_and_the_users_settings_win(tmp_path, monkeypatch, version, buffer, dump):
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", raising=False)
+    env = nccl_env(tmp_path, version)
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env[buffer]) > 0
+    assert env[dump].startswith(str(tmp_path / "logs"))
+    assert len(env) == 4  # one name each: the other would be warned about, or ignored
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "77")  # the user's, under the old name: kept, not doubled
+    env = nccl_env(tmp_path, version)
+    assert env.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "77") == "77" and "TORCH_FR_BUFFER_SIZE" not in env
 
 
 @pytest.mark.parametrize("cluster,gpus", [("h100x8", 8), ("slurm-dev", None)])

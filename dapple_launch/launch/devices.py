@@ -34,13 +34,25 @@ def check_local_gpu_launch(cfg, plan) -> None:
     check_gpu_here(run_precision(cfg), per_node)
 
 
-def nccl_env(run_dir: Path) -> dict[str, str]:
+def nccl_env(run_dir: Path, torch_version: str | None = None) -> dict[str, str]:
     """NCCL's flight recorder on, dumping on a watchdog timeout into RUN_DIR/logs (the user's own
-    settings win)."""
+    settings win, under either name). torch 2.9 renamed the recorder's variables (TORCH_FR_*) and
+    warns at every rank's start where the old names are set; older releases read only the old."""
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    major, minor = (int(x) for x in torch_version.split("+")[0].split(".")[:2])
+    new = (major, minor) >= (2, 9)
+    names = {  # (the name this torch reads first, the other one)
+        "buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+        "file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    }
     wanted = {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        names["buffer"][not new]: "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(Path(run_dir) / "logs" / "nccl-trace-rank-"),
+        names["file"][not new]: str(Path(run_dir) / "logs" / "nccl-trace-rank-"),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     }
-    return {k: os.environ.get(k, v) for k, v in wanted.items()}
+    given = {k for pair in names.values() if any(n in os.environ for n in pair) for k in pair}
+    return {k: os.environ.get(k, v) for k, v in wanted.items() if k not in given or k in os.environ}
