@@ -93,6 +93,7 @@ def quiet_third_party() -> None:
         "pytorch_lightning",
         "wandb",
         "torch.distributed",
+        "matplotlib",  # on a machine with it, something the ranks import builds its font cache once, at INFO
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
     for text, _why in KNOWN_WARNINGS:

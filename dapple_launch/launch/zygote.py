@@ -71,6 +71,20 @@ def _child(spec: dict, report_fd: int) -> None:
         os._exit(code if isinstance(code, int) else 1)
 
 
+def _fork() -> int:
+    """os.fork without Python 3.12's warning that this process has threads: importing torch leaves
+    one native thread of its own, idle (the one DataLoader's forked workers live beside too); this
+    process has run nothing but imports, so no lock is held for a child to inherit. The warning,
+    printed at every local GPU launch on the H200, would only alarm."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*use of fork\\(\\) may lead to deadlocks", category=DeprecationWarning
+        )
+        return os.fork()
+
+
 def main() -> None:
     report_fd = int(sys.argv[1])
     die_with_parent()
@@ -85,7 +99,7 @@ def main() -> None:
     ranks = {}
     for line in sys.stdin:
         spec = json.loads(line)
-        pid = os.fork()
+        pid = _fork()
         if pid == 0:
             _child(spec, report_fd)
         ranks[pid] = spec["rank"]
