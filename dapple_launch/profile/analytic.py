@@ -173,6 +173,14 @@ def trace_slice_shares(
     return out
 
 
+def per_call(small_s: float, large_s: float, small_n: int, large_n: int) -> float:
+    """The part of a call's cost (seconds, or bytes) that does not grow with its samples: the
+    intercept of the line through (small_n, small_s) and (large_n, large_s), kept within [0, small_s].
+    The analytic trace and the measurement both fit their fixed parts with it."""
+    slope = max(0.0, (large_s - small_s) / (large_n - small_n))
+    return min(small_s, max(0.0, small_s - slope * small_n))
+
+
 def analytic_profile(
     model: PipelineModel,
     batch_size: int,
@@ -192,7 +200,6 @@ def analytic_profile(
     for (name, fwd, bwd, out, saved, params, ws), (saved2, ws2) in zip(
         trace_layers(model, batch_size, precision), twice
     ):
-        fixed = min(max(0.0, 2.0 * saved - saved2), float(saved))
         layers.append(
             LayerProfile(
                 name,
@@ -201,9 +208,9 @@ def analytic_profile(
                 float(out),
                 float(params),
                 saved_bytes=float(saved),
-                saved_fixed_bytes=fixed,
+                saved_fixed_bytes=per_call(float(saved), saved2, batch_size, 2 * batch_size),
                 workspace_bytes=ws,
-                workspace_fixed_bytes=min(max(0.0, 2.0 * ws - ws2), ws),
+                workspace_fixed_bytes=per_call(ws, ws2, batch_size, 2 * batch_size),
             )
         )
     from ..models.token_slices import supports_slicing

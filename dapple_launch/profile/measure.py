@@ -21,7 +21,7 @@ import torch
 from ..cache import cache_dir, read_cached, write_cached
 from ..models.contract import PipelineModel, as_tuple, build_layer, call_layer, carry_of
 from ..models.split_backward import backward_input
-from .analytic import MIXED, autocast, backward_roots, nbytes, wire_bytes
+from .analytic import MIXED, autocast, backward_roots, nbytes, per_call, wire_bytes
 from .live_bytes import LiveBytes
 from .model_profile import LayerProfile, ModelProfile, chain
 
@@ -104,10 +104,8 @@ def _time_layers(
                     held[key] = t.untyped_storage().nbytes()
                 return t
 
-            for p in layer.parameters():
-                p.grad = None
-            live = LiveBytes() if rep == 0 else contextlib.nullcontext()  # (a dispatch mode slows the timing)
-            with live:
+            live = LiveBytes() if rep == 0 else None  # (a dispatch mode slows the timing: the untimed first only)
+            with live or contextlib.nullcontext():
                 _sync(dev)
                 t0 = time.perf_counter()
                 with autocast(dev.type, precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -122,7 +120,7 @@ def _time_layers(
                     torch.autograd.backward(roots, ones)
                 _sync(dev)
                 t2 = time.perf_counter()
-            if isinstance(live, LiveBytes):
+            if live is not None:  # (the layer is fresh: its weights' gradients are made here, inside the count)
                 workspace = max(0.0, float(live.peak - sum(held.values())))
             # the same backward split: I to the layer's inputs, then W from where the weights join
             with autocast(dev.type, precision):
@@ -272,13 +270,6 @@ def settled_times(run_pass: Callable[[], list[tuple]], max_passes: int = MAX_PAS
     while len(passes) < max_passes and unsettled(passes):
         passes.append(run_pass())
     return combine_passes(passes), unsettled(passes)
-
-
-def per_call(small_s: float, large_s: float, small_n: int, large_n: int) -> float:
-    """The part of a call's time that does not grow with its samples: the intercept of the line
-    through (small_n, small_s) and (large_n, large_s), kept within [0, small_s]."""
-    slope = max(0.0, (large_s - small_s) / (large_n - small_n))
-    return min(small_s, max(0.0, small_s - slope * small_n))
 
 
 def measure_profile(
