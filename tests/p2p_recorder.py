@@ -4,8 +4,8 @@ Inside `recording()`, every `torch.distributed` point-to-point call this process
 `batch_isend_irecv` group, a single `isend`/`irecv`/`send`/`recv` — is written down as the model's
 `Issue` (its channel: the communicator it runs on; its operations: peer, direction, and what it
 carries), and every `wait()` on a returned work as the model's `Wait`. What an operation carries is
-the transfer the runtime was issuing (RankComms' `_send`/`_recv` say which) with the member's dtype
-and shape, so a send and the receive NCCL would match with it must agree on both meaning and shape.
+the transfer whose tensor it is (RankComms' `_send_pieces`/`_recv_buffers` made it) with the
+member's dtype and shape, so a send and the receive NCCL would match with it must agree on both meaning and shape.
 The calls themselves run unchanged.
 """
 
@@ -35,9 +35,11 @@ class _RecordedWork:
 
 class Recorder:
     def __init__(self):
-        self.items: list = []  # ("issue", channel, [(peer, send, what, tag)]) | ("wait", issue index)
+        # ("issue", channel, [(peer, send, what, tag)]) | ("wait", issue index) | ("begin", the NCCL
+        # model's program of the iteration begun: its items as below, ops without tags)
+        self.items: list = []
         self.issues = 0
-        self.label = "?"
+        self.labels: dict[int, str] = {}  # id(tensor) -> the transfer it belongs to
 
     def _channel(self, group, peer: int, batched: bool):
         """NCCL runs a batch on its group's communicator; a single op on the pair's (pytorch#132852)."""
@@ -53,7 +55,7 @@ class Recorder:
         return self.issues - 1
 
     def _what(self, tensor) -> str:
-        return f"{self.label} {str(tensor.dtype).replace('torch.', '')}{list(tensor.shape)}"
+        return f"{self.labels.get(id(tensor), '?')} {str(tensor.dtype).replace('torch.', '')}{list(tensor.shape)}"
 
     @contextlib.contextmanager
     def patched(self):
@@ -64,7 +66,8 @@ class Recorder:
         names = ("batch_isend_irecv", "isend", "irecv", "send", "recv")
         real = {n: getattr(c10d, n) for n in names}
         comms = p2p_module.RankComms
-        real_send, real_recv = comms._send, comms._recv
+        real_send, real_recv = comms._send_pieces, comms._recv_buffers
+        real_begin = comms.begin
         rec = self
         inside_batch = [False]
 
@@ -98,11 +101,10 @@ class Recorder:
 
         def labelled(fn):
             def call(self_, t, *a, **kw):
-                before, rec.label = rec.label, str(t)
-                try:
-                    return fn(self_, t, *a, **kw)
-                finally:
-                    rec.label = before
+                tensors = fn(self_, t, *a, **kw)
+                for x in tensors:
+                    rec.labels[id(x)] = str(t)
+                return tensors
 
             return call
 
@@ -117,14 +119,30 @@ class Recorder:
         for n, f in wrapped.items():
             setattr(dist, n, f)
             setattr(c10d, n, f)
-        comms._send, comms._recv = labelled(real_send), labelled(real_recv)
+
+        def begin(self_, program, *a, **kw):
+            from dapple_launch.schedule.nccl import Issue, lowered_programs
+
+            # what the NCCL model proves this iteration issues (as data: the items go back as JSON)
+            proven = [
+                ("issue", list(x.channel), [(op.peer, op.send, op.what) for op in x.ops])
+                if isinstance(x, Issue)
+                else ("wait", x.issue)
+                for x in lowered_programs({program.rank: program})[program.rank]
+            ]
+            rec.items.append(("begin", proven))
+            return real_begin(self_, program, *a, **kw)
+
+        comms._send_pieces, comms._recv_buffers = labelled(real_send), labelled(real_recv)
+        comms.begin = begin
         try:
             yield self
         finally:
             for n, f in real.items():
                 setattr(dist, n, f)
                 setattr(c10d, n, f)
-            comms._send, comms._recv = real_send, real_recv
+            comms._send_pieces, comms._recv_buffers = real_send, real_recv
+            comms.begin = real_begin
 
 
 def to_model(items: list, rank: int) -> list:
@@ -140,6 +158,43 @@ def to_model(items: list, rank: int) -> list:
                     tuple(Op(peer, send, what) for peer, send, what, _ in item[2]),
                 )
             )
-        else:
+        elif item[0] == "wait":
             out.append(Wait(item[1]))
     return out
+
+
+def as_lowered(items: list, rank: int) -> tuple[list, list]:
+    """(recorded, lowered): this rank's recorded calls and what schedule/nccl.py's
+    `lowered_programs` says the programs it began issue, iteration after iteration, each as a list of
+    (channel's ranks, operations, issues waited for before the next issue). The recorded waits may
+    be fewer at the end of an iteration (a send seen complete is not waited for)."""
+    from dapple_launch.schedule.nccl import Issue, Op, Wait
+
+    lowered: list = []
+    offset = 0
+    for item in items:
+        if item[0] == "begin":
+            for kind, *rest in item[1]:
+                if kind == "issue":
+                    lowered.append(Issue(tuple(rest[0]), tuple(Op(*op) for op in rest[1])))
+                else:
+                    lowered.append(Wait(rest[0] + offset))
+            offset += sum(kind == "issue" for kind, *_ in item[1])
+    recorded = to_model([i for i in items if i[0] != "begin"], rank)
+
+    def norm(program: list) -> list:
+        out: list = [((), [], set())]
+        for item in program:
+            if isinstance(item, Issue):
+                ops: list = []
+                for op in item.ops:
+                    what = op.what[: op.what.rindex(")") + 1]  # the transfer (a member's dtype and shape dropped)
+                    if not ops or ops[-1] != (op.peer, op.send, what):
+                        ops.append((op.peer, op.send, what))
+                ranks = item.channel[1] if item.channel[0] == "group" else item.channel[1:]
+                out.append((tuple(ranks), ops, set()))
+            else:
+                out[-1][2].add(item.issue)
+        return out
+
+    return norm(recorded), norm(lowered)

@@ -5,7 +5,9 @@ the single-process reference.
 Each case runs the numerics tests' own worker under tests/p2p_recorder.py: every
 `torch.distributed` point-to-point call and every wait on its work is written down as it happened
 and replayed under NCCL's rules (tags ignored, one ordered stream per communicator, a send that may
-wait for its receive, a group that progresses together, an op after a wait ordered after it). The
+wait for its receive, a group that progresses together, an op after a wait ordered after it); and
+it is the very program schedule/nccl.py's `lowered_programs` proves for the iteration (the same
+groups of the same transfers, in order, with the same waits), so the proof is of what runs. The
 run itself is the strict mode: every transfer of a rank pair goes on that pair's own group with tag
 0, so gloo matches them strictly in order, as NCCL does (asserted below): equal numerics then prove
 nothing was delivered into the wrong buffer.
@@ -20,7 +22,7 @@ import pytest
 from dapple_launch.schedule.nccl import check
 
 from .multiproc import run_ranks
-from .p2p_recorder import Recorder, to_model
+from .p2p_recorder import Recorder, as_lowered, to_model
 from .test_chunked_numerics import chunked_plan, model_of
 from .test_pipeline_numerics import make_plan, tiny_model
 from .test_round_robin_numerics import rr_plan
@@ -167,6 +169,20 @@ def test_every_familys_recorded_issue_order_passes_the_nccl_model_and_equals_the
             programs = {r: to_model(runs[r]["items"], r) for r in range(world)}
             sends = sum(1 for _, _, ops in issues for op in ops if op[1])
             assert check(programs) == sends, name  # every send matched, nothing hangs, nothing swapped
+            for r in range(world):  # and what ran is what schedule/nccl.py proved: the same groups, waits
+                _is_the_lowered_program(name, r, runs[r]["items"])
+
+
+def _is_the_lowered_program(name: str, rank: int, items: list) -> None:
+    """The rank's recorded groups are those `lowered_programs` makes of the programs it began (one
+    per slot and peer, the same transfers in the same order), and before each group it waited for
+    what the lowered program waits for: every receive's group exactly; a send's only if it was not
+    already seen complete."""
+    recorded, lowered = as_lowered(items, rank)
+    assert [seg[:2] for seg in recorded] == [seg[:2] for seg in lowered], (name, rank)
+    for i, ((_, _, got), (_, _, want)) in enumerate(zip(recorded, lowered)):
+        receiving = {k for k in want if any(not send for _, send, _ in lowered[k + 1][1])}
+        assert receiving <= got <= want, (name, rank, i, got, want)
 
 
 def test_the_recorder_sees_a_swap_the_model_refuses(tmp_path):

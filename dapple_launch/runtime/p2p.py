@@ -5,9 +5,12 @@ micro-batch's samples as its first dimension, re-split where the two stages have
 replica counts. One `RankComms` per rank carries out its lowered program (`RankProgram`), the
 order the NCCL model (schedule/nccl.py) proved:
 
-- before each compute step c it issues slot c: each transfer as one `batch_isend_irecv` of the
-  carry's members, on the communicator of that rank pair alone (never the one the gradient
-  all-reduces use), with no tag: the pair's common order is what matches them;
+- before each compute step c it issues slot c: per peer, every transfer of the slot with that
+  peer (sends and receives, in the pair's common order) as one `batch_isend_irecv` of their
+  carries' members, on the communicator of that rank pair alone (never the one the gradient
+  all-reduces use), with no tag: the pair's common order is what matches them. One group per
+  peer and step, as torch.distributed.pipelining issues a step's operations: one launch and one
+  completion to track where a transfer at a time paid for each (NCCL runs a group as one kernel);
 - a compute step's inputs are waited for just before it runs; sends are waited for at the end of
   the iteration and dropped as soon as they complete (`reap`);
 - the members' shapes and dtypes (the layouts) are known before the first step
@@ -100,33 +103,54 @@ class RankComms:
         it = self._now
         slots = it.program.slots
         while it.issued <= step and it.issued < len(slots):
-            for t, is_send in slots[it.issued]:
-                self._send(t) if is_send else self._recv(t)
+            self._issue(slots[it.issued])
             it.issued += 1
 
     def _group(self, peer: int) -> dist.ProcessGroup:
         return communicators().get((self.rank, peer), "p2p")
 
-    def _send(self, t: Transfer) -> None:
+    def _issue(self, slot: tuple) -> None:
+        """One slot: per peer, its transfers as one group (schedule/nccl.py's `lowered_programs`
+        models exactly this)."""
+        by_peer: dict[int, list] = {}
+        for t, is_send in slot:
+            by_peer.setdefault(t.dst if is_send else t.src, []).append((t, is_send))
+        for peer, items in by_peer.items():
+            ops, owner, made = [], [], []
+            for t, is_send in items:
+                tensors = self._send_pieces(t) if is_send else self._recv_buffers(t)
+                made.append(tensors)
+                kind = dist.isend if is_send else dist.irecv
+                ops += [dist.P2POp(kind, x, peer, self._group(peer)) for x in tensors]
+                owner += [t] * len(tensors)
+            works = dist.batch_isend_irecv(ops) if ops else []
+            # gloo answers one work per operation, NCCL one for the whole group: a transfer waits for
+            # its own where it can, else for the group (which the NCCL model assumes in any case)
+            per_op = len(works) == len(ops)
+            for (t, is_send), tensors in zip(items, made):
+                mine = [w for w, o in zip(works, owner) if o is t] if per_op else list(works)
+                if is_send:
+                    self.pending.append((mine, tensors))
+                else:
+                    self._now.buffers[t] = (tensors, mine)
+
+    def _send_pieces(self, t: Transfer) -> tuple:
+        """The tensors of transfer `t` this rank sends: its samples of each member of the carry."""
         key = (t.space, t.src_stage, t.unit)
         carry, _ = self.outbox[key]
         n = t.hi - t.lo
         pieces = tuple((m if t.at == 0 and n == m.shape[0] else m[t.at : t.at + n]).contiguous() for m in carry)
-        group = self._group(t.dst)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, p, t.dst, group) for p in pieces])
-        self.pending.append((works, pieces))
         self.bytes_sent += sum(p.numel() * p.element_size() for p in pieces)
         left = self._now.outgoing[key] - 1
         self._now.outgoing[key] = left
         if left == 0:
             del self.outbox[key]  # every piece is on its way: the carry is kept by the sends alone
+        return pieces
 
-    def _recv(self, t: Transfer) -> None:
+    def _recv_buffers(self, t: Transfer) -> list:
+        """Fresh buffers for what transfer `t` brings: its samples of each member, in the wire dtype."""
         n = t.hi - t.lo
-        bufs = [torch.empty((n, *tail), dtype=wire, device=self.device) for tail, wire, _ in self.layout(t)]
-        group = self._group(t.src)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, b, t.src, group) for b in bufs]) if bufs else []
-        self._now.buffers[t] = (bufs, works)
+        return [torch.empty((n, *tail), dtype=wire, device=self.device) for tail, wire, _ in self.layout(t)]
 
     def put(self, space: str, stage: int, unit: int, carry: tuple, logical: tuple) -> None:
         """What stage `stage` made for unit `unit` and sends on (activation "A") or back (gradient "G")."""

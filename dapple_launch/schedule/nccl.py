@@ -196,21 +196,28 @@ def _deadlock(programs, pc, kernels, queues, sends, recvs, stuck, pending) -> st
 
 
 def lowered_programs(programs) -> dict[int, list]:
-    """The model's view of schedule/transfers.py's RankPrograms as the runtime issues them: per slot,
-    each transfer as one group on its rank pair's own communicator; before each compute step, a wait
-    for each receive it needs; at the end, a wait for every send."""
+    """The model's view of schedule/transfers.py's RankPrograms as the runtime issues them: per slot
+    and peer, the slot's transfers with that peer as one group on the pair's own communicator; before
+    each compute step, a wait for the group of each receive it needs; at the end, a wait for every
+    group that sends."""
     out: dict[int, list] = {}
     for r, prog in programs.items():
         items: list = []
-        index: dict = {}
+        index: dict = {}  # transfer -> its group's place among the rank's issues
+        issued = 0
         for c, slot in enumerate(prog.slots):
+            by_peer: dict[int, list] = {}
             for t, is_send in slot:
-                peer = t.dst if is_send else t.src
-                index[t] = len(index)
-                items.append(Issue(("pair", min(r, peer), max(r, peer)), (Op(peer, is_send, str(t)),)))
+                by_peer.setdefault(t.dst if is_send else t.src, []).append((t, is_send))
+            for peer, group in by_peer.items():
+                for t, _ in group:
+                    index[t] = issued
+                issued += 1
+                ops = tuple(Op(peer, is_send, str(t)) for t, is_send in group)
+                items.append(Issue(("pair", min(r, peer), max(r, peer)), ops))
             if c < len(prog.needs):
-                items += [Wait(index[t]) for t in prog.needs[c]]
-        items += [Wait(index[t]) for t in prog.sends]
+                items += [Wait(i) for i in dict.fromkeys(index[t] for t in prog.needs[c])]
+        items += [Wait(i) for i in dict.fromkeys(index[t] for t in prog.sends)]
         out[r] = items
     return out
 

@@ -9,8 +9,12 @@ directions), and a send may wait until its receive is reached. The discipline he
   both ranks follow: the order in which a valid execution of the orders produces them
   (`execution_order`). Both ends issue the pair's transfers in that order, so the i-th operation on
   each end's stream is the same transfer, one end sending, the other receiving.
-- **one transfer, one group.** A transfer (its carry's members) is issued as one batch of sends on
-  one end and one batch of receives on the other: the groups on the two ends mirror each other.
+- **one group per slot and peer.** What a rank issues to one peer before one compute step (its
+  slot, below) goes out as one group (`batch_isend_irecv`): sends and receives of the pair's
+  sequence, consecutive in it, so the pair's stream still sees the sequence's order on both ends.
+  The two ends' groups need not mirror each other: NCCL matches a pair's operations one by one in
+  order, and the model (schedule/nccl.py) runs each group as one kernel that ends when all of its
+  operations have.
 - **slots that never cross.** Each end issues a transfer before one of its compute steps (its slot):
   the sender right after the compute that produced it; the receiver one compute before the one
   that needs it (so it overlaps that compute), or earlier where the pair's order asks: slots along
