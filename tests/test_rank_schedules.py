@@ -330,6 +330,22 @@ def _exhaustive_chunked(profile, topo, G, limits):
     return best
 
 
+def test_the_fill_ahead_of_a_group_counts_the_layers_it_must_cross():
+    """pipeline_ends: the k stages ahead of a group's earliest stage hold at least layers 0 .. k - 1,
+    so the group waits for their forwards (and, with a whole backward, their backwards after it):
+    a heavy first layer counts whole, not as the least layer."""
+    import numpy as np
+
+    from dapple_launch.planner.chunked_search import pipeline_ends
+
+    f, b = np.array([5.0, 1.0, 1.0, 1.0]), np.array([10.0, 2.0, 2.0, 2.0])
+    # two groups, stages 0..3 (group g's earliest is stage g): group 1 waits for layer 0
+    assert pipeline_ends("interleaved_1f1b", 2, 2, f, b) == (5.0 + 10.0) / 2
+    assert pipeline_ends("zbv", 2, 2, f, b) == 5.0 / 2  # (a split backward: no drain)
+    # four groups: group g waits for layers 0 .. g - 1
+    assert pipeline_ends("interleaved_1f1b", 2, 4, f, b) == (0 + 15 + 18 + 21) / 4
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each

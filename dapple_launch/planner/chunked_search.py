@@ -124,9 +124,8 @@ def shape_bound(
     by_device = np.min([r * t.sum(axis=1) for r, t in times], axis=0).sum()
     ends = 0.0
     if family is not None:
-        least_f = min(float(t[:, 0].min()) for _, t in times)
-        least_b = min(float(t[:, 1].min()) for _, t in times)
-        ends = pipeline_ends(family, v, P, least_f, least_b)
+        least = np.min([t for _, t in times], axis=0)  # each layer's forward and backward at its fastest
+        ends = pipeline_ends(family, v, P, least[:, 0], least[:, 1])
     bound = float(max(M / P * by_group + ends, M / D * by_device))
     if family is not None:
         bound = max(bound, tail_bound(profile, topology, global_batch, family, groups, b, memo))
@@ -174,21 +173,23 @@ def tail_bound(
     return float(least.max()) if least is not None else 0.0
 
 
-def pipeline_ends(family: str, v: int, groups: int, least_forward: float, least_backward: float) -> float:
+def pipeline_ends(family: str, v: int, groups: int, forwards: np.ndarray, backwards: np.ndarray) -> float:
     """The groups' average idle time at the ends of any plan of the shape. A group's first compute
     waits for micro-batch 0's forward through the k stages ahead of its earliest stage (k: that
-    stage's position in its pipeline; each stage holds a layer, each layer takes at least the least
-    forward): T >= k_g F + busy_g + ..., on every group. With a whole backward the group's last
-    action is a B of its earliest stage (any later one would precede the B's of its own earlier
-    stages), after which the last micro-batch's gradient still crosses those k stages on other
-    groups: + k_g B. A split backward may end a group on a W, so it counts no drain."""
+    stage's position in its pipeline). Those k stages hold the layers before it, at least one each
+    and from layer 0: at least layers 0 .. k - 1, each at its fastest (`forwards[l]`, on any group's
+    replicas): T >= Σ_{l<k_g} F_l + busy_g + ..., on every group. With a whole backward the group's
+    last action is a B of its earliest stage (any later one would precede the B's of its own earlier
+    stages), after which the last micro-batch's gradient still crosses those layers on other
+    groups: + Σ_{l<k_g} B_l. A split backward may end a group on a W, so it counts no drain."""
     S = num_stages(family, v, (1,) * groups)
     first = [S] * groups
     for s in range(S):
         for g in groups_of(family, s, groups):  # (Chimera: both copies of stage s are s-th in their pipeline)
             first[g] = min(first[g], s)
-    drain = least_backward if family not in SPLIT_BACKWARD else 0.0
-    return sum(first) / groups * (least_forward + drain)
+    per_layer = forwards + (backwards if family not in SPLIT_BACKWARD else 0.0)
+    ahead = np.concatenate(([0.0], np.cumsum(per_layer)))  # ahead[k]: layers 0 .. k - 1
+    return float(sum(ahead[min(k, len(per_layer))] for k in first) / groups)
 
 
 def link_bound(
