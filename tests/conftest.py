@@ -11,6 +11,13 @@ from hydra import compose, initialize_config_dir
 from dapple_launch.config import CONF_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Two xdist workers share the machine's cores: torch's default of one thread per core in each of
+# them (and in each command a test starts) oversubscribes the cores, and OpenMP's spinning threads
+# then slow a test 3-5 times (the fast tier's profiling tests: 42-69 s together, 28 s at one thread
+# each). One thread per worker, and per command it starts (rank processes set their own).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 TINY_GPT = ["model.num_layers=2", "model.hidden=32", "model.heads=2", "model.seq_len=16"]
 
 
@@ -34,9 +41,22 @@ def cli(args, cwd, timeout=600, env=None, module=("dapple_launch",)):
 NOT_FAST = ("slow", "multiprocess", "faults", "slurm", "nodes", "wheel")
 
 
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     """`pytest -m fast`: every test without a slower tier's marker (pure and one-process checks, in
     about a minute), what a contributor runs before each commit."""
     for item in items:
         if not any(item.get_closest_marker(m) for m in NOT_FAST):
             item.add_marker(pytest.mark.fast)
+    # the longest tiers first (a stable sort: each module's tests keep their order within a tier), so
+    # that two workers do not end with one of them alone on a minute-long test
+    items.sort(key=lambda item: next((i for i, m in enumerate(LONGEST_FIRST) if item.get_closest_marker(m)), 9))
+
+
+LONGEST_FIRST = ("wheel", "multiprocess", "slow")
