@@ -7,18 +7,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] && .venv/bin/python -c "import dapple_launch, pytest" 2>/dev/null || bash scripts/setup.sh
 export WANDB_MODE=disabled
-serial="faults or wheel"
+serial="faults"
 if [ "${DAPPLE_SKIP_SLURM:-0}" != 1 ]; then
   if bash slurm/dev-cluster.sh start --nodes 2 --cpus-per-node 4; then
     trap 'bash slurm/dev-cluster.sh stop' EXIT
-    serial="faults or wheel or slurm or nodes"
+    serial="faults or slurm or nodes"
   else
     echo "the Slurm tiers are skipped: slurm/dev-cluster.sh could not start Slurm (it needs root to install)" >&2
   fi
 fi
 rc=0
-# pure, one-process and several-process tiers, two tests at a time (pytest-xdist); the tiers that time
-# detection (faults), build a wheel, or share the one Slurm run alone, one test at a time
-.venv/bin/python -m pytest -q -n 2 -m "not faults and not wheel and not slurm and not nodes" "$@" || rc=$?
+# pure, one-process and several-process tiers and the wheel's install (mostly waiting on pip), two
+# tests at a time (pytest-xdist); the tiers that time detection (faults) or share the one Slurm run
+# alone, one test at a time
+.venv/bin/python -m pytest -q -n 2 -m "not faults and not slurm and not nodes" "$@" || rc=$?
 .venv/bin/python -m pytest -q -m "$serial" "$@" || { r=$?; [ $r = 5 ] || rc=$r; }  # (5: the arguments chose none)
 exit $rc
