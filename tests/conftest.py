@@ -54,9 +54,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(item.get_closest_marker(m) for m in NOT_FAST):
             item.add_marker(pytest.mark.fast)
-    # the longest tiers first (a stable sort: each module's tests keep their order within a tier), so
-    # that two workers do not end with one of them alone on a minute-long test
-    items.sort(key=lambda item: next((i for i, m in enumerate(LONGEST_FIRST) if item.get_closest_marker(m)), 9))
-
-
-LONGEST_FIRST = ("wheel", "multiprocess", "slow")
+    # the wheel's install first: two minutes mostly waiting on pip, beside the other tests rather
+    # than alone at the end. (All the several-process tests first was slower by nine minutes: two of
+    # them at once put 8-16 lock-step ranks on two cores.)
+    items.sort(key=lambda item: 0 if item.get_closest_marker("wheel") else 1)
