@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from ..schedule.transfers import RankProgram, Transfer
+from ..schedule.transfers import RankProgram, Transfer, peer_groups
 from .grid import ProcessGrid
 from .groups import communicators
 from .heartbeat import BEAT
@@ -112,16 +112,14 @@ class RankComms:
     def _issue(self, slot: tuple) -> None:
         """One slot: per peer, its transfers as one group (schedule/nccl.py's `lowered_programs`
         models exactly this)."""
-        by_peer: dict[int, list] = {}
-        for t, is_send in slot:
-            by_peer.setdefault(t.dst if is_send else t.src, []).append((t, is_send))
-        for peer, items in by_peer.items():
+        for peer, items in peer_groups(slot).items():
+            group = self._group(peer)
             ops, owner, made = [], [], []
             for t, is_send in items:
                 tensors = self._send_pieces(t) if is_send else self._recv_buffers(t)
                 made.append(tensors)
                 kind = dist.isend if is_send else dist.irecv
-                ops += [dist.P2POp(kind, x, peer, self._group(peer)) for x in tensors]
+                ops += [dist.P2POp(kind, x, peer, group) for x in tensors]
                 owner += [t] * len(tensors)
             works = dist.batch_isend_irecv(ops) if ops else []
             # gloo answers one work per operation, NCCL one for the whole group: a transfer waits for

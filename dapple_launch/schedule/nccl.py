@@ -25,6 +25,8 @@ from collections import defaultdict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from .transfers import peer_groups
+
 
 @dataclass(frozen=True)
 class Op:
@@ -206,10 +208,7 @@ def lowered_programs(programs) -> dict[int, list]:
         index: dict = {}  # transfer -> its group's place among the rank's issues
         issued = 0
         for c, slot in enumerate(prog.slots):
-            by_peer: dict[int, list] = {}
-            for t, is_send in slot:
-                by_peer.setdefault(t.dst if is_send else t.src, []).append((t, is_send))
-            for peer, group in by_peer.items():
+            for peer, group in peer_groups(slot).items():
                 for t, _ in group:
                     index[t] = issued
                 issued += 1

@@ -220,6 +220,16 @@ def lower(
     return {r: RankProgram(r, tuple(map(tuple, slots[r])), tuple(map(tuple, needs[r]))) for r in sorted(steps)}
 
 
+def peer_groups(slot: tuple[tuple[Transfer, bool], ...]) -> dict[int, list[tuple[Transfer, bool]]]:
+    """A slot's transfers by the peer on the other end, each peer's in the slot's order: what the
+    runtime issues as one group per peer (runtime/p2p.py) and the NCCL model runs as one kernel
+    (schedule/nccl.py lowered_programs)."""
+    out: dict[int, list[tuple[Transfer, bool]]] = {}
+    for t, is_send in slot:
+        out.setdefault(t.dst if is_send else t.src, []).append((t, is_send))
+    return out
+
+
 def _pair(t: Transfer) -> tuple[int, int]:
     return (t.src, t.dst) if t.src < t.dst else (t.dst, t.src)
 
