@@ -414,6 +414,49 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                 assert (shape_bound(alike, free, M, (1,) * P, 1) < bound) == (family != "chimera" or P > 2)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
+def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_shape_bound():
+    """group_bound.GroupBound (the dual of the busiest group over the shape's cuts: each group's
+    fill, its stages' work and drain, or its forwards and all-reduces, weighted and minimised by a
+    programme over cuts) is below the simulated time of every cut of the shape, for every chunked
+    family, and decides more than the cut-blind shape bound on a good share of the shapes."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shape_bound, shapes
+    from dapple_launch.planner.group_bound import GroupBound
+
+    rng = random.Random(3)
+    checked = higher = total = 0
+    for _ in range(5):
+        nodes, per_node = rng.choice([(2, 2), (2, 3), (4, 1), (2, 4)])
+        topo = Topology(
+            "t",
+            nodes,
+            per_node,
+            rng.choice([2e9, 8e9]),
+            rng.choice([1e-5, 1e-4]),
+            20e9,
+            rng.choice([2e8, 1e9]),
+            inter_node_allreduce_bandwidth=rng.choice([3e9, 1e8]),
+        )
+        profile = random_profile(rng, rng.choice([6, 8, 10]))
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
+        memo: dict = {}
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
+            times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
+            bound = GroupBound(profile, topo, G, family, v, groups, b, times).bound()
+            total += 1
+            higher += bound > shape_bound(profile, topo, G, groups, b, None, family, v) * 1.001
+            S = num_stages(family, v, groups)
+            for _ in range(2):
+                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+                layout = chunked_layout(family, list(groups), stops, None)
+                c = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v)
+                assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
+                checked += 1
+    assert checked > 500 and higher > total / 6, (checked, higher, total)
+
+
 def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candidates_no_faster():
     """busiest_rank_s (each rank's steps at their costs, summed) is below the simulated time of every
     family's orders under random costs, and equals it where one rank never waits; evaluate_chunked

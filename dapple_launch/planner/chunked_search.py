@@ -7,7 +7,10 @@ orders (chunked.evaluate_chunked): there is no closed form to trust.
 Bound (valid for every cut of a shape): group g runs each of the M micro-batches through every
 layer it holds, so it is busy at least M Σ_{l on g} t_l(r_g); the iteration is at least the busiest
 group's time, hence at least the average: T >= (M / P) Σ_l min_g t_l(r_g), t_l(r) a layer's forward
-and backward on ceil(b / r) samples; also each layer's tail and the busiest link (shape_bound).
+and backward on ceil(b / r) samples; also each layer's tail and the busiest link (shape_bound). That
+cut-blind bound orders and prunes the shapes; the shapes left open at the end are bounded again over
+their cuts (group_bound.py: the busiest group's dual, with its fill, drain and all-reduces), as far
+as that decides the gap and within a count of the programmes' cells.
 Shapes below the incumbent are first screened, each family's in turn and in increasing bound, by one
 candidate each (cuts balanced by compute; a shape of more than 2P micro-batches timed on 2P and
 extrapolated at its busiest group's pace, an estimate that only orders the search); then searched in
@@ -44,11 +47,15 @@ from .chunked import (
     rank_orders,
 )
 from .cost import Costed, Limits, speed_ratio
+from .group_bound import GroupBound
 from .proposal import Proposal, SearchState
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
 SCREEN = 1 / 2  # of this pass's budget, what the screen (one balanced candidate per shape) may score
+# the bounds over cuts of the shapes left open (group_bound.py) may walk this many (stage, start,
+# stop) cells of their programmes per strategy.search_nodes (a few ns each: about 0.1 s at the default)
+BOUND_CELLS_PER_NODE = 1000
 
 
 def _compositions(total: int, parts: int):
@@ -321,6 +328,7 @@ def search_chunked(
             else:
                 estimate += busiest_rank_s(rank_orders(family, P, few, v), probe.costs) * (M / few - 1)
         screened.append((start, estimate, fits, bound, family, v, groups, b, stops))
+    open_shapes: list[tuple] = []  # (bound, family, v, groups, b) of the shapes not searched whole
     # Search: the shapes whose screen estimated fastest first (then the unscreened, by bound).
     rank = lambda x: (x[1] is None, not x[2], x[1] if x[1] is not None else x[3], x[3])
     for start, _, _, bound, family, v, groups, b, stops in sorted(screened, key=rank):
@@ -336,6 +344,7 @@ def search_chunked(
                     best = min(best, c.iteration_s)
             continue
         bounds[b] = min(bounds.get(b, math.inf), bound)  # searched locally at most: its bound stays open
+        open_shapes.append((bound, family, v, groups, b))
         if start is None:
             if scored + each > budget:
                 continue
@@ -376,7 +385,34 @@ def search_chunked(
         if current.fits:
             found.append(current)
             best = min(best, current.iteration_s)
-    return found, bounds, scored
+    cells = limits.search_nodes * BOUND_CELLS_PER_NODE
+    return found, cut_bounds(profile, topology, global_batch, open_shapes, best, memo, cells), scored
+
+
+def cut_bounds(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    open_shapes: list[tuple],
+    best: float,
+    memo: dict,
+    cells: float,
+) -> dict[int, float]:
+    """Per micro-batch size, the least bound of the shapes left open, each raised by the bound over
+    its cuts (group_bound.py) as far as it decides the gap: in increasing shape bound, each only up
+    to the least so far (or the best plan), above which it changes nothing; within `cells` of the
+    bounds' programmes (a count, not a clock: the same bounds on any machine), the rest as they are."""
+    bounds: dict[int, float] = {}
+    least = best
+    for bound, family, v, groups, b in sorted(open_shapes, key=lambda x: (x[0], x[1], x[2], x[3], x[4])):
+        if bound < least and cells > 0:
+            times = lambda r, b=b: _layer_times(profile, topology, r, b, memo)
+            dual = GroupBound(profile, topology, global_batch, family, v, groups, b, times)
+            bound = max(bound, dual.bound(least, cells))
+            cells -= dual.cells
+        least = min(least, bound)
+        bounds[b] = min(bounds.get(b, math.inf), bound)
+    return bounds
 
 
 class DeviceGroups:

@@ -3,10 +3,12 @@
 Search: from the best plans the exact passes found (their cuts and replica counts), each micro-batch
 size a copy could help and each warm-up depth; then local search (a replica moved between two
 stages, a cut moved by one layer), a move whose busiest copy alone cannot win left unsimulated.
-Bound over the families, per micro-batch size b: each device runs whole copy-micro-batches, so the
-M micro-batches' work over all layers, each layer at its cheapest copy size g (g devices running
-ceil(b / g) samples each), is shared by at most D devices: T >= (M / D) Σ_l min_g g t_l(ceil(b / g)),
-the compute bound at this granularity (a weak bound, as the chunked families' is).
+Bound over the families, per micro-batch size b, the greater of two: each device runs whole
+copy-micro-batches, so the M micro-batches' work over all layers, each layer at its cheapest copy
+size g (g devices running ceil(b / g) samples each), is shared by at most D devices:
+T >= (M / D) Σ_l min_g g t_l(ceil(b / g)), the compute bound at this granularity; and the least
+slowest stage over every cut and device count, its fill, busiest copy and exposed all-reduce
+counted (copies_bound.py), which sees that stages are contiguous and that replicas all-reduce.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.round_robin import round_robin_constraint
+from .copies_bound import CopiesBound
 from .cost import Costed, Limits, StageSpec, speed_ratio
 from .proposal import Proposal, SearchState
 from .round_robin import RR, canonical_copies, evaluate_rr
@@ -55,6 +58,34 @@ def granularity_bound(profile: ModelProfile, topology: Topology, global_batch: i
             per_g.append(np.array([sum(profile.seconds(l, l + 1, n)) for l in range(profile.num_layers)]) * g * speed)
         memo[key] = float(np.min(per_g, axis=0).sum())
     return M / D * memo[key]
+
+
+def layout_bounds(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    sizes: list[int],
+    incumbent: float,
+    memo: dict,
+) -> dict[int, float]:
+    """Per micro-batch size, the greater of the compute bound at its granularity and the least
+    slowest stage over every cut and device count (copies_bound.py), the latter only up to what
+    decides the gap: sizes in increasing compute bound, each only up to the least bound so far
+    (or the incumbent), since a size whose stages cannot fit below it leaves the gap as it is."""
+    speed = speed_ratio(profile, topology)
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
+    floor = {b: granularity_bound(profile, topology, global_batch, b, memo) for b in sizes}
+    out: dict[int, float] = {}
+    least = incumbent
+    for b in sorted(sizes, key=lambda b: (floor[b], b)):
+        if floor[b] >= least:
+            out[b] = floor[b]
+            continue
+        cut = CopiesBound(profile, topology, global_batch, b, speed, limits.optimizer_factor, capacity)
+        out[b] = cut.bound(above=floor[b], cap=least)
+        least = min(least, out[b])
+    return out
 
 
 class _Loads(dict):
@@ -223,7 +254,7 @@ def search_round_robin(
     # micro-batch) step, so 512 devices' 35 stages × 1024 micro-batches cost what 100 small ones do
     budget = max(STEPS_PER_NODE * 1000, limits.search_nodes * STEPS_PER_NODE)
     scored, walked = 0, 0
-    bounds = {b: granularity_bound(profile, topology, global_batch, b, memo) for b in sizes}
+    bounds = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo)
     best: Costed | None = None
     # the local search walks from the best plan of copies even where it starts slower than the
     # incumbent (a plain stage's layout is rarely the right one for copies): within SLACK of it

@@ -162,7 +162,8 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
             + (
                 ""
                 if stats.proven_gap == 0
-                else f", and their bound (the busiest group's work) leaves this plan within {human_gap(stats.proven_gap)} "
+                else f", and their bounds (the busiest group over its cuts, the slowest stage of copies over every cut) "
+                f"leave this plan within {human_gap(stats.proven_gap)} "
                 f"of the optimum over all {len(exact) + len(chunked)} families"
             )
         )
