@@ -8,16 +8,16 @@ busiest copy (ceil(M / c) of the M micro-batches):
 - starts no sooner than micro-batch 0's forward has crossed layers 0 .. i - 1 (each at its fastest:
   the fewest samples per device any copy can run);
 - runs ceil(M / c) forwards and backwards of its layers on b / g samples, one at a time;
+- runs no backward of a micro-batch before its round trip: its forward on through layers z .. L - 1
+  and its input gradient back (trip(z), at the fastest; of a split backward only the input's share);
 - then the stage's gradient all-reduce over its r devices is left: its buckets (planner/allreduce.py)
   are all-reduced one after another, each once the copy's last gradient action has run its layers,
   so the weights of the stage's lowest layers [i, z) wait for the backward down to layer z - 1 and
   then take at least one ring all-reduce of their bytes: at least ring(w[i, z)) - B(i, z - 1) is
   left after the action, for every z.
 
-- and runs no backward before its first micro-batch's forward has gone on through layers z .. L - 1.
-
-So T >= stage(i, z, r) = fill(i) + max(ceil(M / c) (F + B), F + trip(z) + ceil(M / c) B) + exposed for every stage,
-and the stages' device counts sum to at most D. The least T for which some cut and device counts
+So T >= stage(i, z, r) = fill(i) + max(n (F + B), F + trip(z) + n B, n F + trip(z) + B) + exposed
+(n = ceil(M / c)) for every stage, and the stages' device counts sum to at most D. The least T for which some cut and device counts
 keep every stage under T is the bound: for a trial T each span [i, z) needs the fewest r whose
 stage time is at most T (a running minimum over r, as more devices are not always faster: the
 all-reduce grows), a dynamic programme over the cuts finds the least total, and bisection on T
@@ -72,7 +72,16 @@ class CopiesBound:
         least = float(n.min())
         fwd = (ff[1:] - ff[:-1]) + (f[1:] - f[:-1] - (ff[1:] - ff[:-1])) * least / pbs
         self.fill = np.concatenate(([0.0], np.cumsum(fwd))) * speed  # fill[i]: layers 0 .. i - 1
-        trip = self.fill[L] - self.fill  # trip[z]: forwards of layers z .. L - 1
+        # its input gradient's way back through them: a split backward's I, B less its W share (half
+        # where not measured; measured, at least what the layer of largest share leaves)
+        bwd = (bf[1:] - bf[:-1]) + (bw[1:] - bw[:-1] - (bf[1:] - bf[:-1])) * least / pbs
+        shares = [
+            x.weight_grad_s / x.backward_s for x in profile.layers if x.backward_s > 0 and x.weight_grad_s is not None
+        ]
+        measured = all(x.weight_grad_s is not None for x in profile.layers)
+        back = 1.0 - min(1.0, max(shares, default=1.0)) if measured else 0.5
+        each = (fwd + back * bwd) * speed
+        trip = np.concatenate((np.cumsum(each[::-1])[::-1], [0.0]))  # trip[z]: layers z .. L - 1 and back
         (inter_bw, inter_lat), (intra_bw, intra_lat) = topology.allreduce_link(True), topology.allreduce_link(False)
         across = r > k  # (r devices fit one node otherwise: the best placement)
         slope = np.where(r > 1, 2 * (r - 1) / r / np.where(across, inter_bw, intra_bw), 0.0)
@@ -93,9 +102,12 @@ class CopiesBound:
             below = ((bf[z - 1] - bf[i]) + (bw[z - 1] - bw[i] - (bf[z - 1] - bf[i])) * per) * speed
             left = np.where(w > 0, slope * w + latency, 0.0) - below
             exposed = np.maximum(0.0, np.maximum.accumulate(left, axis=0))
-            # no backward before the first micro-batch's round trip: its forward here and on
-            # through layers z .. L - 1 (a gradient's way back counted as free)
-            busy = np.maximum(turns * (forward + backward), forward + trip[z] + turns * backward)
+            # no backward before a micro-batch's round trip through layers z .. L - 1: not the
+            # first one's (all backwards after it), nor the last one's (after all forwards)
+            busy = np.maximum(
+                turns * (forward + backward),
+                np.maximum(forward + trip[z] + turns * backward, turns * forward + trip[z] + backward),
+            )
             stage = self.fill[i] + busy + exposed
             stage[(w[:, 0] * optimizer_factor > capacity_bytes)] = np.inf
             rows.append(stage)
