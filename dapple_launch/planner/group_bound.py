@@ -21,9 +21,9 @@ and λ on the simplex, and every term is a sum over stages of what the stage's s
 its group (the fills at each group's earliest stage): for fixed λ and θ the least over cuts is a
 dynamic programme over (stage, stop), O(S L^2). The bound is its most over λ (θ in {0, 1}), found
 by multiplicative weights on the groups' terms at the DP's cut (each step's value is itself a valid
-bound; the best is kept). The busiest-group average (λ uniform) with
-cut-blind per-layer minima is the old shape bound; this one sees that layers come in contiguous
-stages, that groups differ, and that all-reduces cost."""
+bound; the best is kept). The busiest-group average (λ uniform) with cut-blind per-layer minima is
+the old shape bound; this one sees that layers come in contiguous stages, that groups differ, and
+that all-reduces cost."""
 
 from __future__ import annotations
 
