@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GB = 1e9
 
@@ -84,8 +88,17 @@ class Topology:
         )
 
 
-def ring_allreduce_s(replicas: int, nbytes: float, link: tuple[float, float]) -> float:
+@overload
+def ring_allreduce_s(replicas: int, nbytes: float, link: tuple[float, float]) -> float: ...
+@overload
+def ring_allreduce_s(
+    replicas: int | np.ndarray[Any, Any],
+    nbytes: float | np.ndarray[Any, Any],
+    link: tuple[float | np.ndarray[Any, Any], float | np.ndarray[Any, Any]],
+) -> np.ndarray[Any, Any]: ...
+def ring_allreduce_s(replicas, nbytes, link):
     """A ring all-reduce of `nbytes` over `replicas` devices on `link` (Topology.allreduce_link's
-    bus bandwidth and latency per step): each byte crosses 2 (r - 1) / r times, in 2 (r - 1) steps."""
+    bus bandwidth and latency per step): each byte crosses 2 (r - 1) / r times, in 2 (r - 1) steps.
+    Numbers, or numpy arrays that broadcast (the planner's bounds price many at once)."""
     bw, lat = link
     return 2 * (replicas - 1) / replicas * nbytes / bw + 2 * (replicas - 1) * lat

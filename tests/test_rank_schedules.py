@@ -346,6 +346,23 @@ def test_the_fill_ahead_of_a_group_counts_the_layers_it_must_cross():
     assert pipeline_ends("interleaved_1f1b", 2, 4, f, b) == (0 + 15 + 18 + 21) / 4
 
 
+def _random_cluster_and_profile(rng: random.Random, all_reduce: tuple[float, ...] = (3e9,)):
+    """A small cluster of 2-4 nodes with random links (the all-reduce's bandwidth drawn from
+    `all_reduce`, where it offers a choice) and a random profile of 6-10 layers."""
+    nodes, per_node = rng.choice([(2, 2), (2, 3), (4, 1), (2, 4)])
+    topo = Topology(
+        "t",
+        nodes,
+        per_node,
+        rng.choice([2e9, 8e9]),
+        rng.choice([1e-5, 1e-4]),
+        20e9,
+        rng.choice([2e8, 1e9]),
+        inter_node_allreduce_bandwidth=rng.choice(all_reduce) if len(all_reduce) > 1 else all_reduce[0],
+    )
+    return topo, random_profile(rng, rng.choice([6, 8, 10]))
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each
@@ -358,18 +375,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     rng = random.Random(7)
     checked = link_decides = tail_decides = 0
     for _ in range(12):
-        nodes, per_node = rng.choice([(2, 2), (2, 3), (4, 1), (2, 4)])
-        topo = Topology(
-            "t",
-            nodes,
-            per_node,
-            rng.choice([2e9, 8e9]),
-            rng.choice([1e-5, 1e-4]),
-            20e9,
-            rng.choice([2e8, 1e9]),
-            inter_node_allreduce_bandwidth=3e9,
-        )
-        profile = random_profile(rng, rng.choice([6, 8, 10]))
+        topo, profile = _random_cluster_and_profile(rng)
         if rng.random() < 0.5:  # every layer's output alike (a transformer's): the least cut is a real one
             out = rng.choice([1e6, 4e7, 2e8])
             profile = replace(profile, layers=tuple(replace(x, activation_bytes=out) for x in profile.layers))
@@ -427,18 +433,7 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
     rng = random.Random(3)
     checked = higher = total = 0
     for _ in range(5):
-        nodes, per_node = rng.choice([(2, 2), (2, 3), (4, 1), (2, 4)])
-        topo = Topology(
-            "t",
-            nodes,
-            per_node,
-            rng.choice([2e9, 8e9]),
-            rng.choice([1e-5, 1e-4]),
-            20e9,
-            rng.choice([2e8, 1e9]),
-            inter_node_allreduce_bandwidth=rng.choice([3e9, 1e8]),
-        )
-        profile = random_profile(rng, rng.choice([6, 8, 10]))
+        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8))
         G, L = rng.choice([8, 16]), profile.num_layers
         limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
         memo: dict = {}

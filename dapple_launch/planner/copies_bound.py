@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ..cluster import Topology
+from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 
 BISECTIONS = 30  # halvings of [lo, hi]: within 1e-9 of the relaxation's optimum
@@ -84,8 +84,7 @@ class CopiesBound:
         trip = np.concatenate((np.cumsum(each[::-1])[::-1], [0.0]))  # trip[z]: layers z .. L - 1 and back
         (inter_bw, inter_lat), (intra_bw, intra_lat) = topology.allreduce_link(True), topology.allreduce_link(False)
         across = r > k  # (r devices fit one node otherwise: the best placement)
-        slope = np.where(r > 1, 2 * (r - 1) / r / np.where(across, inter_bw, intra_bw), 0.0)
-        latency = np.where(r > 1, 2 * (r - 1) * np.where(across, inter_lat, intra_lat), 0.0)
+        link = (np.where(across, inter_bw, intra_bw), np.where(across, inter_lat, intra_lat))
         per = n / pbs
         # per start i, every stop z > i at once: rows z = i + 1 .. L, columns r = 1 .. D
         rows = []
@@ -100,7 +99,7 @@ class CopiesBound:
             # [i, stop) leaves exposed at least (a W, a share of B, hides less)
             w = params[z] - params[i]
             below = ((bf[z - 1] - bf[i]) + (bw[z - 1] - bw[i] - (bf[z - 1] - bf[i])) * per) * speed
-            left = np.where(w > 0, slope * w + latency, 0.0) - below
+            left = np.where(w > 0, ring_allreduce_s(r, w, link), 0.0) - below  # (0 where r = 1)
             exposed = np.maximum(0.0, np.maximum.accumulate(left, axis=0))
             # no backward before a micro-batch's round trip through layers z .. L - 1: not the
             # first one's (all backwards after it), nor the last one's (after all forwards)

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ..cluster import Topology
+from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from .chunked import groups_of
@@ -69,7 +69,6 @@ class GroupBound:
         i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
         valid = z > i
         w = np.where(valid, params[np.minimum(z, L)] - params[i], 0.0)
-        (inter_bw, inter_lat), (intra_bw, intra_lat) = topology.allreduce_link(True), topology.allreduce_link(False)
         self.forward, self.backward, self.ring = {}, {}, {}
         fastest = None
         for r in sorted(set(groups)):
@@ -80,8 +79,8 @@ class GroupBound:
             self.backward[r] = np.where(valid, pb[np.minimum(z, L)] - pb[i], 0.0)
         # a stage's all-reduce over its group's devices (Chimera: both copies', twice as many)
         for r in {x * (2 if family == "chimera" else 1) for x in groups}:
-            bw, lat = (inter_bw, inter_lat) if r > k else (intra_bw, intra_lat)
-            self.ring[r] = np.where(w > 0, 2 * (r - 1) / r * w / bw + 2 * (r - 1) * lat, 0.0) if r > 1 else 0.0 * w
+            # (r > k devices span nodes; r <= k fit one: the best placement)
+            self.ring[r] = np.where(w > 0, ring_allreduce_s(r, w, topology.allreduce_link(r > k)), 0.0)
         assert fastest is not None
         drain = family not in SPLIT_BACKWARD and family != "chimera"
         self.fill = np.concatenate(([0.0], np.cumsum(fastest[:, 0])))  # fill[i]: layers 0 .. i - 1
