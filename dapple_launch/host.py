@@ -1,7 +1,8 @@
 """This machine as local processes see it: the cores they may use, the torch threads each local rank
-gets, a free port. Shared by the local launcher, the link and action-cost probes and the measuring
-profiler, so they all see the ranks' view; and whether torch here reaches a GPU. Standard library
-at import (torch only inside the GPU questions, when asked), so the pure packages may use it."""
+gets, a rendezvous store for the ranks. Shared by the local launcher, the link and action-cost probes
+and the measuring profiler, so they all see the ranks' view; and whether torch here reaches a GPU.
+Standard library at import (torch only inside the functions that need it, when asked), so the pure
+packages may use it."""
 
 from __future__ import annotations
 
@@ -20,11 +21,19 @@ def threads_per_rank(ranks: int, cores: int | None = None) -> int:
     return max(1, (cores or usable_cores()) // ranks)
 
 
-def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on now, for a local process group's rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def host_rendezvous(address: str = "127.0.0.1") -> tuple[object, dict[str, str]]:
+    """A rendezvous store this process hosts for ranks it starts, and the environment that points
+    their `init_process_group` (env://) at it: (store, env). Keep the store alive while they run.
+
+    The store listens on a port the kernel picks and holds from this moment, so no other process
+    can take it in between. Picking a free port and letting rank 0 bind it seconds later (after its
+    imports) loses that port, now and then, to another launch or to any connection's ephemeral port
+    on a busy machine (EADDRINUSE at step 0). Every rank joins as a client, as under torchrun's agent
+    (TORCHELASTIC_USE_AGENT_STORE)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore(address, 0, is_master=True, wait_for_workers=False)
+    return store, {"MASTER_ADDR": address, "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
 def cuda_missing() -> str | None:

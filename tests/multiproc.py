@@ -13,12 +13,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dapple_launch.host import free_port
+from dapple_launch.host import host_rendezvous
 
 
-def _entry(rank, world, port, out_dir, fn, args):
+def _entry(rank, world, rendezvous, out_dir, fn, args):
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(rendezvous)
     try:
         timeout = datetime.timedelta(seconds=float(os.environ.get("DAPPLE_TEST_PG_TIMEOUT", "300")))
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
@@ -35,9 +35,10 @@ def _entry(rank, world, port, out_dir, fn, args):
 def run_ranks(world: int, fn, args: tuple, tmp_path) -> list:
     """Run fn(rank, world, *args) on `world` gloo processes; return each rank's JSON result."""
     Path(tmp_path).mkdir(parents=True, exist_ok=True)
-    out = Path(tempfile.mkdtemp(prefix="ranks-", dir=tmp_path))  # (unique: a free port may come back twice)
+    out = Path(tempfile.mkdtemp(prefix="ranks-", dir=tmp_path))  # (unique: run_ranks may run twice in one test)
+    store, rendezvous = host_rendezvous()  # (held here while the ranks run)
     try:
-        mp.start_processes(_entry, args=(world, free_port(), str(out), fn, args), nprocs=world, start_method="spawn")
+        mp.start_processes(_entry, args=(world, rendezvous, str(out), fn, args), nprocs=world, start_method="spawn")
     except Exception as exc:
         errors = [json.loads(p.read_text()).get("error") for p in sorted(out.glob("*.json"))]
         raise AssertionError("\n".join(e for e in errors if e) or str(exc)) from exc

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..host import free_port, threads_per_rank
+from ..host import host_rendezvous, threads_per_rank
 from ..log import get_logger
 from ..planner.plan import Plan
 from ..runtime.heartbeat import describe, is_waiting, read_heartbeats
@@ -130,6 +130,7 @@ class LocalRun:
     cores: int | None = None
     procs: list = field(default_factory=list)
     interrupts: list = field(default_factory=list)  # signal numbers, appended by the handler only
+    store: object = None  # the ranks' rendezvous store, hosted here from start() to the end of run()
 
     def start(self) -> None:
         world = self.plan.world_size
@@ -139,9 +140,9 @@ class LocalRun:
             stale.unlink()  # a previous launch's: this run's ranks write their own
         threads = threads_per_rank(world, self.cores)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LOCAL_RANK", "RANK", "WORLD_SIZE"))}
+        self.store, rendezvous = host_rendezvous()  # held by this launcher while the ranks live
         base.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
+            rendezvous,
             WORLD_SIZE=str(world),
             NODE_RANK="0",
             DAPPLE_THREADS=str(threads),
@@ -175,6 +176,7 @@ class LocalRun:
             if getattr(self, "zygote", None) is not None:
                 self.zygote.proc.kill()
                 self.zygote.proc.wait()
+            self.store = None  # its port is free again (a sweep may launch again from this process)
             for s, h in old.items():
                 signal.signal(s, h)
 

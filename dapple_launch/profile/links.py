@@ -52,13 +52,13 @@ def _fit(small_s: float, large_s: float, scale: float) -> tuple[float, float]:
     return fixed, scale / slope
 
 
-def _probe_rank(rank: int, worker, world: int, port: int, threads: int, out: str, args: tuple) -> None:
+def _probe_rank(rank: int, worker, world: int, rendezvous: dict, threads: int, out: str, args: tuple) -> None:
     """One process of a gloo probe: torch with the rank's threads, the process group, then
     worker(rank, world, *args), whose dict it writes for the parent."""
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(rendezvous)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -73,13 +73,14 @@ def run_gloo_probe(worker, processes: int, threads: int, *args) -> list[dict]:
     The measured links' probe and the runtime's cost-per-action probe (runtime/action_cost.py)."""
     import torch.multiprocessing as mp
 
-    from ..host import free_port
+    from ..host import host_rendezvous
 
+    store, rendezvous = host_rendezvous()  # (this process holds the store while they run)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "probe")
         mp.start_processes(
             _probe_rank,
-            args=(worker, processes, free_port(), threads, out, args),
+            args=(worker, processes, rendezvous, threads, out, args),
             nprocs=processes,
             join=True,
             start_method="spawn",
