@@ -55,7 +55,7 @@ def pipeline_logits(run_dir, ids):
         return run_layers(layers, ids)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama-tied"])
+@pytest.mark.parametrize("family", ["gpt2", "llama-tied", "opt"])
 def test_an_hf_model_trains_on_an_uneven_layout_and_exports_to_what_from_pretrained_reads(tmp_path, family):
     import transformers
 

@@ -1,7 +1,7 @@
 """Several gloo processes: a Hugging Face causal LM pipelined by the runtime gives HF's own loss
 (`model(input_ids, labels=...)`) and every gradient of HF's own model on the same batch: GPT-2 and
 Llama (tied and untied), on 1, 2 and 4 stages and with uneven replicas; Gemma-2 (sliding and full
-layers mixed, soft-capped logits) and Qwen-2 on 2 stages."""
+layers mixed, soft-capped logits), Qwen-2, OPT, Gemma-3, GPT-Neo on 2 stages and Bloom with uneven replicas."""
 
 from __future__ import annotations
 
@@ -25,10 +25,14 @@ def _hf_compare(rank, world, path, replicas, schedule, num_micro_batches, batch_
     plan = Plan.from_json(plan_json)
     model = HFCausalLM(path=path, seq_len=SEQ)
     x, y = model.batch(batch_n, torch.Generator().manual_seed(1))
-    # HF's own model and loss: `shift_labels` gives the targets as they are (the batch is already shifted)
+    # HF's own model and loss: `shift_labels` gives the targets as they are (the batch is already
+    # shifted); a family whose forward takes no shift_labels (Bloom) is scored on its own logits
     ref = transformers.AutoModelForCausalLM.from_pretrained(path)
     ref.train()
-    ref_loss = ref(input_ids=x, labels=y, shift_labels=y.contiguous()).loss
+    try:
+        ref_loss = ref(input_ids=x, labels=y, shift_labels=y.contiguous()).loss
+    except (TypeError, ValueError):
+        ref_loss = model.loss(ref(input_ids=x).logits, y).mean()
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
     local, _, loss = pipelined(model, plan, rank, (x, y))
@@ -63,6 +67,10 @@ CASES = [  # (family, replicas per stage, schedule, micro-batches, batch)
     ("llama-tied", (2, 1), "1f1b", 2, 6),
     ("gemma2", (1, 1), "1f1b", 2, 4),
     ("qwen2", (1, 1), "1f1b", 2, 4),
+    ("opt", (1, 1), "1f1b", 2, 4),
+    ("bloom", (2, 1), "1f1b", 2, 6),
+    ("gemma3", (1, 1), "1f1b", 2, 4),
+    ("gpt_neo", (1, 1), "zb_h1", 2, 4),
 ]
 
 

@@ -89,13 +89,14 @@ class _Replay(nn.Module):
 
 class _ZeroEmbedding(nn.Module):
     """A stage that does not own the embedding: the family's code still calls it (GPT-2 adds position
-    embeddings to given inputs), and what it returns is never used there."""
+    embeddings to given inputs), and what it returns is never used there. Its first argument gives
+    the shape: the ids, or the attention mask OPT's positions are counted from."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.dim = dim
 
-    def forward(self, ids):
+    def forward(self, ids, *args, **kwargs):
         return torch.zeros(*ids.shape, self.dim, device=ids.device)
 
 
@@ -121,21 +122,33 @@ class Anatomy:
         self.arch = arch
         # the attention kernel from_config picked for this family (sdpa, or eager where it must be)
         self.attn_implementation = full.config._attn_implementation
-        self.prefix = full.base_model_prefix
-        base = full.base_model
-        lists = [n for n, m in base.named_children() if isinstance(m, nn.ModuleList) and len(m) == self.num_layers]
+        # The decoder layers: the shallowest ModuleList of num_hidden_layers entries that is not inside
+        # a list (an MoE layer's experts can number as many). The base model is the top-level part
+        # holding it, whatever base_model_prefix says (Gemma 3's and Llama 4's text models name
+        # "language_model" but hold "model"); the list may sit deeper in it (OPT: decoder.layers).
+        lists = [
+            n
+            for n, m in full.named_modules()
+            if isinstance(m, nn.ModuleList)
+            and len(m) == self.num_layers
+            and "." in n
+            and not any(part.isdigit() for part in n.split("."))
+        ]
+        shallowest = min((n.count(".") for n in lists), default=0)
+        lists = [n for n in lists if n.count(".") == shallowest]
         head = full.get_output_embeddings()
-        embeds = [n for n, m in base.named_modules() if isinstance(m, nn.Embedding)]
-        found = ", ".join(f"{n} ({type(m).__name__})" for n, m in base.named_children())
+        embeds = [n for n, m in full.named_modules() if isinstance(m, nn.Embedding)]
+        found = ", ".join(f"{n} ({type(m).__name__})" for n, m in full.named_children())
         if len(lists) != 1 or head is None or not embeds or self.num_layers < 1:
             raise ValueError(
                 f"{arch} does not follow the embed → layers → norm + head shape this tool pipelines: "
-                f"its base model holds {found}"
+                f"it holds {found}"
                 + ("" if head is not None else "; no output embeddings")
                 + f" (looked for one list of {self.num_layers} decoder layers and an embedding)"
             )
-        self.layers_name = lists[0]
-        self.layer_class = type(getattr(base, self.layers_name)[0])
+        self.prefix, _, self.layers_name = lists[0].partition(".")
+        base = full.get_submodule(self.prefix)
+        self.layer_class = type(base.get_submodule(self.layers_name)[0])
         self.layer_types = list(getattr(text, "layer_types", None) or [])
         self.tied = (
             bool(getattr(config, "tie_word_embeddings", False)) and head.weight is full.get_input_embeddings().weight
@@ -143,6 +156,7 @@ class Anatomy:
         self.head_name = next(n for n, m in full.named_modules() if m is head)
         self.input_name = next(n for n, m in full.named_modules() if m is full.get_input_embeddings())
         self.state_shapes = {k: tuple(v.shape) for k, v in full.state_dict().items()}
+        self.embed_side = _run_before_layers(config, self)  # what the embedding stage owns; the head owns the rest
 
     def attention_type(self, i: int) -> str | None:
         return self.layer_types[i] if i < len(self.layer_types) else None
@@ -150,28 +164,89 @@ class Anatomy:
     def layer_prefix(self, i: int) -> str:
         return f"{self.prefix}.{self.layers_name}.{i}."
 
+    def base(self, shell: nn.Module) -> nn.Module:
+        """The part of a causal-LM shell that runs the decoder layers (what the family calls for hidden states)."""
+        return shell.get_submodule(self.prefix)
+
+    def swap_layers(self, shell: nn.Module, layers: nn.ModuleList) -> nn.ModuleList:
+        """Put `layers` where the shell's decoder layers stand; returns what stood there."""
+        owner, _, leaf = f"{self.prefix}.{self.layers_name}".rpartition(".")
+        parent = shell.get_submodule(owner)
+        original = getattr(parent, leaf)
+        setattr(parent, leaf, layers)
+        return original
+
 
 def _build_shell(config, anatomy: Anatomy, keep: str) -> nn.Module:
     """The family's causal-LM class with no decoder layers; keep = "embed", "head" or "none" (the
-    parts a stage does not own become parameter-free stand-ins)."""
+    parts a stage does not own become parameter-free stand-ins). What the embedding stage owns is
+    every part holding weights that the family runs before its first decoder layer (the token and
+    position embeddings; Bloom's embedding norm, OPT's input projection); the head owns the rest."""
+    shell = _zero_layer_model(config, anatomy)
+    leaves = _weighted_leaves(shell)
+    before = anatomy.embed_side
+    for name, module in leaves.items():
+        if (keep == "embed" and name in before) or (keep == "head" and name not in before):
+            continue
+        parent_name, _, leaf = name.rpartition(".")
+        parent = shell.get_submodule(parent_name) if parent_name else shell
+        is_embed = isinstance(module, nn.Embedding)
+        setattr(parent, leaf, _ZeroEmbedding(module.embedding_dim) if is_embed else nn.Identity())
+    shell.train()
+    return shell
+
+
+def _zero_layer_model(config, anatomy: Anatomy) -> nn.Module:
+    """The family's causal-LM class built with no decoder layers, its config then saying how many
+    the model has (the family's code may slice its layer list by that count)."""
     t = _transformers()
     cfg = copy.deepcopy(config)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     text.num_hidden_layers = 0
     shell = t.AutoModelForCausalLM.from_config(cfg)
-    for c in {id(shell.config): shell.config, id(shell.base_model.config): shell.base_model.config}.values():
+    for c in {id(shell.config): shell.config, id(anatomy.base(shell).config): anatomy.base(shell).config}.values():
         (c.get_text_config() if hasattr(c, "get_text_config") else c).num_hidden_layers = anatomy.num_layers
-    for name, module in list(shell.named_modules()):
-        if not name or list(module.children()) or not any(True for _ in module.parameters(recurse=False)):
-            continue  # only leaves holding weights are replaced
-        is_embed = isinstance(module, nn.Embedding)
-        if (keep == "embed" and is_embed) or (keep == "head" and not is_embed):
-            continue
-        parent_name, _, leaf = name.rpartition(".")
-        parent = shell.get_submodule(parent_name) if parent_name else shell
-        setattr(parent, leaf, _ZeroEmbedding(module.embedding_dim) if is_embed else nn.Identity())
-    shell.train()
     return shell
+
+
+def _weighted_leaves(shell: nn.Module) -> dict[str, nn.Module]:
+    return {
+        name: module
+        for name, module in shell.named_modules()
+        if name and not list(module.children()) and any(True for _ in module.parameters(recurse=False))
+    }
+
+
+def _run_before_layers(config, anatomy: Anatomy) -> frozenset[str]:
+    """The parts holding weights that the family's base model calls before its first decoder layer,
+    on a few token ids: the order of the family's own code, not a guess from module types. Run on a
+    real zero-layer model with a small vocabulary (the embedding's size does not change what runs
+    first), whatever mode the caller is in: a shapes-only trace (profile/analytic.py) cannot run a
+    family's mask code, which reads values."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    cfg = copy.deepcopy(config)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text.vocab_size = 64
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(getattr(text, name, None), int) and getattr(text, name) >= 64:
+            setattr(text, name, 0)
+    with unset_fake_temporarily(), torch.device("cpu"):
+        shell = _zero_layer_model(cfg, anatomy)
+        leaves = _weighted_leaves(shell)
+        ran: set[str] = set()
+
+        def seen(name: str):
+            return lambda module, args: ran.add(name)
+
+        hooks = [m.register_forward_pre_hook(seen(name)) for name, m in leaves.items()]
+        try:
+            with torch.no_grad():
+                probe(shell, anatomy, anatomy.attention_type(0), input_ids=torch.zeros(1, 4, dtype=torch.long))
+        finally:
+            for h in hooks:
+                h.remove()
+    return frozenset(ran)
 
 
 class _Shells:
@@ -197,18 +272,45 @@ class _Shells:
         return found
 
 
+def shapes_only(fn, shell: nn.Module):
+    """fn(), which runs a family's code around its layers on `shell`. Where that code reads a value a
+    shapes-only trace does not have (profile/analytic.py; OPT asks whether its mask is all ones and
+    draws whether to drop a layer), again as torch.export traces it, with
+    torch.compiler.is_compiling() true (the families then take their paths that read no values),
+    and with the shell in eval mode (no layer drop; its dropout, which holds no weights, runs as
+    identity). Only then: on real tensors, and on fake ones where they suffice, the family's own path
+    runs as in training, so the trace counts what a real run computes and saves."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    try:
+        return fn()
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        from torch._export.utils import _compiling_state_context
+
+        training = shell.training
+        shell.eval()
+        try:
+            with _compiling_state_context():
+                return fn()
+        finally:
+            shell.train(training)
+
+
 def probe(shell, anatomy: Anatomy, attention_type, **inputs):
     """Run the family's base model up to its first decoder layer: (hidden, other args, kwargs)."""
-    base = shell.base_model
     p = _Probe(attention_type)
-    original = getattr(base, anatomy.layers_name)
-    setattr(base, anatomy.layers_name, nn.ModuleList([p]))
+    original = anatomy.swap_layers(shell, nn.ModuleList([p]))
+
+    def run():
+        try:
+            anatomy.base(shell)(**inputs, use_cache=False)
+        except _Stop:
+            pass
+
     try:
-        base(**inputs, use_cache=False)
-    except _Stop:
-        pass
+        shapes_only(run, shell)
     finally:
-        setattr(base, anatomy.layers_name, original)
+        anatomy.swap_layers(shell, original)
     if p.seen is None:
         raise RuntimeError(f"{anatomy.arch}'s base model never reached its decoder layers")
     args, kwargs = p.seen
@@ -246,8 +348,10 @@ def _make_layer(anatomy: Anatomy, config, index: int) -> nn.Module:
 
     text = copy.copy(config.get_text_config() if hasattr(config, "get_text_config") else config)
     text._attn_implementation = anatomy.attn_implementation  # what the family's own model would have set
-    params = inspect.signature(anatomy.layer_class.__init__).parameters
-    return anatomy.layer_class(text, layer_idx=index) if "layer_idx" in params else anatomy.layer_class(text)
+    params = list(inspect.signature(anatomy.layer_class.__init__).parameters)[2:]  # (after self, config)
+    # the layer's index, under the name its family gives it (layer_idx; GPT-Neo's layer_id; ...)
+    named = [p for p in params if p in ("layer_idx", "layer_id", "layer_index", "layer_number", "layer_num")]
+    return anatomy.layer_class(text, **{named[0]: index}) if named else anatomy.layer_class(text)
 
 
 class HFHead(nn.Module):
@@ -258,23 +362,23 @@ class HFHead(nn.Module):
         self._as_tuple: bool | None = None
 
     def forward(self, hidden):
-        base = self.shell.base_model
-        name = self.anatomy.layers_name
-        original = getattr(base, name)
+        original = self.anatomy.swap_layers(self.shell, nn.ModuleList())
         attention_type = self.anatomy.attention_type(self.anatomy.num_layers - 1)
         tries = [self._as_tuple] if self._as_tuple is not None else [False, True]
         try:
             for as_tuple in tries:  # how the family reads a layer's output: learned on the first call
-                setattr(base, name, nn.ModuleList([_Replay(hidden, as_tuple, attention_type)]))
+                self.anatomy.swap_layers(self.shell, nn.ModuleList([_Replay(hidden, as_tuple, attention_type)]))
                 try:
-                    logits = self.shell(inputs_embeds=hidden.detach(), use_cache=False).logits
-                except (TypeError, AttributeError, IndexError):
-                    continue
+                    logits = shapes_only(
+                        lambda: self.shell(inputs_embeds=hidden.detach(), use_cache=False).logits, self.shell
+                    )
+                except (TypeError, AttributeError, IndexError, RuntimeError):
+                    continue  # (GPT-BigCode takes the tensor's first row for the tuple's and fails to view it)
                 if logits.dim() == 3 and logits.shape[:2] == hidden.shape[:2]:
                     self._as_tuple = as_tuple
                     return logits
         finally:
-            setattr(base, name, original)
+            self.anatomy.swap_layers(self.shell, original)
         raise RuntimeError(
             f"{self.anatomy.arch}: its causal-LM forward does not take the decoder layers' output "
             f"as a tensor or a tuple"

@@ -60,7 +60,11 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
     keeps its whole score matrix: fp32 transformer blocks came out 25-40 % high), and autocast
     applies. The last layer's figures include the loss, whose saved tensors (the log-softmax over the
     vocabulary) its stage keeps with every micro-batch in flight."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        FakeTensorMode,
+    )
 
     real, target = model.batch(batch_size, torch.Generator().manual_seed(0))  # real: a batch may read its values
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -87,7 +91,15 @@ def trace_layers(model: PipelineModel, batch_size: int, precision: str = "32"):
             counter = FlopCounterMode(display=False)
             with LiveBytes() as live:
                 with counter, autocast("cpu", precision), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    y = call_layer(layer, carry_of(x_in))
+                    try:
+                        y = call_layer(layer, carry_of(x_in))
+                    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+                        raise ValueError(
+                            f"the analytic profile traces shapes only, and layer {index} ({spec.name}, "
+                            f"{type(layer).__name__}) computes by its values ({exc.func}: a mixture of experts "
+                            f"routes each token by value); set strategy.profile_source=measured to time the "
+                            f"layers on real tensors"
+                        ) from None
                     out_bytes = wire_bytes(y, compute)
                     if last:  # the loss runs on the last stage inside the same forward (the logits die in it)
                         y = model.loss(y, carry_of(target)).sum()
