@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
+import numpy as np
+
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD, StageCosts, zero_bubble
@@ -414,26 +416,46 @@ def stage_allreduce(
 def _stage_allreduce(
     profile: ModelProfile, topology: Topology, st: StageSpec, samples: int, share: float | None
 ) -> tuple[float, float, float]:
-    """allreduce.overlapped's account from the profile's prefix sums: O(buckets), not O(layers)."""
-    buckets = _buckets(profile, st.start, st.stop)
-    if not buckets:
+    """allreduce.overlapped's account from the profile's prefix sums: O(buckets), not O(layers). The
+    buckets' ready times and rings are computed as arrays (elementwise, in the same order of
+    operations as one at a time, so the same floats); only the queue of rings runs bucket by bucket."""
+    lows, nbytes = _bucket_arrays(profile, st.start, st.stop)
+    if not len(lows):
         return 0.0, 0.0, 0.0
     speed, n, z = speed_ratio(profile, topology), samples / profile.batch_size, st.stop
-    b, fixed = profile._prefix["b"], profile._prefix["bf"]
-
-    def backward(a: int) -> float:  # ModelProfile.seconds(a, z, samples)[1], inline: the planner's hot path
-        part = fixed[z] - fixed[a]
-        return (part + (b[z] - b[a] - part) * n) * speed
-
-    duration = backward(st.start)
+    b, fixed = _prefix_arrays(profile)
+    # ModelProfile.seconds(a, z, samples)[1] for each a: the backward from layer a to the stage's end
+    part = fixed[z] - fixed[st.start]
+    duration = float((part + (b[z] - b[st.start] - part) * n) * speed)
     # a bucket is complete once the action has run the layers from its lowest weighted one up
-    ready = [backward(low) for low, _ in buckets]
+    parts = fixed[z] - fixed[lows]
+    ready_at = (parts + (b[z] - b[lows] - parts) * n) * speed
     link = topology.allreduce_link(st.spans_nodes(topology))  # (Topology.allreduce_s, looked up once)
-    costs = [ring_allreduce_s(st.replicas, nbytes, link) for _, nbytes in buckets]
+    costs = ring_allreduce_s(st.replicas, nbytes, link).tolist()
+    ready = ready_at.tolist()
     ratio = 1.0 if st.start == 0 else 0.5 if share is None else share
     total, after_b = exposed(ready, costs, duration)
     after_w = exposed([x * ratio for x in ready], costs, duration * ratio)[1]
     return total, after_b, after_w
+
+
+def _prefix_arrays(profile: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
+    """The profile's backward prefix sums (all, and the part each call costs regardless) as arrays."""
+    found = profile.__dict__.get("_backward_prefix_arrays")
+    if found is None:
+        pre = profile._prefix
+        found = profile.__dict__["_backward_prefix_arrays"] = (np.asarray(pre["b"]), np.asarray(pre["bf"]))
+    return found
+
+
+def _bucket_arrays(profile: ModelProfile, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """_buckets as arrays: each bucket's lowest weighted layer, and its bytes."""
+    memo = profile.__dict__.setdefault("_bucket_array_memo", {})
+    key = (start, stop)
+    if key not in memo:
+        buckets = _buckets(profile, start, stop)
+        memo[key] = (np.asarray([low for low, _ in buckets], dtype=int), np.asarray([nb for _, nb in buckets]))
+    return memo[key]
 
 
 def _buckets(profile: ModelProfile, start: int, stop: int) -> list[tuple[int, float]]:
