@@ -285,14 +285,16 @@ def shapes_only(fn, shell: nn.Module):
     try:
         return fn()
     except (DataDependentOutputException, DynamicOutputShapeException):
-        from torch._export.utils import _compiling_state_context
-
         training = shell.training
+        flags = {name: getattr(torch.compiler, name, False) for name in ("_is_compiling_flag", "_is_exporting_flag")}
         shell.eval()
         try:
-            with _compiling_state_context():
-                return fn()
+            for name in flags:  # what torch.export sets while it traces (torch._export.utils._compiling_state_context)
+                setattr(torch.compiler, name, True)
+            return fn()
         finally:
+            for name, value in flags.items():
+                setattr(torch.compiler, name, value)
             shell.train(training)
 
 
