@@ -90,7 +90,7 @@ def layout_bounds(
 
 class _Loads(dict):
     """(start, stop) -> the load of a stage of layers [start, stop) on one device set (see
-    _stage_load), computed on first use: the cut balancer asks O(S L^2) of them, most again."""
+    _contiguous_loads), computed on first use: the cut balancer asks O(S L^2) of them, most again."""
 
     def __init__(self, profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...]):
         super().__init__()
@@ -116,20 +116,32 @@ def _loads(profile: ModelProfile, topology: Topology, M: int, b: int, devices: t
     return table
 
 
-def _stage_load(
+def _run_loads(profile: ModelProfile, topology: Topology, M: int, b: int, first: int, r: int, memo: dict) -> _Loads:
+    """_loads of a stage on the r devices from `first` on, without building the device tuple: the
+    proxy's local search asks this for every stage of every move."""
+    k = topology.devices_per_node
+    table = memo.get(("load", M, b, r, r > 0 and first // k != (first + r - 1) // k))
+    return table if table is not None else _loads(profile, topology, M, b, tuple(range(first, first + r)), memo)
+
+
+def _contiguous_loads(
     profile: ModelProfile,
     topology: Topology,
     M: int,
     b: int,
-    start: int,
-    stop: int,
-    devices: tuple[int, ...],
+    stops: tuple[int, ...],
+    replicas: tuple[int, ...] | list[int],
     memo: dict,
-) -> float:
-    """A stage's busiest copy's compute with canonical copies (ceil(M / c) micro-batches of b / g
-    samples) and its gradient all-reduce over all its devices: what the stage adds to the
-    iteration at the least. The proxy the layout moves are ranked by (each pick is then simulated)."""
-    return _loads(profile, topology, M, b, devices, memo)[start, stop]
+) -> list[float]:
+    """Each stage's load in the layout contiguous((0, *stops), replicas): its busiest copy's compute
+    with canonical copies (ceil(M / c) micro-batches of b / g samples) and its gradient all-reduce
+    over all its devices, what the stage adds to the iteration at the least. The proxy the layout
+    moves are ranked by (each pick is then simulated)."""
+    out, first, start = [], 0, 0
+    for stop, r in zip(stops, replicas):
+        out.append(_run_loads(profile, topology, M, b, first, r, memo)[start, stop])
+        first, start = first + r, stop
+    return out
 
 
 def _copy_compute(profile: ModelProfile, topology: Topology, M: int, b: int, start: int, stop: int, r: int) -> float:
@@ -162,10 +174,7 @@ def proxy(
     b: int,
     memo: dict,
 ) -> float:
-    layout = contiguous((0, *stops), replicas)
-    return max(
-        _stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo) for st in layout
-    )
+    return max(_contiguous_loads(profile, topology, global_batch // b, b, stops, replicas, memo))
 
 
 def share_devices(
@@ -186,11 +195,7 @@ def share_devices(
     if start is None or sum(start) != D or len(start) != S:
         replicas = [1] * S
         for _ in range(D - S):
-            layout = contiguous((0, *stops), tuple(replicas))
-            loads = [
-                _stage_load(profile, topology, global_batch // b, b, st.start, st.stop, st.devices, memo)
-                for st in layout
-            ]
+            loads = _contiguous_loads(profile, topology, global_batch // b, b, stops, replicas, memo)
             replicas[max(range(S), key=lambda k: (loads[k], -k))] += 1
     else:
         replicas = list(start)
