@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..cluster import Topology
+from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.round_robin import round_robin_constraint
@@ -94,14 +94,19 @@ class _Loads(dict):
 
     def __init__(self, profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...]):
         super().__init__()
-        self.profile, self.topology, self.M, self.b, self.devices = profile, topology, M, b, devices
+        self.profile, self.r = profile, len(devices)
+        # _copy_compute's and Topology.allreduce_s's factors, fixed for the table (the same floats)
+        c = canonical_copies(self.r, b)
+        self.scale, self.samples = math.ceil(M / c) * speed_ratio(profile, topology), math.ceil(b * c / self.r)
+        self.link = topology.allreduce_link(topology.spans_nodes(devices)) if self.r > 1 else None
 
     def __missing__(self, key: tuple[int, int]) -> float:
         start, stop = key
-        r = len(self.devices)
-        load = _copy_compute(self.profile, self.topology, self.M, self.b, start, stop, r) + (
-            self.topology.allreduce_s(self.devices, self.profile.span(start, stop)[3]) if r > 1 else 0.0
-        )
+        load = self.scale * sum(self.profile.seconds(start, stop, self.samples))
+        if self.link is not None:
+            nbytes = self.profile.span(start, stop)[3]
+            if nbytes > 0:
+                load += ring_allreduce_s(self.r, nbytes, self.link)
         self[key] = load
         return load
 
