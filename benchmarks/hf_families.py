@@ -25,24 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dapple_launch.models.contract import build_layer, run_layers  # noqa: E402
-from dapple_launch.models.hf import HFCausalLM  # noqa: E402
 from dapple_launch.profile import analytic_profile  # noqa: E402
+from tests.hf_models import BLOOM, GPT, GPT_NEO, OPT, VOCAB, layers_against_hf  # noqa: E402
+from tests.hf_models import SMALL as TESTS_SMALL  # noqa: E402
 
-V = 61
-SMALL = dict(
-    vocab_size=V,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=0,
-)
-GPT = dict(
-    vocab_size=V, n_embd=32, n_layer=3, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
-)
+SMALL = {**TESTS_SMALL, "pad_token_id": 0}  # (families whose default pad id lies past a 61-token vocabulary)
 FAMILIES = {  # config class: its arguments for a three-layer model of width 32
     "LlamaConfig": SMALL,
     "MistralConfig": SMALL,
@@ -91,33 +78,12 @@ FAMILIES = {  # config class: its arguments for a three-layer model of width 32
     "GPTBigCodeConfig": GPT,
     "GPTJConfig": {**GPT, "rotary_dim": 4},
     "CodeGenConfig": {**GPT, "rotary_dim": 4},
-    "GPTNeoConfig": {
-        "vocab_size": V,
-        "hidden_size": 32,
-        "num_layers": 3,
-        "num_heads": 4,
-        "attention_types": [[["global", "local"], 1], [["global"], 1]],
-        "max_position_embeddings": 64,
-        "window_size": 4,
-        "resid_dropout": 0.0,
-        "embed_dropout": 0.0,
-        "attention_dropout": 0.0,
-    },
+    "GPTNeoConfig": GPT_NEO,
     "GPTNeoXConfig": {k: v for k, v in SMALL.items() if k != "num_key_value_heads"},
-    "OPTConfig": {
-        "vocab_size": V,
-        "hidden_size": 32,
-        "ffn_dim": 64,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "max_position_embeddings": 64,
-        "word_embed_proj_dim": 16,
-        "dropout": 0.0,
-        "pad_token_id": 0,
-    },
-    "BloomConfig": {"vocab_size": V, "hidden_size": 32, "n_layer": 3, "n_head": 4, "pad_token_id": 0},
-    "FalconConfig": {"vocab_size": V, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4},
-    "MambaConfig": {"vocab_size": V, "hidden_size": 32, "num_hidden_layers": 3, "state_size": 4},
+    "OPTConfig": OPT,
+    "BloomConfig": BLOOM,
+    "FalconConfig": {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4},
+    "MambaConfig": {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 3, "state_size": 4},
 }
 
 
@@ -126,37 +92,20 @@ def check(config, where: Path) -> dict:
 
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(where)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(where).train()
-    model = HFCausalLM(path=str(where), seq_len=8)
-    x, y = model.batch(3, torch.Generator().manual_seed(1))
-    layers = [build_layer(spec, i, 0).train() for i, spec in enumerate(model.layers())]
-    out = run_layers(layers, x)
-    loss = model.loss(out, y).mean()
-    loss.backward()
-    ref_logits = ref(input_ids=x).logits
-    ref_loss = model.loss(ref_logits, y).mean()
-    ref_loss.backward()
-    ref_grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
-    ours: dict[str, torch.Tensor] = {}
-    for i, layer in enumerate(layers):
-        for name, p in layer.named_parameters():
-            hf = model.hf_name(i, name)
-            if hf not in ref_grads and model.anatomy.tied:
-                hf = f"{model.anatomy.input_name}.weight"
-            if p.grad is not None:
-                ours[hf] = ours[hf] + p.grad if hf in ours else p.grad
-    worst = max(((g - ref_grads[n]).abs().max() / (ref_grads[n].abs().max() + 1e-12)).item() for n, g in ours.items())
+    got = layers_against_hf(where)
+    ours, ref = got["grads"], got["hf_grads"]
+    worst = max(((g - ref[n]).abs().max() / (ref[n].abs().max() + 1e-12)).item() for n, g in ours.items())
     try:
-        analytic_profile(model, 2, 100.0, "cpu")
+        analytic_profile(got["model"], 2, 100.0, "cpu")
         profile = "traced"
     except ValueError as exc:
         profile = f"refused: {str(exc)[:90]}…"
     return {
-        "architecture": model.anatomy.arch,
-        "loss": loss.item(),
-        "hf_loss": ref_loss.item(),
-        "logit_diff": (out - ref_logits).abs().max().item(),
-        "gradients": f"{len(set(ours) & set(ref_grads))}/{len(ref_grads)}",
+        "architecture": got["model"].anatomy.arch,
+        "loss": got["loss"],
+        "hf_loss": got["hf_loss"],
+        "logit_diff": (got["logits"] - got["hf_logits"]).abs().max().item(),
+        "gradients": f"{len(set(ours) & set(ref))}/{len(ref)}",
         "worst_gradient": worst,
         "analytic_profile": profile,
     }

@@ -8,9 +8,8 @@ family's code, which this test holds to HF's model. Several processes: tests/tes
 from __future__ import annotations
 
 import pytest
-import torch
 
-from .hf_models import configs, save
+from .hf_models import configs, layers_against_hf, save
 
 pytestmark = pytest.mark.slow  # (transformers' import and a dozen tiny models: a few seconds)
 SEQ = 8
@@ -18,32 +17,9 @@ SEQ = 8
 
 @pytest.mark.parametrize("family", sorted(configs()))
 def test_every_family_cut_into_layers_gives_hfs_own_loss_and_gradients(tmp_path, family):
-    import transformers
-
-    from dapple_launch.models.contract import build_layer, run_layers
-    from dapple_launch.models.hf import HFCausalLM
-
-    path = save(family, tmp_path)
-    model = HFCausalLM(path=str(path), seq_len=SEQ)
-    x, y = model.batch(3, torch.Generator().manual_seed(1))
-    ref = transformers.AutoModelForCausalLM.from_pretrained(path).train()
-    ref_loss = model.loss(ref(input_ids=x).logits, y).mean()  # (not every family takes shift_labels)
-    ref_loss.backward()
-    ref_grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
-
-    layers = [build_layer(spec, i, 0).train() for i, spec in enumerate(model.layers())]
-    loss = model.loss(run_layers(layers, x), y).mean()
-    loss.backward()
-    ours: dict[str, torch.Tensor] = {}
-    for i, layer in enumerate(layers):
-        for name, p in layer.named_parameters():
-            hf = model.hf_name(i, name)
-            if hf not in ref_grads and model.anatomy.tied:
-                hf = f"{model.anatomy.input_name}.weight"  # the tied head is HF's embedding: its gradients add
-            if p.grad is not None:
-                ours[hf] = ours[hf] + p.grad if hf in ours else p.grad
-
-    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    got = layers_against_hf(save(family, tmp_path), SEQ)
+    ours, ref_grads = got["grads"], got["hf_grads"]
+    assert got["loss"] == pytest.approx(got["hf_loss"], rel=1e-5)
     assert set(ours) == set(ref_grads), set(ours) ^ set(ref_grads)
     for hf, g in ours.items():
         r = ref_grads[hf]
