@@ -89,16 +89,16 @@ def layout_bounds(
 
 
 class _Loads(dict):
-    """(start, stop) -> the load of a stage of layers [start, stop) on one device set (see
+    """(start, stop) -> the load of a stage of layers [start, stop) on r devices (see
     _contiguous_loads), computed on first use: the cut balancer asks O(S L^2) of them, most again."""
 
-    def __init__(self, profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...]):
+    def __init__(self, profile: ModelProfile, topology: Topology, M: int, b: int, r: int, spans_nodes: bool):
         super().__init__()
-        self.profile, self.r = profile, len(devices)
+        self.profile, self.r = profile, r
         # _copy_compute's and Topology.allreduce_s's factors, fixed for the table (the same floats)
-        c = canonical_copies(self.r, b)
-        self.scale, self.samples = math.ceil(M / c) * speed_ratio(profile, topology), math.ceil(b * c / self.r)
-        self.link = topology.allreduce_link(topology.spans_nodes(devices)) if self.r > 1 else None
+        c = canonical_copies(r, b)
+        self.scale, self.samples = math.ceil(M / c) * speed_ratio(profile, topology), math.ceil(b * c / r)
+        self.link = topology.allreduce_link(spans_nodes) if r > 1 else None
 
     def __missing__(self, key: tuple[int, int]) -> float:
         start, stop = key
@@ -111,22 +111,18 @@ class _Loads(dict):
         return load
 
 
-def _loads(profile: ModelProfile, topology: Topology, M: int, b: int, devices: tuple[int, ...], memo: dict) -> _Loads:
-    """The loads of stages on `devices` (alike for every device set of its size that does, or does
-    not, span nodes: the all-reduce's cost depends on nothing else)."""
-    key = ("load", M, b, len(devices), topology.spans_nodes(devices))
+def _run_loads(profile: ModelProfile, topology: Topology, M: int, b: int, first: int, r: int, memo: dict) -> _Loads:
+    """The loads of stages on the r devices from `first` on: alike for every run of r devices that
+    does, or does not, span nodes (the all-reduce's cost depends on nothing else), so one table
+    serves them all, and no device tuple is built (the proxy's local search asks for every stage
+    of every move)."""
+    k = topology.devices_per_node
+    spans = r > 0 and first // k != (first + r - 1) // k
+    key = ("load", M, b, r, spans)
     table = memo.get(key)
     if table is None:
-        table = memo[key] = _Loads(profile, topology, M, b, devices)
+        table = memo[key] = _Loads(profile, topology, M, b, r, spans)
     return table
-
-
-def _run_loads(profile: ModelProfile, topology: Topology, M: int, b: int, first: int, r: int, memo: dict) -> _Loads:
-    """_loads of a stage on the r devices from `first` on, without building the device tuple: the
-    proxy's local search asks this for every stage of every move."""
-    k = topology.devices_per_node
-    table = memo.get(("load", M, b, r, r > 0 and first // k != (first + r - 1) // k))
-    return table if table is not None else _loads(profile, topology, M, b, tuple(range(first, first + r)), memo)
 
 
 def _contiguous_loads(
@@ -226,13 +222,13 @@ def balance_cuts(
 ) -> tuple[int, ...]:
     """Cuts minimising the proxy for these replica counts (a dynamic program over layers: O(S L^2))."""
     L, S, M = profile.num_layers, len(replicas), global_batch // b
-    devices = [st.devices for st in contiguous(tuple(range(S + 1)), replicas)]
+    firsts = [sum(replicas[:s]) for s in range(S)]  # each stage's first device (contiguous, in stage order)
     INF = math.inf
     best = [[INF] * (L + 1) for _ in range(S + 1)]
     back = [[0] * (L + 1) for _ in range(S + 1)]
     best[0][0] = 0.0
     for s in range(1, S + 1):
-        loads = _loads(profile, topology, M, b, devices[s - 1], memo)
+        loads = _run_loads(profile, topology, M, b, firsts[s - 1], replicas[s - 1], memo)
         for stop in range(s, L - (S - s) + 1):
             for start in range(stop - 1, s - 2, -1):  # the stage grows: once it alone is no better, stop
                 load = loads[start, stop]
