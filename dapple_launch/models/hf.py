@@ -43,6 +43,11 @@ def _transformers():
     return transformers
 
 
+def _text(config):
+    """The config of a model's text part (the model's own config where it has no other part)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def load_config(path: str | Path):
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
@@ -106,7 +111,7 @@ class Anatomy:
     def __init__(self, config):
         t = _transformers()
         self.config = config
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text = _text(config)
         self.num_layers = int(getattr(text, "num_hidden_layers", 0) or 0)
         try:
             with torch.device("meta"):
@@ -201,11 +206,11 @@ def _zero_layer_model(config, anatomy: Anatomy) -> nn.Module:
     the model has (the family's code may slice its layer list by that count)."""
     t = _transformers()
     cfg = copy.deepcopy(config)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text = _text(cfg)
     text.num_hidden_layers = 0
     shell = t.AutoModelForCausalLM.from_config(cfg)
     for c in {id(shell.config): shell.config, id(anatomy.base(shell).config): anatomy.base(shell).config}.values():
-        (c.get_text_config() if hasattr(c, "get_text_config") else c).num_hidden_layers = anatomy.num_layers
+        _text(c).num_hidden_layers = anatomy.num_layers
     return shell
 
 
@@ -226,7 +231,7 @@ def _run_before_layers(config, anatomy: Anatomy) -> frozenset[str]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     cfg = copy.deepcopy(config)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text = _text(cfg)
     text.vocab_size = 64
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         if isinstance(getattr(text, name, None), int) and getattr(text, name) >= 64:
@@ -348,7 +353,7 @@ class HFDecoder(nn.Module):
 def _make_layer(anatomy: Anatomy, config, index: int) -> nn.Module:
     import inspect
 
-    text = copy.copy(config.get_text_config() if hasattr(config, "get_text_config") else config)
+    text = copy.copy(_text(config))
     text._attn_implementation = anatomy.attn_implementation  # what the family's own model would have set
     params = list(inspect.signature(anatomy.layer_class.__init__).parameters)[2:]  # (after self, config)
     # the layer's index, under the name its family gives it (layer_idx; GPT-Neo's layer_id; ...)
@@ -450,7 +455,7 @@ class HFCausalLM(PipelineModel):
         self.path, self.init = (str(Path(path).expanduser()) if path else None), init
         self.config = load_config(source)
         self.anatomy = Anatomy(self.config)
-        text = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        text = _text(self.config)
         self.vocab_size = int(text.vocab_size)
         limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
         if limit and seq_len > limit:
