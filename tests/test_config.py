@@ -9,6 +9,8 @@ from omegaconf.errors import OmegaConfBaseException
 from dapple_launch.config import CONF_DIR
 from dapple_launch.plan_config import plan_from_config
 
+from .conftest import TINY_GPT
+
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml"))
 GPU_FIXED = {
@@ -143,6 +145,32 @@ def test_auto_plans_the_local_job_from_measured_layers_and_links(compose_cfg, tm
         ]
     )
     assert plan_from_config(custom).num_layers == 6
+
+
+def test_a_measured_profile_is_timed_again_where_the_plan_runs(compose_cfg, tmp_path, monkeypatch):
+    """plan_config.at_operating_point: a plan whose device runs 32 samples per micro-batch is not
+    costed from a line through 2 and 8 samples: the layers are timed again at 8 and 32 and the plan's
+    estimate is made from that profile; a plan inside the first profile's range is planned once."""
+    from dapple_launch.models.from_config import model_from_config
+    from dapple_launch.plan_config import profile_from_config, topology_from_config
+
+    monkeypatch.setenv("DAPPLE_CACHE", str(tmp_path))
+    one = ["cluster.devices_per_node=1", "cluster.action_overhead_us=0", "strategy.profile_source=measured"]
+    one += ["strategy.stages=1", "strategy.replicas=[1]", *TINY_GPT]
+
+    def batches():
+        names = [p.name for p in (tmp_path / "profiles").glob("gpt-b*.json")]
+        return sorted(int(n.split("-b")[1].split("-")[0]) for n in names)
+
+    inside = plan_from_config(compose_cfg([*one, "global_batch_size=16", "strategy.num_micro_batches=2"]))
+    assert inside.device_samples() == (8,) and batches() == [2]
+    cfg = compose_cfg([*one, "global_batch_size=32", "strategy.num_micro_batches=1"])
+    plan = plan_from_config(cfg)
+    assert plan.device_samples() == (32,) and batches() == [2, 8]
+    at_8 = profile_from_config(cfg, topology_from_config(cfg.cluster), 8)
+    assert at_8.batch_size == 8 and len(at_8.layers) == len(model_from_config(cfg.model).layers())
+    forward, _ = at_8.seconds(0, len(at_8.layers), 32)
+    assert plan.estimate.stage_costs[0]["forward_s"] == pytest.approx(forward, rel=1e-9)
 
 
 def test_action_cost_fit_recovers_the_cost_per_action():

@@ -95,6 +95,13 @@ class Plan:
     def recomputes(self) -> bool:
         return any(s.recompute_layers for s in self.stages)
 
+    def device_samples(self) -> tuple[int, ...]:
+        """Per stage, the samples one of its devices runs per micro-batch (the largest share): the
+        micro-batch split across the devices that share it, which are a copy's (round-robin copies)
+        or a pipeline's (Chimera's two pipelines each hold half of a stage's devices)."""
+        ways = [2 if self.schedule == "chimera" else s.copies for s in self.stages]
+        return tuple(-(-self.micro_batch_size // max(1, s.replicas // w)) for s, w in zip(self.stages, ways))
+
     def layout(self) -> str:
         return ":".join(str(s.replicas) for s in self.stages)
 
