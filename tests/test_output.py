@@ -144,7 +144,8 @@ def test_the_closing_summary_says_why_a_guessed_estimate_is_off_and_how_to_measu
 def test_the_closing_summary_sets_a_gpu_runs_peak_memory_against_the_estimate(tmp_path):
     """A GPU run's summary.json carries the allocator's peak on the fullest device and the plan's
     estimate (runtime/progress.py); the closing summary says both and how far apart (the figures of
-    the H200 run in benchmarks/results/gpu.json); a CPU run's summary has neither and says nothing."""
+    an earlier H200 run), and the allocator's cache flushes where there were any; a CPU run's summary
+    has none of it and says nothing."""
     import json
 
     from dapple_launch.launch.job import closing_summary
@@ -157,3 +158,7 @@ def test_the_closing_summary_sets_a_gpu_runs_peak_memory_against_the_estimate(tm
     (tmp_path / "summary.json").write_text(json.dumps(gpu))
     line = [x for x in closing_summary(tmp_path).splitlines() if "device memory" in x]
     assert line == ["  126.5 GiB peak device memory allocated, 117.3 GiB estimated (+8%)"], line
+    assert "allocator" not in closing_summary(tmp_path)  # none retried: nothing said
+    (tmp_path / "summary.json").write_text(json.dumps({**gpu, "allocator_retries": 3}))
+    line = [x for x in closing_summary(tmp_path).splitlines() if "allocator" in x]
+    assert len(line) == 1 and "freed its cache 3 times" in line[0] and "strategy.memory_budget_gib" in line[0], line

@@ -211,6 +211,11 @@ def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
             lines.append(
                 f"  {human_bytes(peak)} peak device memory allocated, {human_bytes(est)} estimated ({peak / est - 1:+.0%})"
             )
+        if s.get("allocator_retries"):  # the caching allocator emptied its cache to fit an allocation
+            lines.append(
+                f"  the allocator freed its cache {s['allocator_retries']} times to fit (each waits for the device: "
+                f"a plan close to the card's memory; strategy.memory_budget_gib below the card leaves room)"
+            )
     else:
         lines.append("done")
     found = find_checkpoints(run_dir / "checkpoints")

@@ -119,7 +119,10 @@ class Progress(Callback):
         if device.type != "cuda":
             return {}
         stages = getattr(trainer.strategy, "local_stages", (0,))
-        mine = [trainer.global_rank, float(torch.cuda.max_memory_allocated(device)), list(stages)]
+        # an allocation the cache could not serve until it freed its cached blocks: each retry syncs the
+        # device, so a run planned close to the card's memory is slower than its estimate says
+        retries = int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+        mine = [trainer.global_rank, float(torch.cuda.max_memory_allocated(device)), list(stages), retries]
         ranks = [mine]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * torch.distributed.get_world_size()
@@ -131,14 +134,16 @@ class Progress(Callback):
                 "stages": st,
                 "peak_bytes": peak,
                 "estimated_peak_bytes": max(est[s] for s in st) if est else None,
+                "allocator_retries": n,
             }
-            for r, peak, st in sorted(x for x in ranks if x is not None)
+            for r, peak, st, n in sorted(x for x in ranks if x is not None)
         ]
         worst = max(rows, key=lambda x: x["peak_bytes"])
         return {
             "device_memory": rows,
             "measured_peak_memory_bytes": worst["peak_bytes"],
             "estimated_peak_memory_bytes": max(est) if est else None,
+            "allocator_retries": max(x["allocator_retries"] for x in rows),
         }
 
 
