@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dapple_launch.planner.plan import Plan  # noqa: E402  (pure: no torch)
+from dapple_launch.profile.model_profile import ModelProfile  # noqa: E402
 
 FACTS = r"""
 import json, torch
@@ -134,6 +138,8 @@ def train_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
         "train_loss": s.get("train_loss"),
         "val_loss": s.get("val_loss"),
         "skipped_steps": s.get("skipped_steps"),
+        "allocator_retries": s.get("allocator_retries"),
+        "device_samples": max(Plan.from_dict(plan).device_samples()) if plan.get("stages") else None,
         "last_lines": text.strip().splitlines()[-8:],
     }
     for name in ("plan.json", "summary.json", "logs/error-rank-0.txt"):
@@ -154,11 +160,10 @@ def resume_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
         "trainer.log_every_n_steps=1",
     ]
     straight, broken = work / "straight", work / "resumed"
-    r1 = launch([*common, f"trainer.max_steps={2 * n}", f"hydra.run.dir={straight}"], log, args.timeout_s, env)
-    r2 = launch([*common, f"trainer.max_steps={n}", f"hydra.run.dir={broken}"], log, args.timeout_s, env)
-    r3 = launch(
-        [*common, f"trainer.max_steps={2 * n}", "ckpt_path=last", f"hydra.run.dir={broken}"], log, args.timeout_s, env
-    )
+    limit = args.resume_timeout_s
+    r1 = launch([*common, f"trainer.max_steps={2 * n}", f"hydra.run.dir={straight}"], log, limit, env)
+    r2 = launch([*common, f"trainer.max_steps={n}", f"hydra.run.dir={broken}"], log, limit, env)
+    r3 = launch([*common, f"trainer.max_steps={2 * n}", "ckpt_path=last", f"hydra.run.dir={broken}"], log, limit, env)
     a, b = read_json(straight / "summary.json") or {}, read_json(broken / "summary.json") or {}
     la, lb = a.get("train_loss"), b.get("train_loss")
     return {
@@ -170,6 +175,26 @@ def resume_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
         "resumed_steps": b.get("steps"),
         "abs_difference": abs(la - lb) if la is not None and lb is not None else None,
     }
+
+
+def profiles_at(cache: Path, samples: int | None, out: Path) -> list[dict]:
+    """Each measured profile the run took (the first at the default batch, a later one where the plan
+    runs: plan_config.at_operating_point), and what it says one micro-batch's forward and backward of
+    every layer take at the plan's samples per device: the first extrapolates, the last measured there."""
+    rows = []
+    for path in sorted(cache.rglob("gpt-b*.json")):
+        p = ModelProfile.from_json(path.read_text())
+        shutil.copy(path, out / f"gpu-measured-profile-b{p.batch_size}.json")
+        at = None
+        if samples:
+            at = sum(
+                x.forward_fixed_s
+                + x.backward_fixed_s
+                + (x.forward_s + x.backward_s - x.forward_fixed_s - x.backward_fixed_s) * samples / p.batch_size
+                for x in p.layers
+            )
+        rows.append({"batch": [p.batch_size, 4 * p.batch_size], "samples": samples, "layers_s_at_samples": at})
+    return sorted(rows, key=lambda r: r["batch"])
 
 
 def gib(x) -> str:
@@ -203,6 +228,14 @@ def table(result: dict) -> str:
             + " |",
             f"| loss (train, validation) | {t.get('train_loss')}, {t.get('val_loss')} |",
         ]
+    for p in result.get("profiles") or []:
+        at = p["layers_s_at_samples"]
+        lines.append(
+            f"| profile timed at {p['batch'][0]} and {p['batch'][1]} samples: every layer's F + B at {p['samples']} | "
+            f"{at and f'{at:.4f}'} s per micro-batch |"
+        )
+    if t.get("allocator_retries") is not None:
+        lines.append(f"| allocator cache flushes (num_alloc_retries) | {t['allocator_retries']} |")
     r = result.get("resume")
     if r:
         lines.append(
@@ -223,7 +256,8 @@ def main() -> int:
     ap.add_argument("--resume-steps", type=int, default=4)
     ap.add_argument("--skip-resume", action="store_true")
     ap.add_argument("--timeout-s", type=float, default=300, help="each launch's limit")
-    ap.add_argument("--budget-s", type=float, default=1e9, help="the resume check starts only with this much left")
+    ap.add_argument("--resume-timeout-s", type=float, default=120, help="each resume launch's limit")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="the training run ends by then")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -246,13 +280,15 @@ def main() -> int:
     )
     lines = [x for x in text.strip().splitlines() if x.strip()]
     result["refusal"] = {"rc": rc, "lines": len(lines), "line": lines[-1] if lines else ""}
+    # the short resume check first: a long training run that overruns its limit leaves it standing
+    if not args.skip_resume:
+        result["resume"] = resume_run(f, args, work, log, env)
+        print(f"resume: {result['resume']}", flush=True)
+    left = args.budget_s - (time.perf_counter() - t0)
+    args.timeout_s = min(args.timeout_s, left)
     result["train"] = train_run(f, args, work, log, env)
     print(f"train run: rc {result['train']['rc']}, {result['train']['wall_s']} s", flush=True)
-    left = args.budget_s - (time.perf_counter() - t0)
-    if not args.skip_resume and result["train"]["rc"] == 0 and left > 3 * args.timeout_s / 2:
-        result["resume"] = resume_run(f, args, work, log, env)
-    for p in (work / "cache" / "profiles").glob("*.json"):
-        shutil.copy(p, out / "gpu-measured-profile.json")
+    result["profiles"] = profiles_at(work / "cache", (result["train"] or {}).get("device_samples"), out)
     (out / "gpu.json").write_text(json.dumps(result, indent=1))
     md = table(result)
     (out / "gpu.md").write_text(md + "\n")

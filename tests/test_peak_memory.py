@@ -1,6 +1,6 @@
 """The planner's peak memory against the exact peak of a real training step.
 
-On one H200, GPT-2 XL's allocator peaked 7.8 % above the plan's estimate (benchmarks/results/gpu.json):
+On one H200, GPT-2 XL's allocator once peaked 7.8 % above the plan's estimate (+0.7 % since: gpu.json):
 the profile counted what each layer saves but neither the loss (the log-softmax over the vocabulary,
 in fp32 under autocast) nor what a call holds for a moment (gradients in flight). Here the same
 step runs on the CPU under profile/live_bytes.py, which counts every storage alive at once exactly
