@@ -452,6 +452,26 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
     assert checked > 500 and higher > total / 6, (checked, higher, total)
 
 
+def test_a_chimera_groups_bound_counts_the_drain_after_its_last_backward():
+    """Chimera's backward is whole: a group's last step is a B, after which the last gradient still
+    crosses the layers ahead of the group's earliest stage, so its bound counts that drain as it
+    does under interleaved 1F1B. Four alike layers on four groups (one cut): group 1 runs 2 × 2
+    micro-batches through stages 1 and 2 (12), waits for layer 0's forward (1) and leaves its
+    backward (2): the bound passes the 13 of the fill alone and stays under the simulator."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import _layer_times
+    from dapple_launch.planner.group_bound import GroupBound
+
+    alike = chain("u", [LayerProfile(f"l{i}", 1.0, 2.0, 1.0, 0.0) for i in range(4)], batch_size=1)
+    free = Topology("t", 1, 4, 1e12, 10, 1e15, 1e15)
+    memo: dict = {}
+    times = lambda r: _layer_times(alike, free, r, 1, memo)
+    bound = GroupBound(alike, free, 4, "chimera", 2, (1, 1, 1, 1), 1, times).bound()
+    layout = chunked_layout("chimera", [1] * 4, [1, 2, 3, 4], None)
+    simulated = evaluate_chunked(alike, free, layout, 1, 4, Limits(schedules=("chimera",)), "chimera", 2).iteration_s
+    assert 13.0 < bound <= 15.0 + 1e-9 and bound <= simulated, (bound, simulated)
+
+
 def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candidates_no_faster():
     """busiest_rank_s (each rank's steps at their costs, summed) is below the simulated time of every
     family's orders under random costs, and equals it where one rank never waits; evaluate_chunked

@@ -14,7 +14,7 @@ micro-batch's forward on every stage, so each of g's stages has run all M forwar
 all-reduces of one group run one after another on its devices (rank_simulate.py's queue), each at
 least one ring of its stage's weights on the best placement of r_g devices. Chimera's stages run
 M / 2 micro-batches on each of their two groups and all-reduce across both (2 r_g devices): its
-ar_g counts the fill and the all-reduces alone.
+ar_g counts the fill and the all-reduces alone; its busy_g the drain too (its backward is whole).
 
 So T >= max_g (θ busy_g + (1 - θ) ar_g) >= Σ_g λ_g (θ busy_g + (1 - θ) ar_g) for every θ in [0, 1]
 and λ on the simplex, and every term is a sum over stages of what the stage's span [i, z) costs on
@@ -82,7 +82,7 @@ class GroupBound:
             # (r > k devices span nodes; r <= k fit one: the best placement)
             self.ring[r] = np.where(w > 0, ring_allreduce_s(r, w, topology.allreduce_link(r > k)), 0.0)
         assert fastest is not None
-        drain = family not in SPLIT_BACKWARD and family != "chimera"
+        drain = family not in SPLIT_BACKWARD
         self.fill = np.concatenate(([0.0], np.cumsum(fastest[:, 0])))  # fill[i]: layers 0 .. i - 1
         self.drain = np.concatenate(([0.0], np.cumsum(fastest[:, 1]))) if drain else np.zeros(L + 1)
         self.groups = groups
