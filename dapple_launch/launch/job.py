@@ -168,6 +168,9 @@ def guessed_estimate(cfg: DictConfig) -> str | None:
 GUESS_WARNING = 0.25
 
 
+DIVERGED = 1.1  # a run whose last training loss is this far above its first one says so
+
+
 def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
     """What the run did and where everything is, from the summary rank 0 wrote at its end. `guessed`:
     said (guessed_estimate) when the measured time is more than GUESS_WARNING away from the estimate."""
@@ -187,6 +190,13 @@ def closing_summary(run_dir: Path, guessed: str | None = None) -> str:
             f"validation loss {s['val_loss']:.4f}" if s.get("val_loss") is not None else "",
         ]
         lines.append(f"done: steps {s['steps'][0]}..{s['steps'][1]}; " + ", ".join(x for x in losses if x))
+        first, last = s.get("first_train_loss"), s.get("train_loss")
+        if first is not None and last is not None and last > first * DIVERGED and s["steps"][1] - s["steps"][0] > 1:
+            lines.append(
+                f"  the training loss rose from {first:.4f} at this run's first step to {last:.4f} at its last: "
+                f"training diverged (a learning rate too high for the model is the usual cause: lower trainer.lr "
+                f"or lengthen trainer.warmup_steps)"
+            )
         if s.get("skipped_steps"):
             lines.append(f"  {s['skipped_steps']} step(s) skipped for a non-finite loss or gradient norm")
         m, e, whole = (

@@ -43,6 +43,7 @@ class Progress(Callback):
         self.run_dir, self.show = Path(run_dir), show
         self.step_s: list[float] = []
         self.train_loss: float | None = None
+        self.first_train_loss: float | None = None  # this run's first step's (a resumed run's too)
         self.val_loss: float | None = None
         self.first_step = 0
         self._bar = None
@@ -66,6 +67,8 @@ class Progress(Callback):
         self.step_s.append(perf(pl_module.device) - self._t0)
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.train_loss = float(cast(Any, loss)) if loss is not None else self.train_loss
+        if self.first_train_loss is None:
+            self.first_train_loss = self.train_loss
         if not trainer.is_global_zero or not self.show:
             return
         step = trainer.global_step
@@ -100,6 +103,7 @@ class Progress(Callback):
         summary = {
             "steps": [self.first_step, trainer.global_step],
             "train_loss": self.train_loss,
+            "first_train_loss": self.first_train_loss,
             "val_loss": self.val_loss,
             "measured_s_per_iteration": pipeline,
             "estimated_s_per_iteration": self.estimate_s,
