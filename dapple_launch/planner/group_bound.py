@@ -15,9 +15,20 @@ all-reduces of one group run one after another on its devices (rank_simulate.py'
 least one ring of its stage's weights on the best placement of r_g devices. Chimera's stages run
 M / 2 micro-batches on each of their two groups and all-reduce across both (2 r_g devices): its
 ar_g counts the fill and the all-reduces alone; its busy_g the drain too (its backward is whole).
+Two more read the shape's rank orders, which fix each group's last step and where its stages'
+last gradient steps fall:
+
+    tail_g  = fill_g + M Σ_{s on g} (F_s + B_s) + left_{s_last}
+    queue_g = fill_g + (g's steps before the first of its stages' last gradient steps) + Σ_{s on g} ring_s
+
+left_s: what of stage s's all-reduce its last gradient step leaves (allreduce.py's buckets: at least
+the ring of the bucket holding its first weighted layer, less the unweighted layers' backward
+below it, or every byte's ring less one backward); tail_g takes it in place of the drain (both
+follow the last step at once). queue_g: no all-reduce starts before its stage's last gradient
+step, and a group's run one after another.
 
 So T >= max_g (θ busy_g + (1 - θ) ar_g) >= Σ_g λ_g (θ busy_g + (1 - θ) ar_g) for every θ in [0, 1]
-and λ on the simplex, and every term is a sum over stages of what the stage's span [i, z) costs on
+and λ on the simplex (and Σ_g λ_g tail_g, Σ_g λ_g queue_g), and every term is a sum over stages of what the stage's span [i, z) costs on
 its group (the fills at each group's earliest stage): for fixed λ and θ the least over cuts is a
 dynamic programme over (stage, stop), O(S L^2). The bound is its most over λ (θ in {0, 1}), found
 by multiplicative weights on the groups' terms at the DP's cut (each step's value is itself a valid
@@ -28,13 +39,15 @@ that all-reduces cost."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
-from .chunked import groups_of
+from ..schedule.actions import Kind
+from .chunked import groups_of, rank_orders
 
 STEPS = 10  # multiplicative-weights steps per θ
 
@@ -86,6 +99,11 @@ class GroupBound:
         self.fill = np.concatenate(([0.0], np.cumsum(fastest[:, 0])))  # fill[i]: layers 0 .. i - 1
         self.drain = np.concatenate(([0.0], np.cumsum(fastest[:, 1]))) if drain else np.zeros(L + 1)
         self.groups = groups
+        # (the all-reduce terms' tables are made when the busy terms leave the bound short: bound())
+        self._tail_inputs = (profile, topology, family, groups, M, v)
+        self.tail: dict[int, np.ndarray] | None = None
+        self.rings: dict[int, np.ndarray] = {}
+        self.has_tails = False
         self.cells = 0
         self.empty = np.where(valid, 0.0, np.inf)  # a stage holds at least one layer
         # θ = 0 trades a stage's M backwards for its all-reduce: only where some single layer's
@@ -101,9 +119,75 @@ class GroupBound:
             for r in set(groups)
         )
 
-    def _terms(self, theta: float) -> list[list[tuple[int, np.ndarray]]]:
+    def _tails(self, profile: ModelProfile, topology: Topology, family: str, groups, M: int, v: int) -> None:
+        """self.last: per group, the stage of its order's last step where that step is the stage's
+        last gradient action (a B, or a W under a split backward); self.tail[r]: over every span
+        [i, z), the least of that stage's all-reduce left after the action ends, on r replicas.
+
+        The runtime all-reduces a stage's gradients in buckets of whole layers from the last, each
+        sent once its lowest weighted layer's gradient is done (allreduce.py): the bucket holding
+        the stage's first weighted layer is done only when the action has run every layer below
+        it, none weighted, and its ring moves at least that layer's weights. So the action's end
+        leaves at least ring(that layer's bytes) less the backward of the unweighted layers below
+        it: T >= fill_g + busy_g + tail of g's last stage. (Under a whole backward the drain after
+        the last step runs on other groups at the same time: a term has the drain or the tail.)"""
+        L, k = self.L, topology.devices_per_node
+        self.last, self.queue = _order_facts(family, len(groups), M, v)
+        weights = np.array([x.parameter_bytes for x in profile.layers] + [0.0])
+        low = np.full(L + 1, L)  # low[i]: the first weighted layer at or after i (L: none)
+        for i in range(L - 1, -1, -1):
+            low[i] = i if weights[i] > 0 else low[i + 1]
+        i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+        holds = (low[:, None] < z) & (z > i)  # the span [i, z) holds a weighted layer
+        params = np.asarray(profile._prefix["p"])
+        span_bytes = np.where(z > i, params[z] - params[i], 0.0)
+        self.tail, self.rings = {}, {}
+        for r in set(groups):
+            devices = r * (2 if family == "chimera" else 1)  # (Chimera: both copies all-reduce together)
+            if devices <= 1:
+                continue
+            # the faster link where the devices may sit in one node (a bound holds on the best placement)
+            links = [topology.allreduce_link(True)] + ([topology.allreduce_link(False)] if devices <= k else [])
+            ring = np.min([ring_allreduce_s(devices, weights[low], link) for link in links], axis=0)
+            below = self.backward[r][np.arange(L + 1), low]  # the unweighted layers' backward before it
+            whole = np.min([ring_allreduce_s(devices, span_bytes, link) for link in links], axis=0)
+            self.rings[r] = np.where(span_bytes > 0, whole, 0.0)
+            # or: every bucket's ring, one after another, less the action's time (at most a backward)
+            first_bucket = np.where(holds, np.maximum(0.0, ring - below)[:, None], 0.0)
+            self.tail[r] = np.maximum(first_bucket, self.rings[r] - self.backward[r])
+        self.share = _weight_share(profile)
+        self.has_tails = any(bool(np.any(t > 0)) for t in self.tail.values()) and bool(self.last)
+
+    def _kinds(self, s: int, r: int) -> tuple[np.ndarray, ...]:
+        """Stage s's F, B, I, W over every span on r replicas, as the simulator charges them less its
+        cost per action (the first stage's split backward is all W: cost.stage_costs)."""
+        f, b = self.forward[r], self.backward[r]
+        w = b if s == 0 else b * self.share
+        return f, b, b - w, w
+
+    def _queue_terms(self) -> list[list[tuple[int, np.ndarray]]]:
+        """Per stage, per group: a group's all-reduces run one after another on its devices, none
+        before its stage's last gradient action starts, so T >= the group's fill + its steps before
+        the first of its stages' last gradient actions (the order says which) + every stage's ring."""
+        out = []
+        for s in range(self.S):
+            terms = []
+            for g, _ in self.on[s]:
+                r = self.groups[g]
+                counts = self.queue[g].get(s, (0, 0, 0, 0))
+                cost = self.rings.get(r, np.zeros_like(self.empty)) + sum(
+                    n * x for n, x in zip(counts, self._kinds(s, r)) if n
+                )
+                if self.first[g] == s:
+                    cost = cost + self.fill[:, None]
+                terms.append((g, cost))
+            out.append(terms)
+        return out
+
+    def _terms(self, theta: float, tails: bool = False) -> list[list[tuple[int, np.ndarray]]]:
         """Per stage, per group it runs on: that group's cost of the stage over every span [i, z)
-        (its ends added at the group's earliest stage, as a function of i)."""
+        (its ends added at the group's earliest stage, as a function of i; with `tails`, the
+        all-reduce its last step leaves, at that step's stage, in place of the drain)."""
         out = []
         for s in range(self.S):
             terms = []
@@ -114,7 +198,10 @@ class GroupBound:
                 else:
                     cost = runs * (self.forward[r] + theta * self.backward[r]) + (1 - theta) * self.ring[r]
                 if self.first[g] == s:
-                    cost = cost + (self.fill + theta * self.drain)[:, None]
+                    cost = cost + (self.fill + (0.0 if tails else theta) * self.drain)[:, None]
+                left = (self.tail or {}).get(r) if tails and self.last.get(g) == s else None
+                if left is not None:
+                    cost = cost + left
                 terms.append((g, cost))
             out.append(terms)
         return out
@@ -140,6 +227,23 @@ class GroupBound:
             z = i
         return value, per_group
 
+    def _modes(self):
+        """(θ, tails) of each kind of term in turn, θ < 0 the queues: under a whole backward the
+        busy terms with their drain first, the all-reduce tables only once those leave the bound
+        below its cap (a generator: bound() stops asking once it reaches the cap)."""
+        if self.drain.any():  # (a whole backward: the drain, then the tail in its place)
+            yield 1.0, False
+        if self.tail is None:
+            self._tails(*self._tail_inputs)
+        if self.has_tails:
+            yield 1.0, True
+        elif not self.drain.any():  # (a split backward: the tail adds to the busy terms, where there is one)
+            yield 1.0, False
+        if self.rings:
+            yield -1.0, False
+        if self.all_reduces_may_bind:
+            yield 0.0, False
+
     def bound(self, cap: float = math.inf, cells: float = math.inf) -> float:
         """The most over the steps and θ of the dual value (stops once it reaches `cap`, or once the
         programmes have walked `cells` (stage, start, stop) cells: self.cells counts them)."""
@@ -147,8 +251,8 @@ class GroupBound:
             return math.inf  # (no cut: every stage needs a layer)
         best = 0.0
         each = self.S * (self.L + 1) ** 2
-        for theta in (1.0, 0.0) if self.all_reduces_may_bind else (1.0,):
-            terms = self._terms(theta)
+        for theta, tails in self._modes():
+            terms = self._queue_terms() if theta < 0 else self._terms(theta, tails)
             lam = np.full(self.P, 1.0 / self.P)
             for step in range(STEPS):
                 if self.cells + each > cells:
@@ -165,3 +269,49 @@ class GroupBound:
                 lam = lam * np.exp(2.0 / math.sqrt(step + 1) * (per_group - per_group.max()) / spread)
                 lam /= lam.sum()
         return best
+
+
+CODES = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.INPUT_GRAD: 2, Kind.WEIGHT_GRAD: 3}
+
+
+@lru_cache(maxsize=256)
+def _order_facts(family: str, groups: int, micro_batches: int, v: int):
+    """(per group the stage of its last step where that is the stage's last gradient step, _queues)
+    of the shape's rank orders: read once per (family, groups, micro-batches, v)."""
+    orders = rank_orders(family, groups, micro_batches, v).orders
+    last = {
+        g: order[-1].stage
+        for g, order in enumerate(orders)
+        if order and order[-1].kind in (Kind.BACKWARD, Kind.WEIGHT_GRAD)
+    }
+    return last, _queues(orders)
+
+
+def _queues(orders) -> dict[int, dict[int, tuple[int, ...]]]:
+    """Per group: its steps before the first of its stages' last gradient actions (B, or W under a
+    split backward), counted per stage as (F, B, I, W)."""
+    out = {}
+    for g, order in enumerate(orders):
+        last = {}
+        for n, step in enumerate(order):
+            if step.kind in (Kind.BACKWARD, Kind.WEIGHT_GRAD):
+                last[step.stage] = n
+        counts: dict[int, list[int]] = {}
+        for step in order[: min(last.values(), default=0)]:
+            counts.setdefault(step.stage, [0, 0, 0, 0])[CODES[step.kind]] += 1
+        out[g] = {s: tuple(c) for s, c in counts.items()}
+    return out
+
+
+def _weight_share(profile: ModelProfile) -> np.ndarray:
+    """W's share of the backward of every span [i, z) (ModelProfile.weight_share: measured where
+    every layer of the span was measured split, else half, as the simulator charges it)."""
+    L = profile.num_layers
+    b = np.concatenate(([0.0], np.cumsum([x.backward_s for x in profile.layers])))
+    w = np.concatenate(([0.0], np.cumsum([x.weight_grad_s or 0.0 for x in profile.layers])))
+    unmeasured = np.concatenate(([0], np.cumsum([x.weight_grad_s is None for x in profile.layers])))
+    i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    total, weights = b[z] - b[i], w[z] - w[i]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(total > 0, np.minimum(1.0, weights / total), 0.5)
+    return np.where((unmeasured[z] - unmeasured[i] > 0) | (total <= 0), 0.5, share)
