@@ -185,14 +185,7 @@ def profiles_at(cache: Path, samples: int | None, out: Path) -> list[dict]:
     for path in sorted(cache.rglob("gpt-b*.json")):
         p = ModelProfile.from_json(path.read_text())
         shutil.copy(path, out / f"gpu-measured-profile-b{p.batch_size}.json")
-        at = None
-        if samples:
-            at = sum(
-                x.forward_fixed_s
-                + x.backward_fixed_s
-                + (x.forward_s + x.backward_s - x.forward_fixed_s - x.backward_fixed_s) * samples / p.batch_size
-                for x in p.layers
-            )
+        at = sum(p.seconds(0, p.num_layers, samples)) if samples else None
         rows.append({"batch": [p.batch_size, 4 * p.batch_size], "samples": samples, "layers_s_at_samples": at})
     return sorted(rows, key=lambda r: r["batch"])
 

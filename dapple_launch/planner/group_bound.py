@@ -46,7 +46,7 @@ import numpy as np
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
-from ..schedule.actions import Kind
+from ..schedule.actions import CODE_OF, Kind
 from .chunked import groups_of, rank_orders
 
 STEPS = 10  # multiplicative-weights steps per θ
@@ -81,7 +81,7 @@ class GroupBound:
         params = np.asarray(profile._prefix["p"])
         i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
         valid = z > i
-        w = np.where(valid, params[np.minimum(z, L)] - params[i], 0.0)
+        w = self.span_bytes = np.where(valid, params[np.minimum(z, L)] - params[i], 0.0)  # weights of [i, z)
         self.forward, self.backward, self.ring = {}, {}, {}
         fastest = None
         for r in sorted(set(groups)):
@@ -139,8 +139,7 @@ class GroupBound:
             low[i] = i if weights[i] > 0 else low[i + 1]
         i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
         holds = (low[:, None] < z) & (z > i)  # the span [i, z) holds a weighted layer
-        params = np.asarray(profile._prefix["p"])
-        span_bytes = np.where(z > i, params[z] - params[i], 0.0)
+        span_bytes = self.span_bytes
         self.tail, self.rings = {}, {}
         for r in set(groups):
             devices = r * (2 if family == "chimera" else 1)  # (Chimera: both copies all-reduce together)
@@ -271,9 +270,6 @@ class GroupBound:
         return best
 
 
-CODES = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.INPUT_GRAD: 2, Kind.WEIGHT_GRAD: 3}
-
-
 @lru_cache(maxsize=256)
 def _order_facts(family: str, groups: int, micro_batches: int, v: int):
     """(per group the stage of its last step where that is the stage's last gradient step, _queues)
@@ -298,7 +294,7 @@ def _queues(orders) -> dict[int, dict[int, tuple[int, ...]]]:
                 last[step.stage] = n
         counts: dict[int, list[int]] = {}
         for step in order[: min(last.values(), default=0)]:
-            counts.setdefault(step.stage, [0, 0, 0, 0])[CODES[step.kind]] += 1
+            counts.setdefault(step.stage, [0, 0, 0, 0])[CODE_OF[step.kind]] += 1
         out[g] = {s: tuple(c) for s, c in counts.items()}
     return out
 
