@@ -5,7 +5,7 @@
    torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on PipelineStage: iteration time
    ours / theirs and ours / the simulator's prediction (each action its sleep plus the runtime's
    own cost per action, calibrated on a run of the same layers sleeping nothing). Both runtimes
-   run in the same 4 processes, iterations alternating (as the compute rows).
+   run in the same 4 processes, iterations alternating, `--repeats` runs (as the compute rows).
 2. compute rows: the same cut with real layers (Linear + GELU): CPU seconds per rank per
    iteration, ours / theirs (process CPU time, so gloo's own threads count on both sides; the
    row's ratio is of the mean over ranks). Both runtimes run in the same 4 processes, iterations
@@ -244,7 +244,7 @@ def main() -> None:
         "--quick", action="store_true", help="fewer rows and iterations, every schedule (under 10 minutes here)"
     )
     ap.add_argument("--iterations", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=3, help="side-by-side runs per compute row")
+    ap.add_argument("--repeats", type=int, default=3, help="side-by-side runs per row (each rank's median over them)")
     ap.add_argument("--out", default="runtime.json")
     args = ap.parse_args()
     iters = args.iterations or (3 if args.quick else 5)
@@ -356,15 +356,14 @@ def main() -> None:
 
 def _measure(kind: str, steps: tuple, row_args: tuple, iters: int, repeats: int, tmp: str) -> tuple[list, list]:
     """Per rank, ours and theirs (`steps`: their step builders), both runtimes side by side in the same
-    processes, iterations alternating (common.time_side_by_side): sleep rows one such run (their
-    wall time is the sleeps', but wake-ups and transfers on 2 shared cores drift between separate
-    runs by more than the runtimes differ); compute rows `repeats` runs, each rank's median over them
-    (CPU seconds drift the same way)."""
+    processes, iterations alternating (common.time_side_by_side), `repeats` such runs, each rank's
+    median over them. Sleep rows too: their wall time is the sleeps', but wake-ups and transfers on 2
+    shared cores move one run's median of 3 iterations by ±0.5 % (1F1B M=4: 1.007 in one run, 0.998,
+    1.002 and 1.001 in three runs of 12 iterations side by side), as much as the runtimes could
+    differ; compute rows at least COMPUTE_ITERATIONS per run (CPU seconds drift the same way)."""
     sides = (("ours", steps[0]), ("theirs", steps[1]))
-    if kind == "sleep":
-        both = run_ranks(WORLD, timed, (sides, row_args, iters), tmp)
-        return [r["ours"] for r in both], [r["theirs"] for r in both]
-    runs = [run_ranks(WORLD, timed, (sides, row_args, max(iters, COMPUTE_ITERATIONS)), tmp) for _ in range(repeats)]
+    n = iters if kind == "sleep" else max(iters, COMPUTE_ITERATIONS)
+    runs = [run_ranks(WORLD, timed, (sides, row_args, n), tmp) for _ in range(repeats)]
     return (
         median_runs([[r["ours"] for r in run] for run in runs]),
         median_runs([[r["theirs"] for r in run] for run in runs]),
