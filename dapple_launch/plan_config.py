@@ -154,6 +154,24 @@ def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]
     return out
 
 
+def parameter_count(model: PipelineModel) -> int:
+    """The model's weights, each tied weight once, from its layers built on the meta device (no
+    memory, no weights read: trainer.lr=null's rate is by size, runtime/lr.default_lr)."""
+    import torch
+
+    from .models.contract import tied_owners
+
+    # a tied weight's other members (its owner counts it)
+    again = {name for name, owner in tied_owners(model).items() if name != owner}
+    total = 0
+    with torch.device("meta"):
+        for i, spec in enumerate(model.layers()):
+            for name, p in spec.build().named_parameters():
+                if f"layers.{i}.{name}" not in again:
+                    total += p.numel()
+    return total
+
+
 def limits_from_config(s: DictConfig, seq_len: int | None = None) -> Limits:
     """`seq_len`: the sequence length of a model that supports token slicing (else None)."""
     auto = s.name == "auto"

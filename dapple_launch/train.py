@@ -11,10 +11,11 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
 from .data.datasets import PipelineData, build_datasets
-from .plan_config import model_from_config, run_precision
+from .plan_config import model_from_config, parameter_count, run_precision
 from .planner.plan import Plan
 from .runtime import DappleStrategy, PipelineModule
 from .runtime.checkpointing import Checkpointing
+from .runtime.lr import default_lr
 from .runtime.placement import PlannedEnvironment, job_shape
 from .runtime.progress import Progress
 from .runtime.signals import SIGNAL, StopOnSignal
@@ -147,7 +148,8 @@ def build_module_and_data(cfg: DictConfig, plan: Plan) -> tuple[PipelineModule, 
     t = cfg.trainer
     module = PipelineModule(
         model,
-        lr=t.lr,
+        # (null only where ranks start without the launcher, which settles it: launch/job.settle_lr)
+        lr=t.lr if t.lr is not None else default_lr(parameter_count(model)),
         weight_decay=t.weight_decay,
         warmup_steps=t.warmup_steps,
         total_steps=t.lr_decay_steps or t.max_steps,

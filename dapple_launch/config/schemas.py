@@ -495,7 +495,9 @@ DATA_SCHEMAS = {"synthetic": SyntheticDataConfig, "text_file": TextFileDataConfi
 @dataclass
 class TrainerConfig:
     max_steps: int = 200
-    lr: float = 3e-3
+    # Adam's peak learning rate; None: by the model's parameter count (runtime/lr.default_lr: GPT-3's
+    # table, 3e-3 for the CPU presets), resolved once before the ranks start and logged
+    lr: Optional[float] = None
     weight_decay: float = 0.0
     warmup_steps: int = 10
     lr_decay_steps: Optional[int] = None  # cosine decay horizon; None = max_steps (set it when you will resume longer)
@@ -528,7 +530,12 @@ class TrainerConfig:
             profile_steps=self.profile_steps,
             lr_decay_steps=self.lr_decay_steps,
         )
-        _need(self.lr > 0 and math.isfinite(self.lr), "trainer.lr", self.lr, "must be a number > 0")
+        _need(
+            self.lr is None or self.lr > 0 and math.isfinite(self.lr),
+            "trainer.lr",
+            self.lr,
+            "must be a number > 0 (or null: by the model's size)",
+        )
         _need(self.weight_decay >= 0, "trainer.weight_decay", self.weight_decay, "must be >= 0")
         _need(self.warmup_steps >= 0, "trainer.warmup_steps", self.warmup_steps, "must be >= 0")
         _need(

@@ -45,6 +45,21 @@ def check_data(cfg: DictConfig, plan: Plan, model) -> None:
     check(d, model, G, widest)
 
 
+def settle_lr(cfg: DictConfig, model, log) -> None:
+    """trainer.lr=null: the rate for the model's size (runtime/lr.default_lr), set in the config the
+    run files and every rank read, and said once."""
+    if cfg.trainer.lr is not None:
+        return
+    from ..plan_config import parameter_count
+    from ..runtime.lr import default_lr
+
+    n = parameter_count(model)
+    cfg.trainer.lr = lr = default_lr(n)
+    log.info(
+        f"trainer.lr={lr:.3g}: for {n / 1e6:.1f} M parameters (GPT-3's rates by model size; set trainer.lr to choose)"
+    )
+
+
 def write_frontier(cfg: DictConfig, run_dir: Path, log) -> None:
     """When the plan was chosen among several (objective pareto or memory, devices=auto): the table,
     pareto.json (the plans, fastest first, each in plan.json's schema) and pareto.svg."""
@@ -88,6 +103,7 @@ def run(cfg: DictConfig) -> int:
         model = model_from_config(cfg.model) if cfg.model.name != "from_profile" else None
         if model is not None:
             check_data(cfg, plan, model)
+            settle_lr(cfg, model, log)
         if cfg.dry_run:
             write_run_files(cfg, plan, run_dir)
             log.info(f"dry run: plan written to {run_dir / 'plan.json'}; nothing started")
