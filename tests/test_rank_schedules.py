@@ -454,18 +454,20 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
 
 
 @pytest.mark.slow  # (several seconds: out of the fast tier)
-def test_the_all_reduce_terms_of_a_shapes_bound_stay_below_its_best_cut():
+def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut():
     """group_bound's all-reduce terms: a group's last step leaves its stage's all-reduce to finish
     (at least the bucket of its first weighted layer, or every byte less the step), and a group's
-    all-reduces queue one after another from the first of its stages' last gradient steps. Against
-    the best of every cut of the shape (simulated, exhaustively, on random clusters whose all-reduce
-    is fast or slow) the bound stays at or below, and these terms raise it on a good share."""
+    all-reduces queue one after another from the first of its stages' last gradient steps; and
+    path_bound's terms: a group's run between two of its steps with micro-batch m's forward before
+    and its gradient after, transfers included, and each link's load. Against the best of every
+    cut of the shape (simulated, exhaustively, on random clusters whose all-reduce is fast or slow)
+    the bound stays at or below, and each kind of term raises it on a good share."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(11)
-    checked = raised = 0
+    checked = raised = by_paths = 0
     for _ in range(4):
         topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
         G, L = rng.choice([8, 16]), profile.num_layers
@@ -477,9 +479,12 @@ def test_the_all_reduce_terms_of_a_shapes_bound_stay_below_its_best_cut():
                 continue
             times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
             bound = GroupBound(profile, topo, G, family, v, groups, b, times).bound()
+            dual = GroupBound(profile, topo, G, family, v, groups, b, times)
+            dual.with_paths = False
             without = GroupBound(profile, topo, G, family, v, groups, b, times)
-            without.tail = {}  # (no all-reduce tables: the busy and fill-and-drain terms alone)
-            raised += bound > without.bound() * 1.001
+            without.tail, without.with_paths = {}, False  # (the busy and fill-and-drain terms alone)
+            raised += dual.bound() > without.bound() * 1.001
+            by_paths += bound > dual.bound() * 1.001
             best = min(
                 evaluate_chunked(
                     profile, topo, chunked_layout(family, list(groups), [*cut, L], None), b, G // b, limits, family, v
@@ -488,7 +493,7 @@ def test_the_all_reduce_terms_of_a_shapes_bound_stay_below_its_best_cut():
             )
             assert bound <= best * (1 + 1e-9), (family, v, groups, b, bound, best)
             checked += 1
-    assert checked > 150 and raised > checked / 4, (checked, raised)
+    assert checked > 150 and raised > checked / 4 and by_paths > checked / 4, (checked, raised, by_paths)
 
 
 def test_a_chimera_groups_bound_counts_the_drain_after_its_last_backward():

@@ -56,6 +56,9 @@ SCREEN = 1 / 2  # of this pass's budget, what the screen (one balanced candidate
 # the bounds over cuts of the shapes left open (group_bound.py) may walk this many (stage, start,
 # stop) cells of their programmes per strategy.search_nodes (a few ns each: about 0.1 s at the default)
 BOUND_CELLS_PER_NODE = 1000
+# and the paths of the rank orders (path_bound.py) this share of as many again: each of their
+# programmes weighs five tables per stage and a small matrix game, so a cell costs them more time
+PATH_CELLS = 1.0
 
 
 def _compositions(total: int, parts: int):
@@ -401,18 +404,54 @@ def cut_bounds(
     """Per micro-batch size, the least bound of the shapes left open, each raised by the bound over
     its cuts (group_bound.py) as far as it decides the gap: in increasing shape bound, each only up
     to the least so far (or the best plan), above which it changes nothing; within `cells` of the
-    bounds' programmes (a count, not a clock: the same bounds on any machine), the rest as they are."""
-    bounds: dict[int, float] = {}
-    least = best
+    bounds' programmes (a count, not a clock: the same bounds on any machine), the rest as they are.
+    Then, within PATH_CELLS of as many cells again, the shapes left lowest once more in increasing
+    bound, each up to the least so far: the dual again (it stopped at the least bound of the shapes
+    before it, which may have risen since) and the paths of the rank orders (path_bound.py). The
+    first pass alone is what the bound was before the paths: the second only raises it."""
+    rows: list[list] = []  # [bound, family, v, groups, b, its GroupBound or None]
+    least, given = best, cells
     for bound, family, v, groups, b in sorted(open_shapes, key=lambda x: (x[0], x[1], x[2], x[3], x[4])):
+        dual = None
         if bound < least and cells > 0:
-            times = lambda r, b=b: _layer_times(profile, topology, r, b, memo)
-            dual = GroupBound(profile, topology, global_batch, family, v, groups, b, times)
+            dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+            dual.with_paths = False  # (their turn comes below, on the shapes left lowest)
             bound = max(bound, dual.bound(least, cells))
             cells -= dual.cells
         least = min(least, bound)
+        rows.append([bound, family, v, groups, b, dual])
+    rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))  # (ties: by shape, never by the objects)
+    paths, warm = given * PATH_CELLS, {}  # (warm: per rank orders, the path weights that did best so far)
+    least = best  # what the shapes raised so far are all at or above
+    for row in rows:
+        if row[0] >= least or paths <= 0:
+            break  # (every shape after it is as high: none is below the least any more)
+        # the dual again (above, it stopped at the least bound of the shapes before it, which may
+        # be higher now), then the paths (not Chimera's: its stages run on two groups)
+        family, v, groups, b = row[1:5]
+        dual = row[5] or _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+        dual.cells, dual.with_paths, dual.warm = 0, family != "chimera", warm
+        row[0] = max(row[0], dual.bound(least, paths))
+        paths -= dual.cells
+        least = min(least, row[0])
+    bounds: dict[int, float] = {}
+    for bound, _, _, _, b, _ in rows:
         bounds[b] = min(bounds.get(b, math.inf), bound)
     return bounds
+
+
+def _group_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> GroupBound:
+    times = lambda r, b=b: _layer_times(profile, topology, r, b, memo)
+    return GroupBound(profile, topology, global_batch, family, v, groups, b, times)
 
 
 class DeviceGroups:

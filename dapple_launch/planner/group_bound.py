@@ -48,6 +48,7 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.actions import CODE_OF, Kind
 from .chunked import groups_of, rank_orders
+from .path_bound import link_terms, path_bound, path_terms, send_tables
 
 STEPS = 10  # multiplicative-weights steps per θ
 
@@ -68,7 +69,7 @@ class GroupBound:
     ):
         """`layer_times(r)`: each layer's (forward, backward) on a replica's share of b, (L, 2)."""
         L, P, k = profile.num_layers, len(groups), topology.devices_per_node
-        self.L, self.P, self.family = L, P, family
+        self.L, self.P, self.family, self.b = L, P, family, b
         M = global_batch // b
         self.S = P if family == "chimera" else v * P
         runs = M / 2 if family == "chimera" else M
@@ -104,6 +105,9 @@ class GroupBound:
         self.tail: dict[int, np.ndarray] | None = None
         self.rings: dict[int, np.ndarray] = {}
         self.has_tails = False
+        self.share: np.ndarray | None = None  # W's share of each span's backward (made on first use)
+        self.with_paths = family != "chimera"  # (Chimera's stages run on two groups: no path term)
+        self.warm: dict | None = None  # per rank orders, the path weights that did best (path_bound)
         self.cells = 0
         self.empty = np.where(valid, 0.0, np.inf)  # a stage holds at least one layer
         # θ = 0 trades a stage's M backwards for its all-reduce: only where some single layer's
@@ -161,6 +165,8 @@ class GroupBound:
         """Stage s's F, B, I, W over every span on r replicas, as the simulator charges them less its
         cost per action (the first stage's split backward is all W: cost.stage_costs)."""
         f, b = self.forward[r], self.backward[r]
+        if self.share is None:
+            self.share = _weight_share(self._tail_inputs[0])
         w = b if s == 0 else b * self.share
         return f, b, b - w, w
 
@@ -244,10 +250,17 @@ class GroupBound:
             yield 0.0, False
 
     def bound(self, cap: float = math.inf, cells: float = math.inf) -> float:
-        """The most over the steps and θ of the dual value (stops once it reaches `cap`, or once the
-        programmes have walked `cells` (stage, start, stop) cells: self.cells counts them)."""
+        """The most over the steps and θ of the dual value, then of the paths' (path_bound.py; not
+        Chimera, whose stages run on two groups); stops once it reaches `cap`, or once the
+        programmes have walked `cells` (stage, start, stop) cells: self.cells counts them."""
         if self.S > self.L:
             return math.inf  # (no cut: every stage needs a layer)
+        best = self._dual(cap, cells)
+        if best < cap and self.with_paths and math.isfinite(best):
+            best = max(best, self._paths(cap, cells, self.warm))
+        return best
+
+    def _dual(self, cap: float, cells: float) -> float:
         best = 0.0
         each = self.S * (self.L + 1) ** 2
         for theta, tails in self._modes():
@@ -268,6 +281,30 @@ class GroupBound:
                 lam = lam * np.exp(2.0 / math.sqrt(step + 1) * (per_group - per_group.max()) / spread)
                 lam /= lam.sum()
         return best
+
+    def path_bound(self, cap: float = math.inf, cells: float = math.inf, warm: dict | None = None) -> float:
+        """path_bound.py's over the group runs and link loads of the shape's rank orders, within
+        `cells` (self.cells counts them); 0 for Chimera (its stages run on two groups). `warm`: per
+        rank orders, the weights that did best on a shape before (read and updated)."""
+        if self.S > self.L:
+            return math.inf
+        return self._paths(cap, cells, warm) if self.family != "chimera" else 0.0
+
+    def _paths(self, cap: float, cells: float, warm: dict | None = None) -> float:
+        profile, topology, family, groups, M, v = self._tail_inputs
+        runs, whole = path_terms(family, self.P, M, v, self.S)
+        terms = np.concatenate([runs, link_terms(family, self.P, M, self.S)])
+        key = (family, self.P, M, v)
+        start = (warm or {}).get(key)
+        if start is None:  # (each group's whole run: its busy time with fill and drain)
+            start = np.concatenate([whole, np.zeros(len(terms) - len(runs), dtype=bool)]).astype(float)
+        sends = send_tables(profile, topology, family, groups, self.b, self.S)
+        tables = lambda s: (*self._kinds(s, groups[self.on[s][0][0]]), sends[s])
+        value, walked, lam = path_bound(terms, tables, self.empty, start, cap, cells - self.cells)
+        self.cells += walked
+        if warm is not None:
+            warm[key] = lam
+        return value
 
 
 @lru_cache(maxsize=256)

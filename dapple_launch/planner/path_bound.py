@@ -1,0 +1,195 @@
+"""A bound over a shape's cuts from the paths of its rank orders (group_bound.py's last term).
+
+For one cut, the simulator's iteration is at least the length of any path through its steps. Two
+kinds of path are read from the shape's rank orders, each a sum over stages of what the stage's
+span [i, z) costs, so for any weights the least over cuts is group_bound's programme:
+
+- a group's run: g's steps from its first forward of stage a (or its first step) to its last
+  input gradient of stage c (or its last step), in its order, one at a time; before it,
+  micro-batch m's forward through every stage ahead of a, each followed by its transfer where the
+  next stage is on another group (F(a, m) needs them); after it, that micro-batch's gradient back
+  through every stage ahead of c (B, or I and the first stage's W under a split backward), with
+  its transfers. Taken from a = the first stage and c = the last step, it is the group's busy time
+  with its fill and drain on the cut's own spans.
+- a link's load: the simulator sends one transfer at a time over the link from one group to
+  another, so T >= M × every transfer that crosses it (the activations of the boundaries from g to
+  h, the gradients of those from h to g).
+
+The transfers are priced as the simulator's stage costs price them (cost.stage_costs: latency + the
+cut's bytes over the smaller replica count, at the link's bandwidth); the steps at the simulator's
+costs less its cost per action. A path term alone is weak where the cut player may choose (a cut
+that makes every group's fill short makes some stage long); the bound is the most over mixed
+weights of all of them, max over λ of min over cuts of Σ_t λ_t term_t, found by a double oracle:
+the programme answers each λ with its cut (a valid bound each time), and λ is the weights that
+do best against the cuts found so far (multiplicative weights on that small matrix game).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import SPLIT_BACKWARD
+from ..schedule.actions import CODE_OF, Kind
+from .chunked import group_devices, group_of, rank_orders
+
+SEND = 4  # the coefficient's column for a stage's outgoing transfer (after F, B, I, W)
+ROUNDS = 24  # programmes per shape at most
+GAME_STEPS = 300  # multiplicative-weights steps on the matrix of the cuts found
+# what one of those steps is counted as, in the programmes' cells (a numpy call's overhead, a few
+# microseconds: about a thousand cells), so the budget bounds the game's time as well
+GAME_STEP_CELLS = 1000
+
+
+@lru_cache(maxsize=64)
+def path_terms(family: str, groups: int, micro_batches: int, v: int, stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """((terms, stages, 5): each group run's count of F, B, I, W per stage and of transfers after
+    each stage (group_bound's stage costs and send tables weigh them); which terms are a group's
+    whole order (its busy time, fill and drain: where the weights start))."""
+    orders = rank_orders(family, groups, micro_batches, v).orders
+    split = family in SPLIT_BACKWARD
+    crosses = np.array([group_of(family, s, groups) != group_of(family, s + 1, groups) for s in range(stages - 1)])
+    out, whole = [], []
+    for order in orders:
+        if not order:
+            continue
+        firsts: dict[int, int] = {}
+        lasts: dict[int, int] = {}
+        for n, step in enumerate(order):
+            if step.kind is Kind.FORWARD:
+                firsts.setdefault(step.stage, n)
+            elif step.kind in (Kind.BACKWARD, Kind.INPUT_GRAD):
+                lasts[step.stage] = n
+        counts = np.zeros((len(order) + 1, stages, 4))  # counts[n]: the steps before n, per stage and kind
+        for n, step in enumerate(order):
+            counts[n + 1] = counts[n]
+            counts[n + 1, step.stage, CODE_OF[step.kind]] += 1
+        for i in sorted({0, *firsts.values()}):
+            for j in sorted({len(order) - 1, *lasts.values()}):
+                if j < i:
+                    continue
+                c = np.zeros((stages, 5))
+                c[:, :4] = counts[j + 1] - counts[i]
+                if order[i].kind is Kind.FORWARD:  # micro-batch m's forward to stage a
+                    a = order[i].stage
+                    c[:a, 0] += 1
+                    c[:a, SEND] += crosses[:a]
+                if order[j].kind in (Kind.BACKWARD, Kind.INPUT_GRAD):  # and its gradient back from c
+                    back = order[j].stage
+                    if split and back:
+                        c[1:back, CODE_OF[Kind.INPUT_GRAD]] += 1
+                        c[0, CODE_OF[Kind.BACKWARD]] += 1  # (the first stage's backward is all W)
+                    elif not split:
+                        c[:back, CODE_OF[Kind.BACKWARD]] += 1
+                    c[:back, SEND] += crosses[:back]
+                out.append(c)
+                whole.append(i == 0 and j == len(order) - 1)
+    return np.array(out).reshape(-1, stages, 5), np.array(whole, dtype=bool)
+
+
+@lru_cache(maxsize=64)
+def link_terms(family: str, groups: int, micro_batches: int, stages: int) -> np.ndarray:
+    """(links, stages, 5): per directed link between two groups, M × each transfer over it."""
+    loads: dict[tuple[int, int], np.ndarray] = {}
+    for s in range(stages - 1):
+        g, h = group_of(family, s, groups), group_of(family, s + 1, groups)
+        if g == h:
+            continue
+        for link in ((g, h), (h, g)):  # the activation one way, its gradient back
+            loads.setdefault(link, np.zeros((stages, 5)))[s, SEND] += micro_batches
+    return np.array(list(loads.values())).reshape(-1, stages, 5)
+
+
+def send_tables(
+    profile: ModelProfile, topology: Topology, family: str, groups: Sequence[int], b: int, stages: int
+) -> list[np.ndarray]:
+    """Per stage, over every span [i, z): its transfer to the next stage where that is on another
+    group (cost.stage_costs' price of the cut at z), else 0."""
+    L, P = profile.num_layers, len(groups)
+    devices = group_devices(tuple(groups))
+    cut = np.zeros(L + 1)
+    cut[1:L] = np.asarray(profile.cut_bytes[: L - 1]) * b / profile.batch_size  # cut[z]: after layer z - 1
+    out = []
+    for s in range(stages):
+        if s == stages - 1 or group_of(family, s, P) == group_of(family, s + 1, P):
+            out.append(np.zeros((L + 1, L + 1)))
+            continue
+        g, h = group_of(family, s, P), group_of(family, s + 1, P)
+        bw, lat = topology.p2p(devices[g], devices[h])
+        price = np.where(cut > 0, lat + cut / min(groups[g], groups[h]) / bw, lat)
+        out.append(np.broadcast_to(price[None, :], (L + 1, L + 1)))
+    return out
+
+
+def path_bound(
+    terms: np.ndarray,
+    tables: Callable[[int], Sequence[np.ndarray]],
+    empty: np.ndarray,
+    start: np.ndarray,
+    cap: float,
+    cells: float,
+) -> tuple[float, int, np.ndarray]:
+    """(the most of min over cuts of Σ_t λ_t term_t over the λ tried, cells walked, the λ that gave
+    it). `tables(s)`: stage s's five tables over its spans (F, B, I, W, send); `start`: the first λ
+    (another shape's of the same rank orders is a good one: one programme may already decide);
+    stops at `cap` or before passing `cells`."""
+    T, S, _ = terms.shape
+    L = empty.shape[0] - 1
+    base = [np.stack(tables(s)) for s in range(S)]  # (5, L + 1, L + 1) each
+    used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]
+    lam, best, walked, columns = start / start.sum(), 0.0, 0, []
+    kept = lam
+    each = S * (L + 1) ** 2 * 6
+    for _ in range(ROUNDS):
+        if walked + each > cells:
+            break
+        walked += each
+        weights = np.einsum("t,tsk->sk", lam, terms)
+        cost = np.full((S + 1, L + 1), np.inf)
+        cost[0, 0] = 0.0
+        back = np.zeros((S + 1, L + 1), dtype=int)
+        for s in range(S):
+            step = empty + np.tensordot(weights[s, used[s]], base[s][used[s]], 1) if len(used[s]) else empty
+            total = cost[s][:, None] + step
+            back[s + 1] = np.argmin(total, axis=0)
+            cost[s + 1] = total[back[s + 1], np.arange(L + 1)]
+        value = float(cost[S, L])
+        if not math.isfinite(value):
+            return value, walked, kept
+        if value > best:
+            best, kept = value, lam
+        if best >= cap:
+            break
+        spans, z = [], L
+        for s in range(S, 0, -1):
+            i = int(back[s, z])
+            spans.append((i, z))
+            z = i
+        at = np.array([base[s][:, i, z] for s, (i, z) in enumerate(reversed(spans))])  # (S, 5) at this cut
+        columns.append(np.einsum("tsk,sk->t", terms, at))
+        lam, upper = _weights(np.array(columns).T)
+        walked += GAME_STEPS * (GAME_STEP_CELLS + T * len(columns))
+        if upper <= best * (1 + 1e-6):  # (no λ does better against the cuts found: the least is reached)
+            break
+    return best, walked, kept
+
+
+def _weights(A: np.ndarray) -> tuple[np.ndarray, float]:
+    """The row player's weights against the columns of A (terms × cuts; it maximises the least
+    column), by multiplicative weights, averaged; and the value they guarantee on A."""
+    T = A.shape[0]
+    scale = max(float(A.max() - A.min()), 1e-300)
+    eta = math.sqrt(8 * math.log(max(T, 2)) / GAME_STEPS)
+    lam, mean = np.full(T, 1.0 / T), np.zeros(T)
+    for _ in range(GAME_STEPS):
+        k = int(np.argmin(lam @ A))
+        lam = lam * np.exp(eta * (A[:, k] - A[:, k].max()) / scale)
+        lam /= lam.sum()
+        mean += lam
+    mean /= GAME_STEPS
+    return mean, float((mean @ A).min())
