@@ -282,15 +282,10 @@ class GroupBound:
                 lam /= lam.sum()
         return best
 
-    def path_bound(self, cap: float = math.inf, cells: float = math.inf, warm: dict | None = None) -> float:
-        """path_bound.py's over the group runs and link loads of the shape's rank orders, within
-        `cells` (self.cells counts them); 0 for Chimera (its stages run on two groups). `warm`: per
-        rank orders, the weights that did best on a shape before (read and updated)."""
-        if self.S > self.L:
-            return math.inf
-        return self._paths(cap, cells, warm) if self.family != "chimera" else 0.0
-
     def _paths(self, cap: float, cells: float, warm: dict | None = None) -> float:
+        """path_bound.py's over the group runs and link loads of the shape's rank orders, within
+        `cells` (self.cells counts them). `warm`: per rank orders, the weights that did best on a
+        shape before (read and updated)."""
         profile, topology, family, groups, M, v = self._tail_inputs
         runs, whole = path_terms(family, self.P, M, v, self.S)
         terms = np.concatenate([runs, link_terms(family, self.P, M, self.S)])

@@ -38,8 +38,6 @@ def default_lr(parameters: float) -> float:
     rate above 175 B. (GPT-2 large, 774 M, at the old flat default of 3e-3 ended 6 steps on one H200
     at a loss of 21.07, twice where it started; this gives it 2.5e-4.)"""
     table = GPT3_LEARNING_RATES
-    if parameters >= table[-1][0]:
-        return table[-1][1]
     n = max(float(parameters), 1.0)
     for (n0, lr0), (n1, lr1) in zip(table, table[1:]):
         if n < n1:
