@@ -496,6 +496,65 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
     assert checked > 150 and raised > checked / 4 and by_paths > checked / 4, (checked, raised, by_paths)
 
 
+def test_the_banded_programme_finds_the_least_cut_of_every_small_case():
+    """path_bound.least_cut asks each stage only for the band of spans a cut can give it (stage s
+    starts in [s, L - S + s]): on random tables it finds the least over every cut, enumerated, and
+    returns that cut's spans."""
+    import numpy as np
+
+    from dapple_launch.planner.path_bound import least_cut
+
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        L = int(rng.integers(1, 9))
+        S = int(rng.integers(1, L + 1))
+        tables = rng.random((S, L + 1, L + 1))
+        empty = np.where(np.arange(L + 1)[None, :] > np.arange(L + 1)[:, None], 0.0, np.inf)
+        value, spans = least_cut(S, L, lambda s, starts, stops: tables[s][starts, stops] + empty[starts, stops])
+        best = min(
+            sum(tables[s][i, z] for s, (i, z) in enumerate(zip((0, *cut), (*cut, L))))
+            for cut in itertools.combinations(range(1, L), S - 1)
+        )
+        assert value == pytest.approx(best, rel=1e-12)
+        assert [i for i, _ in spans][0] == 0 and spans[-1][1] == L
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(spans, spans[1:]))
+        assert sum(tables[s][i, z] for s, (i, z) in enumerate(spans)) == pytest.approx(value, rel=1e-12)
+
+
+@pytest.mark.slow  # (a few seconds: out of the fast tier)
+def test_the_dual_over_a_shapes_cuts_is_the_same_whichever_kind_of_term_leads():
+    """GroupBound._dual lets its kinds of term take turns, the one that last reached a cap first
+    (lead): without a cap or a count every kind climbs its own steps whatever the turns, so the
+    bound is the same for every lead; with a cap below it, the bound stops at or above the cap."""
+    from dapple_launch.planner.chunked_search import _layer_times, shapes
+    from dapple_launch.planner.group_bound import GroupBound
+
+    rng = random.Random(17)
+    compared = 0
+    for _ in range(3):
+        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
+        G = rng.choice([8, 16])
+        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
+        memo: dict = {}
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4]):
+            times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
+            make = lambda: GroupBound(profile, topo, G, family, v, groups, b, times)
+            plain = make()
+            plain.with_paths = False
+            value = plain.bound()
+            kinds = list(plain._modes())
+            for kind in kinds:
+                led = make()
+                led.with_paths, led.lead = False, {led._lead_key(): kind}
+                assert led.bound() == value, (family, v, groups, b, kind)
+            if 0 < value < math.inf:
+                capped = make()
+                capped.with_paths = False
+                assert value * 0.5 <= capped.bound(cap=value * 0.5) <= value
+            compared += len(kinds) > 1
+    assert compared > 20, compared
+
+
 def test_a_chimera_groups_bound_counts_the_drain_after_its_last_backward():
     """Chimera's backward is whole: a group's last step is a B, after which the last gradient still
     crosses the layers ahead of the group's earliest stage, so its bound counts that drain as it

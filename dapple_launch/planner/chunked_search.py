@@ -47,18 +47,22 @@ from .chunked import (
     rank_orders,
 )
 from .cost import Costed, Limits, speed_ratio
-from .group_bound import GroupBound
+from .group_bound import GroupBound, weight_share_table
+from .path_bound import SHAPE_CELLS
 from .proposal import Proposal, SearchState
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
 SCREEN = 1 / 2  # of this pass's budget, what the screen (one balanced candidate per shape) may score
 # the bounds over cuts of the shapes left open (group_bound.py) may walk this many (stage, start,
-# stop) cells of their programmes per strategy.search_nodes (a few ns each: about 0.1 s at the default)
-BOUND_CELLS_PER_NODE = 1000
-# and the paths of the rank orders (path_bound.py) this share of as many again: each of their
-# programmes weighs five tables per stage and a small matrix game, so a cell costs them more time
-PATH_CELLS = 1.0
+# stop) cells of their programmes per strategy.search_nodes, each stage's overhead and the path
+# games counted in cells too (path_bound.programme_cells: about 2.4 ns each, so about 0.17 s at the
+# default)
+BOUND_CELLS_PER_NODE = 3500
+# and the second pass (the shapes left lowest: the dual again, then the paths of their rank orders,
+# path_bound.py, whose programmes weigh five tables a stage and whose games cost as much again)
+# this many times as many again: about 0.35 s at the default, spent only where shapes stay low
+PATH_CELLS = 2.0
 
 
 def _compositions(total: int, parts: int):
@@ -277,7 +281,9 @@ def search_chunked(
     found: list[Costed] = []
     bounds: dict[int, float] = {}
     best, scored = incumbent, 0
-    built: set[tuple] = set()  # the rank orders (family, groups, micro-batches, v) built so far
+    # the rank orders (family, groups, micro-batches, v) built so far (in memo: cut_bounds counts
+    # the building of those it needs that this pass did not build)
+    built: set[tuple] = memo.setdefault("built", set())
 
     def costed(family, v, groups, b, stops, cutoff: float = math.inf, micro_batches: int = 0) -> Costed | None:
         """The candidate simulated (None: it cannot beat `cutoff`, by its busiest group's compute
@@ -410,12 +416,12 @@ def cut_bounds(
     before it, which may have risen since) and the paths of the rank orders (path_bound.py). The
     first pass alone is what the bound was before the paths: the second only raises it."""
     rows: list[list] = []  # [bound, family, v, groups, b, its GroupBound or None]
-    least, given = best, cells
+    least, given, lead = best, cells, {}  # (lead: per family and stage count, the kind of term that binds)
     for bound, family, v, groups, b in sorted(open_shapes, key=lambda x: (x[0], x[1], x[2], x[3], x[4])):
         dual = None
         if bound < least and cells > 0:
             dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
-            dual.with_paths = False  # (their turn comes below, on the shapes left lowest)
+            dual.with_paths, dual.lead = False, lead  # (the paths' turn comes below, on the shapes left lowest)
             bound = max(bound, dual.bound(least, cells))
             cells -= dual.cells
         least = min(least, bound)
@@ -429,8 +435,12 @@ def cut_bounds(
         # the dual again (above, it stopped at the least bound of the shapes before it, which may
         # be higher now), then the paths (not Chimera's: its stages run on two groups)
         family, v, groups, b = row[1:5]
-        dual = row[5] or _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
-        dual.cells, dual.with_paths, dual.warm = 0, family != "chimera", warm
+        dual = row[5]
+        if dual is None:
+            dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+        else:
+            dual.cells = 0  # (its tables are made: counted in the first pass)
+        dual.with_paths, dual.warm, dual.lead = family != "chimera", warm, lead
         row[0] = max(row[0], dual.bound(least, paths))
         paths -= dual.cells
         least = min(least, row[0])
@@ -451,7 +461,12 @@ def _group_bound(
     memo: dict,
 ) -> GroupBound:
     times = lambda r, b=b: _layer_times(profile, topology, r, b, memo)
-    return GroupBound(profile, topology, global_batch, family, v, groups, b, times)
+    bound = GroupBound(profile, topology, global_batch, family, v, groups, b, times)
+    if "share" not in memo:  # (the profile's: one table for every shape)
+        memo["share"] = weight_share_table(profile)
+    bound.share, bound.built = memo["share"], memo.setdefault("built", set())
+    bound.cells = SHAPE_CELLS  # (its tables)
+    return bound
 
 
 class DeviceGroups:

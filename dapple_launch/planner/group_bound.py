@@ -48,7 +48,16 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.actions import CODE_OF, Kind
 from .chunked import groups_of, rank_orders
-from .path_bound import link_terms, path_bound, path_terms, send_tables
+from .path_bound import (
+    ORDER_ACTION_CELLS,
+    ORDER_ACTION_CELLS_ELSE,
+    least_cut,
+    link_terms,
+    path_bound,
+    path_terms,
+    programme_cells,
+    send_tables,
+)
 
 STEPS = 10  # multiplicative-weights steps per θ
 
@@ -105,9 +114,11 @@ class GroupBound:
         self.tail: dict[int, np.ndarray] | None = None
         self.rings: dict[int, np.ndarray] = {}
         self.has_tails = False
-        self.share: np.ndarray | None = None  # W's share of each span's backward (made on first use)
+        self.share: np.ndarray | None = None  # W's share of each span's backward (made on first use, or given)
         self.with_paths = family != "chimera"  # (Chimera's stages run on two groups: no path term)
         self.warm: dict | None = None  # per rank orders, the path weights that did best (path_bound)
+        self.lead: dict | None = None  # per (family, P, S), the kind of term that last reached the cap
+        self.built: set | None = None  # the rank orders built so far in this search (counted once)
         self.cells = 0
         self.empty = np.where(valid, 0.0, np.inf)  # a stage holds at least one layer
         # θ = 0 trades a stage's M backwards for its all-reduce: only where some single layer's
@@ -136,6 +147,7 @@ class GroupBound:
         it: T >= fill_g + busy_g + tail of g's last stage. (Under a whole backward the drain after
         the last step runs on other groups at the same time: a term has the drain or the tail.)"""
         L, k = self.L, topology.devices_per_node
+        self._count_orders()
         self.last, self.queue = _order_facts(family, len(groups), M, v)
         weights = np.array([x.parameter_bytes for x in profile.layers] + [0.0])
         low = np.full(L + 1, L)  # low[i]: the first weighted layer at or after i (L: none)
@@ -158,15 +170,27 @@ class GroupBound:
             # or: every bucket's ring, one after another, less the action's time (at most a backward)
             first_bucket = np.where(holds, np.maximum(0.0, ring - below)[:, None], 0.0)
             self.tail[r] = np.maximum(first_bucket, self.rings[r] - self.backward[r])
-        self.share = _weight_share(profile)
+        if self.share is None:
+            self.share = weight_share_table(profile)
         self.has_tails = any(bool(np.any(t > 0)) for t in self.tail.values()) and bool(self.last)
+
+    def _count_orders(self) -> None:
+        """Count building the shape's rank orders once per search (self.built: the keys built),
+        whether or not a cache of this process holds them, so the count is the same on every run."""
+        _, _, family, groups, M, v = self._tail_inputs
+        key = (family, len(groups), M, v)
+        if self.built is None or key not in self.built:
+            if self.built is not None:
+                self.built.add(key)
+            actions = self.S * M * (3 if family in SPLIT_BACKWARD else 2)
+            self.cells += actions * ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE)
 
     def _kinds(self, s: int, r: int) -> tuple[np.ndarray, ...]:
         """Stage s's F, B, I, W over every span on r replicas, as the simulator charges them less its
         cost per action (the first stage's split backward is all W: cost.stage_costs)."""
         f, b = self.forward[r], self.backward[r]
         if self.share is None:
-            self.share = _weight_share(self._tail_inputs[0])
+            self.share = weight_share_table(self._tail_inputs[0])
         w = b if s == 0 else b * self.share
         return f, b, b - w, w
 
@@ -213,23 +237,13 @@ class GroupBound:
 
     def _least(self, terms, lam: np.ndarray) -> tuple[float, np.ndarray]:
         """min over cuts of Σ_g λ_g (group g's terms), and each group's terms at that cut."""
-        L, S = self.L, self.S
-        best = np.full((S + 1, L + 1), np.inf)
-        back = np.zeros((S + 1, L + 1), dtype=int)
-        best[0, 0] = 0.0
-        for s in range(S):
-            step = sum(lam[g] * cost for g, cost in terms[s]) + self.empty  # [i, z]
-            total = best[s][:, None] + step
-            back[s + 1] = np.argmin(total, axis=0)
-            best[s + 1] = total[back[s + 1], np.arange(L + 1)]
-        value = float(best[S, L])
+        empty = self.empty
+        step = lambda s, starts, stops: sum(lam[g] * cost[starts, stops] for g, cost in terms[s]) + empty[starts, stops]
+        value, spans = least_cut(self.S, self.L, step)
         per_group = np.zeros(self.P)
-        z = L
-        for s in range(S, 0, -1):
-            i = int(back[s, z])
-            for g, cost in terms[s - 1]:
+        for s, (i, z) in enumerate(spans):
+            for g, cost in terms[s]:
                 per_group[g] += cost[i, z]
-            z = i
         return value, per_group
 
     def _modes(self):
@@ -260,33 +274,74 @@ class GroupBound:
             best = max(best, self._paths(cap, cells, self.warm))
         return best
 
-    def _dual(self, cap: float, cells: float) -> float:
-        best = 0.0
-        each = self.S * (self.L + 1) ** 2
-        for theta, tails in self._modes():
-            terms = self._queue_terms() if theta < 0 else self._terms(theta, tails)
-            lam = np.full(self.P, 1.0 / self.P)
-            for step in range(STEPS):
-                if self.cells + each > cells:
-                    return best
-                self.cells += each
-                value, per_group = self._least(terms, lam)
-                best = max(best, value)
-                if best >= cap or not math.isfinite(value):
-                    return best
-                # toward the groups the cut left busiest: their weight buys the most bound
-                spread = per_group.max() - per_group.min()
-                if spread <= 1e-12 * max(per_group.max(), 1e-300):
+    def _lead_key(self) -> tuple:
+        return (self.family, self.P, self.S)
+
+    def _ordered_modes(self):
+        """_modes, the kind that last lifted a shape of the same family and stage count to its cap
+        first (self.lead: shared by the shapes of one search; a neighbouring shape is most often
+        lifted by the same kind)."""
+        first = (self.lead or {}).get(self._lead_key())
+        rest = []
+        modes = self._modes()
+        if first is not None:
+            for mode in modes:
+                if mode == first:
+                    yield mode
                     break
-                lam = lam * np.exp(2.0 / math.sqrt(step + 1) * (per_group - per_group.max()) / spread)
-                lam /= lam.sum()
-        return best
+                rest.append(mode)
+        yield from rest
+        yield from modes
+
+    def _dual(self, cap: float, cells: float) -> float:
+        """Each kind of term (_modes) climbs on its own multiplicative weights, STEPS at most; the
+        kinds take turns: each its first step in _modes' order, then always the one standing
+        highest. Which kind binds differs from shape to shape (the all-reduce queues on one, the
+        tails on another), and a shape that one kind lifts to the cap in one step is left after
+        that step rather than after every step of the kinds before it. Each kind's steps are the
+        same whatever the turns, so without a cap or a count this is the most over all of them."""
+        best = 0.0
+        each = programme_cells(self.S, self.L)
+        climbs: list[list] = []  # [value so far, its turn, terms, λ, steps taken, its kind (θ, tails)]
+        modes = self._ordered_modes()  # (a generator: the later kinds' tables are made only when reached)
+        while True:
+            mode = next(modes, None) if modes is not None else None
+            if mode is not None:  # every kind's first step before any kind's second
+                theta, tails = mode
+                terms = self._queue_terms() if theta < 0 else self._terms(theta, tails)
+                climb = [0.0, len(climbs), terms, np.full(self.P, 1.0 / self.P), 0, mode]
+                climbs.append(climb)
+            else:
+                modes = None
+                going = [c for c in climbs if c[4] < STEPS]
+                if not going:
+                    return best
+                climb = max(going, key=lambda c: (c[0], -c[1]))
+            if self.cells + each > cells:
+                return best
+            self.cells += each
+            value, per_group = self._least(climb[2], climb[3])
+            climb[4] += 1
+            climb[0] = max(climb[0], value)
+            best = max(best, value)
+            if best >= cap or not math.isfinite(value):
+                if self.lead is not None and best >= cap:
+                    self.lead[self._lead_key()] = climb[5]
+                return best
+            # toward the groups the cut left busiest: their weight buys the most bound
+            spread = per_group.max() - per_group.min()
+            if spread <= 1e-12 * max(per_group.max(), 1e-300):
+                climb[4] = STEPS  # (every group alike at this cut: its weights are where they stay)
+                continue
+            lam = climb[3] * np.exp(2.0 / math.sqrt(climb[4]) * (per_group - per_group.max()) / spread)
+            climb[3] = lam / lam.sum()
 
     def _paths(self, cap: float, cells: float, warm: dict | None = None) -> float:
         """path_bound.py's over the group runs and link loads of the shape's rank orders, within
         `cells` (self.cells counts them). `warm`: per rank orders, the weights that did best on a
         shape before (read and updated)."""
         profile, topology, family, groups, M, v = self._tail_inputs
+        self._count_orders()
         runs, whole = path_terms(family, self.P, M, v, self.S)
         terms = np.concatenate([runs, link_terms(family, self.P, M, self.S)])
         key = (family, self.P, M, v)
@@ -331,7 +386,7 @@ def _queues(orders) -> dict[int, dict[int, tuple[int, ...]]]:
     return out
 
 
-def _weight_share(profile: ModelProfile) -> np.ndarray:
+def weight_share_table(profile: ModelProfile) -> np.ndarray:
     """W's share of the backward of every span [i, z) (ModelProfile.weight_share: measured where
     every layer of the span was measured split, else half, as the simulator charges it)."""
     L = profile.num_layers

@@ -41,9 +41,60 @@ from .chunked import group_devices, group_of, rank_orders
 SEND = 4  # the coefficient's column for a stage's outgoing transfer (after F, B, I, W)
 ROUNDS = 24  # programmes per shape at most
 GAME_STEPS = 300  # multiplicative-weights steps on the matrix of the cuts found
-# what one of those steps is counted as, in the programmes' cells (a numpy call's overhead, a few
-# microseconds: about a thousand cells), so the budget bounds the game's time as well
-GAME_STEP_CELLS = 1000
+# what one of those steps is counted as, in the programmes' cells (a few numpy calls, measured
+# about 8 µs), so the budget bounds the game's time as well
+GAME_STEP_CELLS = 3400
+
+
+# A programme's time, measured (numpy, one core): about 2.4 ns per cell of its band and 10 µs per
+# stage (a few numpy calls' overhead) when a stage weighs a group's table or two; 4.4 ns and 15 µs
+# when it weighs the five tables of a path term. Counted in cells of the first kind, so the count
+# is the time of the many small stages of a long shape too, and the same on any machine.
+STAGE_CELLS = 4300
+PATH_CELL = 2  # a path programme's cell, in those cells
+PATH_STAGE_CELLS = 6200
+
+
+# What else a shape's bound costs, in those cells: its tables (a few numpy calls over every span
+# per group size, about 0.35 ms), and the shape's rank orders where this search has not built them
+# yet (about 4 µs an action; 12 µs under interleaved zero bubble, whose fill of W's is the dearest)
+SHAPE_CELLS = 150_000
+ORDER_ACTION_CELLS = {"interleaved_zb": 5000}
+ORDER_ACTION_CELLS_ELSE = 1700
+
+
+def programme_cells(stages: int, layers: int, paths: bool = False) -> int:
+    """What one programme over `stages` stages of `layers` layers is counted: its band's cells (a
+    stage's start and stop each take one of L - S + 1 places) and each stage's overhead."""
+    width = layers - stages + 1
+    if paths:
+        return stages * (PATH_CELL * width * width + PATH_STAGE_CELLS)
+    return stages * (width * width + STAGE_CELLS)
+
+
+def least_cut(stages: int, layers: int, step: Callable[[int, slice, slice], np.ndarray]) -> tuple[float, list]:
+    """min over cuts of Σ_s step(s)[i_s, z_s], and the cut's spans [(i_0, z_0), ...]. Stage s starts
+    at some i in [s, L - S + s] and stops at some z in [s + 1, L - S + s + 1] (every stage holds
+    at least one layer), so `step(s, starts, stops)` is asked only for that band of its table
+    (it adds its own +inf where z <= i)."""
+    S, L = stages, layers
+    width = L - S + 1
+    cost = np.full((S + 1, L + 1), np.inf)
+    back = np.zeros((S + 1, L + 1), dtype=int)
+    cost[0, 0] = 0.0
+    columns = np.arange(width)
+    for s in range(S):
+        starts, stops = slice(s, s + width), slice(s + 1, s + 1 + width)
+        total = cost[s, starts][:, None] + step(s, starts, stops)
+        arg = np.argmin(total, axis=0)
+        back[s + 1, stops] = arg + s
+        cost[s + 1, stops] = total[arg, columns]
+    spans, z = [], L
+    for s in range(S, 0, -1):
+        i = int(back[s, z])
+        spans.append((i, z))
+        z = i
+    return float(cost[S, L]), spans[::-1]
 
 
 @lru_cache(maxsize=64)
@@ -144,33 +195,27 @@ def path_bound(
     used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]
     lam, best, walked, columns = start / start.sum(), 0.0, 0, []
     kept = lam
-    each = S * (L + 1) ** 2 * 6
+    each = programme_cells(S, L, paths=True)
     for _ in range(ROUNDS):
         if walked + each > cells:
             break
         walked += each
         weights = np.einsum("t,tsk->sk", lam, terms)
-        cost = np.full((S + 1, L + 1), np.inf)
-        cost[0, 0] = 0.0
-        back = np.zeros((S + 1, L + 1), dtype=int)
-        for s in range(S):
-            step = empty + np.tensordot(weights[s, used[s]], base[s][used[s]], 1) if len(used[s]) else empty
-            total = cost[s][:, None] + step
-            back[s + 1] = np.argmin(total, axis=0)
-            cost[s + 1] = total[back[s + 1], np.arange(L + 1)]
-        value = float(cost[S, L])
+
+        def step(s: int, starts: slice, stops: slice) -> np.ndarray:
+            band = empty[starts, stops]
+            if not len(used[s]):
+                return band
+            return band + np.tensordot(weights[s, used[s]], base[s][used[s]][:, starts, stops], 1)
+
+        value, spans = least_cut(S, L, step)
         if not math.isfinite(value):
             return value, walked, kept
         if value > best:
             best, kept = value, lam
         if best >= cap:
             break
-        spans, z = [], L
-        for s in range(S, 0, -1):
-            i = int(back[s, z])
-            spans.append((i, z))
-            z = i
-        at = np.array([base[s][:, i, z] for s, (i, z) in enumerate(reversed(spans))])  # (S, 5) at this cut
+        at = np.array([base[s][:, i, z] for s, (i, z) in enumerate(spans)])  # (S, 5) at this cut
         columns.append(np.einsum("tsk,sk->t", terms, at))
         lam, upper = _weights(np.array(columns).T)
         walked += GAME_STEPS * (GAME_STEP_CELLS + T * len(columns))
