@@ -669,3 +669,14 @@ def test_a_larger_budget_never_returns_a_slower_plan_than_the_default(model, clu
     )
     assert larger.iteration_s <= default.iteration_s * (1 + 1e-12)
     assert stats.nodes > limits.search_nodes  # (the default's work is counted in the larger search's)
+
+
+@pytest.mark.slow  # (a few seconds: out of the fast tier)
+def test_the_first_seeds_of_the_plan_fuzz_end_in_a_sound_plan_or_a_one_line_refusal():
+    """benchmarks/fuzz_plan.py's checks (1,200 seeds there) on its first 30 seeds: random and
+    extreme profiles × clusters × batches × schedule sets each end in a plan whose proof, memory,
+    plan.json orders (validated, re-simulated) hold, or in a one-line ValueError."""
+    from benchmarks.fuzz_plan import run_seed
+
+    outcomes = [run_seed(seed)[0] for seed in range(30)]
+    assert outcomes.count("planned") >= 10 and outcomes.count("refused") >= 3, outcomes

@@ -1,0 +1,179 @@
+"""Fuzz of plan(): random and extreme profiles × clusters × global batches × schedule sets.
+
+Each seed draws a profile (1 to 60 layers; times, activations and weights over orders of
+magnitude; some layers that take no time or hold no weights, one giant layer, split-backward
+shares measured or not), a cluster (1 to 8 nodes of 1 to 8 devices, fast or slow links, roomy or
+tight memory), a global batch and a set of schedule families, and plans it on a small budget.
+Each must end one of two ways:
+
+- a plan: its proof's gap in [0, 1); every device's estimated peak within its memory; plan.json's
+  `orders` accepted by the rank validator (NCCL's rules) and, re-simulated from plan.json's stage
+  costs alone, the plan's own simulated time; the same plan again from the same inputs (every
+  tenth seed);
+- a refusal: a ValueError of one line (the rule, the numbers, the fix), never another exception.
+
+    python benchmarks/fuzz_plan.py [--seeds 1200] [--out benchmarks/results/fuzz_plan.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dapple_launch.cluster import Topology  # noqa: E402
+from dapple_launch.plan_config import DEFAULT_SCHEDULES  # noqa: E402
+from dapple_launch.planner.cost import Limits  # noqa: E402
+from dapple_launch.planner.search import plan  # noqa: E402
+from dapple_launch.profile import LayerProfile, chain  # noqa: E402
+from dapple_launch.schedule import StageCosts  # noqa: E402
+from dapple_launch.schedule.rank_simulate import simulate_ranks  # noqa: E402
+from dapple_launch.schedule.rank_validate import validate_ranks  # noqa: E402
+from dapple_launch.schedule.ranks import RankSchedule, steps_from_json  # noqa: E402
+
+FAMILIES = DEFAULT_SCHEDULES + ("gpipe",)
+BUDGET = 2_000  # strategy.search_nodes per seed: every pass runs, on a small budget
+
+
+def draw_profile(rng: random.Random):
+    layers = rng.choice([1, 2, 3, 5, 8, 12, 20, 33, 60])
+    scale = 10 ** rng.uniform(-5, -1)  # a layer's forward: 10 µs .. 100 ms
+    measured = rng.random() < 0.5
+    giant = rng.randrange(layers) if rng.random() < 0.2 else -1
+    heavy = 9.5 if rng.random() < 0.15 else 8.0  # (the heaviest: a layer no device holds, some seeds)
+    out = []
+    for i in range(layers):
+        f = scale * rng.uniform(0.2, 3.0) * (50 if i == giant else 1)
+        f = 0.0 if rng.random() < 0.05 else f
+        b = f * rng.uniform(1.0, 3.0)
+        fixed = rng.choice([0.0, 0.0, 0.3, 0.9])
+        out.append(
+            LayerProfile(
+                f"l{i}",
+                f,
+                b,
+                10 ** rng.uniform(3, 9),  # activation bytes
+                0.0 if rng.random() < 0.2 else 10 ** rng.uniform(2, heavy),  # weights
+                forward_fixed_s=f * fixed,
+                backward_fixed_s=b * fixed,
+                weight_grad_s=b * rng.uniform(0.2, 0.8) if measured else None,
+            )
+        )
+    if all(x.forward_s == 0 and x.backward_s == 0 for x in out):  # (refused: a profile must take time)
+        out[0] = LayerProfile("l0", scale, 2 * scale, 1e6, 1e6)
+    return chain(f"fuzz{layers}", out, batch_size=rng.choice([1, 2, 4, 8, 32]))
+
+
+def draw_cluster(rng: random.Random) -> Topology:
+    nodes, per_node = rng.choice([1, 1, 2, 4, 8]), rng.choice([1, 2, 4, 8])
+    return Topology(
+        "fuzz",
+        nodes,
+        per_node,
+        10 ** rng.uniform(9, 11),  # device memory: 1 GB .. 100 GB
+        rng.choice([15.0, 125.0]),
+        10 ** rng.uniform(9, 11.5),
+        10 ** rng.uniform(8, 10.5),
+    )
+
+
+def check(profile, topology: Topology, G: int, limits: Limits) -> tuple[str, str]:
+    """("planned", family) or ("refused", the message); raises AssertionError on a broken plan."""
+    try:
+        p = plan(profile, topology, G, limits)
+    except ValueError as e:
+        message = str(e)
+        assert message and "\n" not in message, f"a refusal of more than one line: {message!r}"
+        return "refused", message
+    assert p.proof is not None and 0.0 <= p.proof["gap"] < 1.0, p.proof
+    capacity = topology.device_memory_bytes
+    assert all(x <= capacity * (1 + 1e-9) for x in p.estimate.peak_memory_bytes), (
+        p.estimate.peak_memory_bytes,
+        capacity,
+    )
+    d = json.loads(p.to_json())
+    orders = [steps_from_json(o["actions"]) for o in d["orders"]]
+    placement = tuple(
+        tuple(g for g, o in enumerate(orders) if any(a.stage == s for a in o)) for s in range(len(d["stages"]))
+    )
+    ranks = RankSchedule("plan.json", len(d["stages"]), d["num_micro_batches"], tuple(orders), placement)
+    validate_ranks(ranks)
+    if not d["estimate"]["slice_shares"]:  # (token slices: their costs scale per slice; tests cover them)
+        costs = [StageCosts(**c) for c in d["estimate"]["stage_costs"]]
+        again = simulate_ranks(ranks, costs).iteration_s
+        want = d["estimate"]["simulated_iteration_s"]
+        assert math.isclose(again, want, rel_tol=1e-9), (again, want)
+    return "planned", p.schedule
+
+
+def run_seed(seed: int) -> tuple[str, str]:
+    """One seed's draw, planned and checked (check); every tenth planned twice more, compared."""
+    rng = random.Random(seed)
+    profile, topology = draw_profile(rng), draw_cluster(rng)
+    G = rng.choice([1, 2, 3, 8, 16, 24, 64, 128, 256]) * rng.choice([1, topology.num_devices])
+    families = tuple(sorted(rng.sample(FAMILIES, rng.randint(1, 4)))) if rng.random() < 0.6 else DEFAULT_SCHEDULES
+    limits = Limits(schedules=families, search_nodes=BUDGET, recompute=rng.choice(["none", "none", "auto"]))
+    outcome, what = check(profile, topology, G, limits)
+    if seed % 10 == 0 and outcome == "planned":
+        again, first = plan(profile, topology, G, limits), plan(profile, topology, G, limits)
+        assert again == first, "not the same plan from the same inputs"
+    return outcome, what
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=1200)
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fuzz_plan.json"))
+    args = ap.parse_args()
+    planned: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    failures, slowest = [], (0.0, -1)
+    started = time.perf_counter()
+    for seed in range(args.first, args.first + args.seeds):
+        t = time.perf_counter()
+        try:
+            outcome, what = run_seed(seed)
+            tally = planned if outcome == "planned" else refused
+            key = what if outcome == "planned" else re.sub(r"[\d.,]+", "N", what)[:48]  # (the rule, not its numbers)
+            tally[key] = tally.get(key, 0) + 1
+        except Exception as e:  # (a broken plan or a traceback: what this fuzz is for)
+            failures.append(
+                {"seed": seed, "error": f"{type(e).__name__}: {e}"[:400], "where": traceback.format_exc()[-800:]}
+            )
+            print(f"seed {seed}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        slowest = max(slowest, (time.perf_counter() - t, seed))
+    out = {
+        "seeds": args.seeds,
+        "first": args.first,
+        "search_nodes": BUDGET,
+        "planned": sum(planned.values()),
+        "refused": sum(refused.values()),
+        "failures": failures,
+        "plans_by_family": dict(sorted(planned.items())),
+        "refusals_by_rule": dict(sorted(refused.items(), key=lambda kv: -kv[1])),
+        "slowest_s": round(slowest[0], 2),
+        "slowest_seed": slowest[1],
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(
+        f"| seeds | planned | refused (one line) | failures | slowest s | wall s |\n|---|---|---|---|---|---|\n"
+        f"| {args.seeds} | {out['planned']} | {out['refused']} | {len(failures)} | {out['slowest_s']} | {out['wall_s']} |"
+    )
+    print("plans by family:", out["plans_by_family"])
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
