@@ -459,7 +459,7 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
     (at least the bucket of its first weighted layer, or every byte less the step), and a group's
     all-reduces queue one after another from the first of its stages' last gradient steps; and
     path_bound's terms: a group's run between two of its steps with micro-batch m's forward before
-    and its gradient after, transfers included, and each link's load. Against the best of every
+    and its gradient after, transfers included (Chimera's too), and each link's load. Against the best of every
     cut of the shape (simulated, exhaustively, on random clusters whose all-reduce is fast or slow)
     the bound stays at or below, and each kind of term raises it on a good share."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
@@ -467,7 +467,7 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(11)
-    checked = raised = by_paths = 0
+    checked = raised = by_paths = chimera_by_paths = 0
     for _ in range(4):
         topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
         G, L = rng.choice([8, 16]), profile.num_layers
@@ -485,6 +485,7 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
             without.tail, without.with_paths = {}, False  # (the busy and fill-and-drain terms alone)
             raised += dual.bound() > without.bound() * 1.001
             by_paths += bound > dual.bound() * 1.001
+            chimera_by_paths += family == "chimera" and bound > dual.bound() * 1.001
             best = min(
                 evaluate_chunked(
                     profile, topo, chunked_layout(family, list(groups), [*cut, L], None), b, G // b, limits, family, v
@@ -494,6 +495,7 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
             assert bound <= best * (1 + 1e-9), (family, v, groups, b, bound, best)
             checked += 1
     assert checked > 150 and raised > checked / 4 and by_paths > checked / 4, (checked, raised, by_paths)
+    assert chimera_by_paths > 0, chimera_by_paths  # (Chimera's group runs too, each stage on either copy)
 
 
 def test_the_banded_programme_finds_the_least_cut_of_every_small_case():

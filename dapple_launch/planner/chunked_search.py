@@ -433,14 +433,14 @@ def cut_bounds(
         if row[0] >= least or paths <= 0:
             break  # (every shape after it is as high: none is below the least any more)
         # the dual again (above, it stopped at the least bound of the shapes before it, which may
-        # be higher now), then the paths (not Chimera's: its stages run on two groups)
+        # be higher now), then the paths
         family, v, groups, b = row[1:5]
         dual = row[5]
         if dual is None:
             dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
         else:
             dual.cells = 0  # (its tables are made: counted in the first pass)
-        dual.with_paths, dual.warm, dual.lead = family != "chimera", warm, lead
+        dual.with_paths, dual.warm, dual.lead = True, warm, lead
         row[0] = max(row[0], dual.bound(least, paths))
         paths -= dual.cells
         least = min(least, row[0])

@@ -115,7 +115,7 @@ class GroupBound:
         self.rings: dict[int, np.ndarray] = {}
         self.has_tails = False
         self.share: np.ndarray | None = None  # W's share of each span's backward (made on first use, or given)
-        self.with_paths = family != "chimera"  # (Chimera's stages run on two groups: no path term)
+        self.with_paths = True  # (the paths of the rank orders: bound() adds them when asked)
         self.warm: dict | None = None  # per rank orders, the path weights that did best (path_bound)
         self.lead: dict | None = None  # per (family, P, S), the kind of term that last reached the cap
         self.built: set | None = None  # the rank orders built so far in this search (counted once)
@@ -264,8 +264,8 @@ class GroupBound:
             yield 0.0, False
 
     def bound(self, cap: float = math.inf, cells: float = math.inf) -> float:
-        """The most over the steps and θ of the dual value, then of the paths' (path_bound.py; not
-        Chimera, whose stages run on two groups); stops once it reaches `cap`, or once the
+        """The most over the steps and θ of the dual value, then of the paths' (path_bound.py,
+        where self.with_paths); stops once it reaches `cap`, or once the
         programmes have walked `cells` (stage, start, stop) cells: self.cells counts them."""
         if self.S > self.L:
             return math.inf  # (no cut: every stage needs a layer)
@@ -343,7 +343,10 @@ class GroupBound:
         profile, topology, family, groups, M, v = self._tail_inputs
         self._count_orders()
         runs, whole = path_terms(family, self.P, M, v, self.S)
-        terms = np.concatenate([runs, link_terms(family, self.P, M, self.S)])
+        # (a link's load: not Chimera's, whose links carry one pipeline's activations and the
+        # other's gradients, M / 2 each; its group runs count a stage's steps on either copy alike)
+        links = link_terms(family, self.P, M, self.S) if family != "chimera" else np.zeros((0, self.S, 5))
+        terms = np.concatenate([runs, links])
         key = (family, self.P, M, v)
         start = (warm or {}).get(key)
         if start is None:  # (each group's whole run: its busy time with fill and drain)
