@@ -170,14 +170,13 @@ def send_tables(
         if s == stages - 1 or group_of(family, s, P) == group_of(family, s + 1, P):
             out.append(np.zeros((L + 1, L + 1)))
             continue
-        price = None
         # (Chimera: each boundary crosses from group s to s + 1 in the down pipeline, from
         # P - 1 - s to P - 2 - s in the up one; a micro-batch takes one of them: the cheaper counts)
+        links = []
         for g, h in zip(groups_of(family, s, P), groups_of(family, s + 1, P)):
             bw, lat = topology.p2p(devices[g], devices[h])
-            link = np.where(cut > 0, lat + cut / min(groups[g], groups[h]) / bw, lat)
-            price = link if price is None else np.minimum(price, link)
-        out.append(np.broadcast_to(price[None, :], (L + 1, L + 1)))
+            links.append(np.where(cut > 0, lat + cut / min(groups[g], groups[h]) / bw, lat))
+        out.append(np.broadcast_to(np.min(links, axis=0)[None, :], (L + 1, L + 1)))
     return out
 
 
