@@ -170,8 +170,6 @@ class GroupBound:
             # or: every bucket's ring, one after another, less the action's time (at most a backward)
             first_bucket = np.where(holds, np.maximum(0.0, ring - below)[:, None], 0.0)
             self.tail[r] = np.maximum(first_bucket, self.rings[r] - self.backward[r])
-        if self.share is None:
-            self.share = weight_share_table(profile)
         self.has_tails = any(bool(np.any(t > 0)) for t in self.tail.values()) and bool(self.last)
 
     def _count_orders(self) -> None:
