@@ -50,6 +50,39 @@ def facts() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"available": False}
 
 
+PAIR = r"""
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+def rank(r):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=r, world_size=2, device_id=torch.device("cuda", 0))
+    x = torch.full((4,), float(r), device="cuda")
+    peer = 1 - r
+    ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y := torch.empty_like(x), peer)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    torch.cuda.synchronize()
+    print(f"rank {r} received {y.tolist()}", flush=True)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(rank, nprocs=2)
+"""
+
+
+def nccl_pair(timeout_s: float) -> dict:
+    """Two ranks on this one GPU exchanging a tensor over NCCL: the multi-process NCCL path as far as
+    one GPU allows (NCCL has refused two ranks of a communicator on one device since 2.5)."""
+    script = Path(os.environ.get("TMPDIR", "/tmp")) / "dapple-nccl-pair.py"  # spawn re-imports a file
+    script.write_text(PAIR)
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout_s)
+        rc, text = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        rc, text = 124, f"timed out after {timeout_s:.0f} s"
+    said = [x.strip() for x in text.splitlines() if "received" in x or "Duplicate GPU" in x or "Error" in x]
+    return {"rc": rc, "lines": said[:4]}
+
+
 def cluster(f: dict) -> list[str]:
     """This machine as a one-node cluster config: h100x8's links and bf16 speed (an H200's dense bf16
     peak is the H100 SXM's), this node's GPU count and memory."""
@@ -135,8 +168,11 @@ def train_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
         "samples_per_s": s.get("samples_per_s"),
         "estimated_peak_memory_bytes": s.get("estimated_peak_memory_bytes"),
         "measured_peak_memory_bytes": s.get("measured_peak_memory_bytes"),
+        "first_train_loss": s.get("first_train_loss"),
         "train_loss": s.get("train_loss"),
         "val_loss": s.get("val_loss"),
+        # the rate the launcher chose for the model's size (trainer.lr unset), as it logged it
+        "lr_line": next((x[x.index("trainer.lr=") :].strip() for x in text.splitlines() if "trainer.lr=" in x), None),
         "skipped_steps": s.get("skipped_steps"),
         "allocator_retries": s.get("allocator_retries"),
         "device_samples": max(Plan.from_dict(plan).device_samples()) if plan.get("stages") else None,
@@ -205,6 +241,9 @@ def table(result: dict) -> str:
     ]
     ref = result.get("refusal") or {}
     lines.append(f"| plan of 2 GPUs on a node showing 1 | rc {ref.get('rc')}: {ref.get('line')} |")
+    pair = result.get("nccl_pair")
+    if pair:
+        lines.append(f"| two ranks over NCCL on this one GPU | rc {pair['rc']}: {' / '.join(pair['lines'])[:300]} |")
     if t:
         m, e = t.get("measured_s_per_iteration"), t.get("estimated_s_per_iteration")
         pm, pe = t.get("measured_peak_memory_bytes"), t.get("estimated_peak_memory_bytes")
@@ -219,7 +258,9 @@ def table(result: dict) -> str:
             f"| peak allocated / estimated | {gib(pm)} / {gib(pe)}"
             + (f" ({pm / pe - 1:+.1%})" if pm and pe else "")
             + " |",
-            f"| loss (train, validation) | {t.get('train_loss')}, {t.get('val_loss')} |",
+            f"| training loss, first step → last ({t.get('lr_line') or 'trainer.lr as set'}) | "
+            f"{t.get('first_train_loss')} → {t.get('train_loss')} |",
+            f"| validation loss | {t.get('val_loss')} |",
         ]
     for p in result.get("profiles") or []:
         at = p["layers_s_at_samples"]
@@ -273,6 +314,8 @@ def main() -> int:
     )
     lines = [x for x in text.strip().splitlines() if x.strip()]
     result["refusal"] = {"rc": rc, "lines": len(lines), "line": lines[-1] if lines else ""}
+    result["nccl_pair"] = nccl_pair(90)
+    print(f"nccl pair: {result['nccl_pair']}", flush=True)
     # the short resume check first: a long training run that overruns its limit leaves it standing
     if not args.skip_resume:
         result["resume"] = resume_run(f, args, work, log, env)
