@@ -307,6 +307,13 @@ def probe(shell, anatomy: Anatomy, attention_type, **inputs):
     """Run the family's base model up to its first decoder layer: (hidden, other args, kwargs)."""
     p = _Probe(attention_type)
     original = anatomy.swap_layers(shell, nn.ModuleList([p]))
+    # The probe stands at index 0. Families pick a layer's mask (and Gemma 3 its rotary table) by the
+    # layer's own attention_type (transformers 4) or by config.layer_types[i] of the loop's index
+    # (transformers 5): for the second, layer 0 is said to be of the kind asked for while it runs.
+    text = _text(anatomy.base(shell).config)
+    types = getattr(text, "layer_types", None)
+    if attention_type is not None and types:
+        text.layer_types = [attention_type, *types[1:]]
 
     def run():
         try:
@@ -318,6 +325,8 @@ def probe(shell, anatomy: Anatomy, attention_type, **inputs):
         shapes_only(run, shell)
     finally:
         anatomy.swap_layers(shell, original)
+        if attention_type is not None and types:
+            text.layer_types = types
     if p.seen is None:
         raise RuntimeError(f"{anatomy.arch}'s base model never reached its decoder layers")
     args, kwargs = p.seen
@@ -487,9 +496,17 @@ class HFCausalLM(PipelineModel):
         found = WeightFiles(self.path).shapes()
         for name, shape in self.expected().items():
             if name not in found:
+                version = _transformers().__version__
                 raise ValueError(
                     f"{self.path}: the weights have no tensor {name} (shape {list(shape)}), which "
                     f"{self.anatomy.arch} needs; the directory holds another model or lost a shard"
+                    + (
+                        f", or transformers {version} names this family's tensors otherwise than its files "
+                        f"do (version 5 converts some families' stored tensors as it loads them, mixtures "
+                        f"of experts among them; model=hf reads the stored names: pip install 'transformers<5')"
+                        if int(version.split(".")[0]) >= 5
+                        else ""
+                    )
                 )
             if tuple(found[name]) != shape:
                 raise ValueError(
