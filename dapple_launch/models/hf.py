@@ -310,7 +310,7 @@ def probe(shell, anatomy: Anatomy, attention_type, **inputs):
     # The probe stands at index 0. Families pick a layer's mask (and Gemma 3 its rotary table) by the
     # layer's own attention_type (transformers 4) or by config.layer_types[i] of the loop's index
     # (transformers 5): for the second, layer 0 is said to be of the kind asked for while it runs.
-    text = _text(anatomy.base(shell).config)
+    text: Any = _text(anatomy.base(shell).config)
     types = getattr(text, "layer_types", None)
     if attention_type is not None and types:
         text.layer_types = [attention_type, *types[1:]]
