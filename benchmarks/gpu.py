@@ -36,6 +36,11 @@ from dapple_launch.profile.model_profile import ModelProfile  # noqa: E402
 FACTS = r"""
 import json, torch
 out = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}
+try:
+    import transformers
+    out["transformers"] = transformers.__version__
+except ImportError:
+    pass
 if out["available"]:
     p = torch.cuda.get_device_properties(0)
     out.update(name=p.name, count=torch.cuda.device_count(), memory_bytes=p.total_memory,
@@ -88,7 +93,6 @@ def cluster(f: dict) -> list[str]:
     peak is the H100 SXM's), this node's GPU count and memory."""
     name = f["name"].replace(" ", "-").lower()
     return [
-        "model=gpt",
         "cluster=h100x8",
         f"cluster.name={name}x{f['count']}",
         f"cluster.devices_per_node={f['count']}",
@@ -128,13 +132,26 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def model_args(args) -> list[str]:
+    """The training run's model: a `model=gpt` preset, or any Hugging Face causal LM's config.json
+    (`--hf-config DIR`, random initialisation by the family's own code, `--seq-len` tokens)."""
+    if args.hf_config:
+        return [
+            "model=hf",
+            f"model.config={Path(args.hf_config).resolve()}",
+            "model.init=random",
+            f"model.seq_len={args.seq_len}",
+        ]
+    return ["model=gpt", f"model.preset={args.preset}"]
+
+
 def train_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
-    run_dir = work / f"run-{args.preset}"
+    run_dir = work / f"run-{args.name}"
     steps = args.steps
     rc, text, wall = launch(
         [
             *cluster(f),
-            f"model.preset={args.preset}",
+            *model_args(args),
             f"global_batch_size={args.global_batch}",
             "strategy.profile_source=measured",
             f"trainer.max_steps={steps}",
@@ -151,7 +168,8 @@ def train_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
     s, plan = read_json(run_dir / "summary.json") or {}, read_json(run_dir / "plan.json") or {}
     est = plan.get("estimate", {})
     row = {
-        "preset": args.preset,
+        "preset": args.name,
+        "model": model_args(args),
         "global_batch": args.global_batch,
         "rc": rc,
         "wall_s": round(wall, 1),
@@ -180,7 +198,7 @@ def train_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
     }
     for name in ("plan.json", "summary.json", "logs/error-rank-0.txt"):
         if (run_dir / name).is_file():
-            shutil.copy(run_dir / name, Path(args.out) / f"{args.preset}-{Path(name).name}")
+            shutil.copy(run_dir / name, Path(args.out) / f"{args.name}-{Path(name).name}")
     return row
 
 
@@ -189,6 +207,7 @@ def resume_run(f: dict, args, work: Path, log: Path, env: dict) -> dict:
     n = args.resume_steps
     common = [
         *cluster(f),
+        "model=gpt",
         f"model.preset={args.resume_preset}",
         f"global_batch_size={args.resume_batch}",
         f"trainer.val_check_interval={4 * n}",
@@ -218,7 +237,7 @@ def profiles_at(cache: Path, samples: int | None, out: Path) -> list[dict]:
     runs: plan_config.at_operating_point), and what it says one micro-batch's forward and backward of
     every layer take at the plan's samples per device: the first extrapolates, the last measured there."""
     rows = []
-    for path in sorted(cache.rglob("gpt-b*.json")):
+    for path in sorted(cache.rglob("*-b*.json")):
         p = ModelProfile.from_json(path.read_text())
         shutil.copy(path, out / f"gpu-measured-profile-b{p.batch_size}.json")
         at = sum(p.seconds(0, p.num_layers, samples)) if samples else None
@@ -234,7 +253,8 @@ def table(result: dict) -> str:
     f, t = result["facts"], result.get("train") or {}
     lines = [
         f"GPU: {f.get('name')} ×{f.get('count')}, {gib(f.get('memory_bytes'))}, torch {f.get('torch')}, "
-        f"CUDA {f.get('cuda')}, NCCL {f.get('nccl')}",
+        f"CUDA {f.get('cuda')}, NCCL {f.get('nccl')}"
+        + (f", transformers {f['transformers']}" if f.get("transformers") else ""),
         "",
         "| check | result |",
         "|---|---|",
@@ -248,7 +268,7 @@ def table(result: dict) -> str:
         m, e = t.get("measured_s_per_iteration"), t.get("estimated_s_per_iteration")
         pm, pe = t.get("measured_peak_memory_bytes"), t.get("estimated_peak_memory_bytes")
         lines += [
-            f"| gpt {t['preset']}, G {t['global_batch']}, bf16-mixed, planned from the measured profile | rc {t['rc']}, "
+            f"| {t['preset']}, G {t['global_batch']}, bf16-mixed, planned from the measured profile | rc {t['rc']}, "
             f"{t['layout']} {t['schedule']} {t['num_micro_batches']}×{t['micro_batch_size']}, {t['recompute_layers']} layers recomputed |",
             f"| iteration: measured / estimated | {m and f'{m:.3f}'} s / {e and f'{e:.3f}'} s"
             + (f" ({m / e - 1:+.1%})" if m and e else "")
@@ -283,6 +303,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--preset", default="xl")
+    ap.add_argument("--hf-config", help="a Hugging Face config.json's directory: train that model instead")
+    ap.add_argument("--seq-len", type=int, default=1024, help="with --hf-config: tokens per sample")
     ap.add_argument("--global-batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--resume-preset", default="medium")
@@ -293,6 +315,7 @@ def main() -> int:
     ap.add_argument("--resume-timeout-s", type=float, default=120, help="each resume launch's limit")
     ap.add_argument("--budget-s", type=float, default=1e9, help="the training run ends by then")
     args = ap.parse_args()
+    args.name = Path(args.hf_config).name if args.hf_config else f"gpt-{args.preset}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -307,7 +330,14 @@ def main() -> int:
     env = {**os.environ, "DAPPLE_CACHE": str(work / "cache"), "PYTHONUNBUFFERED": "1"}
     result: dict = {"facts": f}
     rc, text, _ = launch(
-        [*cluster(f), "cluster.devices_per_node=2", "strategy=fixed", "strategy.stages=2", f"hydra.run.dir={work}/x"],
+        [
+            *cluster(f),
+            "model=gpt",
+            "cluster.devices_per_node=2",
+            "strategy=fixed",
+            "strategy.stages=2",
+            f"hydra.run.dir={work}/x",
+        ],
         log,
         120,
         env,
