@@ -220,7 +220,18 @@ def share_devices(
 def balance_cuts(
     profile: ModelProfile, topology: Topology, global_batch: int, replicas: tuple[int, ...], b: int, memo: dict
 ) -> tuple[int, ...]:
-    """Cuts minimising the proxy for these replica counts (a dynamic program over layers: O(S L^2))."""
+    """Cuts minimising the proxy for these replica counts (a dynamic program over layers: O(S L^2)),
+    once per (replica counts, micro-batch size): the starts' passes and the local search ask again
+    for the same ones (gnmt-32 on 64 A100s at G=1024: 48 asks, 14 distinct)."""
+    key = ("cuts", tuple(replicas), b)
+    if key not in memo:
+        memo[key] = _balance_cuts(profile, topology, global_batch, tuple(replicas), b, memo)
+    return memo[key]
+
+
+def _balance_cuts(
+    profile: ModelProfile, topology: Topology, global_batch: int, replicas: tuple[int, ...], b: int, memo: dict
+) -> tuple[int, ...]:
     L, S, M = profile.num_layers, len(replicas), global_batch // b
     firsts = [sum(replicas[:s]) for s in range(S)]  # each stage's first device (contiguous, in stage order)
     INF = math.inf

@@ -19,10 +19,7 @@ sum(c[:s]) + k, and a stage's gradients are all-reduced over all its copies' dev
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-from .actions import Kind
-from .ranks import RankSchedule, Step
+from .ranks import RankSchedule, Step, shared_step
 
 RR_FAMILIES = {"1f1b_rr": "1f1b", "zb_h1_rr": "zb_h1"}  # family -> the stage-level order its copies filter
 
@@ -77,19 +74,11 @@ def round_robin(
     for s, (c, order) in enumerate(zip(copies, stage_orders)):
         per_copy: list[list[Step]] = [[] for _ in range(c)]  # copy k runs micro-batches k, k + c, ...
         for a in order:
-            per_copy[a.micro_batch % c].append(_step(a.kind, s, a.micro_batch))
+            per_copy[a.micro_batch % c].append(shared_step(a.kind, s, a.micro_batch))
         orders.extend(tuple(steps) for steps in per_copy)
         placement.append(tuple(range(first, first + c)))
         first += c
     return RankSchedule(family, len(copies), M, tuple(orders), tuple(placement))
-
-
-@lru_cache(maxsize=1 << 16)
-def _step(kind: Kind, stage: int, micro_batch: int) -> Step:
-    """One Step per (kind, stage, micro-batch), shared (a Step is frozen): a planner's search builds
-    the orders of many candidates of copies, each of S × M steps (12,288 at 4 stages and 1,024
-    micro-batches), and making each anew took as long as simulating it."""
-    return Step(kind, stage, micro_batch)
 
 
 def rank_of(copies: tuple[int, ...], stage: int, micro_batch: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from .actions import Kind
-from .ranks import RankSchedule, Step
+from .ranks import RankSchedule, Step, shared_step
 
 
 def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) -> RankSchedule:
@@ -22,7 +22,7 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
     R, S = x.num_ranks, x.num_stages
     cap = list(range(R)) if cap is None else cap
     base = [
-        [Step(Kind.INPUT_GRAD, a.stage, a.micro_batch) if a.kind is Kind.BACKWARD else a for a in order]
+        [shared_step(Kind.INPUT_GRAD, a.stage, a.micro_batch) if a.kind is Kind.BACKWARD else a for a in order]
         for order in x.orders
     ]
     out: list[list[Step]] = [[] for _ in range(R)]
@@ -35,6 +35,9 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
         if a.kind is Kind.FORWARD:
             return (Kind.FORWARD, a.stage - 1, a.micro_batch) if a.stage > 0 else None
         return (Kind.INPUT_GRAD, a.stage + 1, a.micro_batch) if a.stage < S - 1 else None
+
+    # each given step's input, found once (update asks for it at every claim)
+    need_of = [[needs(a) for a in order] for order in base]
 
     def run_weight(r: int) -> None:
         out[r].append(pending[r].popleft())
@@ -50,7 +53,7 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
         claim[r] = None
         if pos[r] >= len(base[r]):
             return
-        need = needs(base[r][pos[r]])
+        need = need_of[r][pos[r]]
         at = 0 if need is None else done_at.get(need)
         if at is None and need is not None:
             waiting[need] = r
@@ -76,7 +79,7 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
             done_at[key] = clock[r]
             woken = waiting.pop(key, None)
             if a.kind is Kind.INPUT_GRAD:
-                pending[r].append(Step(Kind.WEIGHT_GRAD, a.stage, a.micro_batch))
+                pending[r].append(shared_step(Kind.WEIGHT_GRAD, a.stage, a.micro_batch))
                 if len(pending[r]) > cap[r]:
                     run_weight(r)
         elif pending[r]:  # it would wait: a held-back W fills the gap
