@@ -250,7 +250,7 @@ def test_a_budget_cut_search_proves_a_true_gap(seed):
         rng.choice([2e9, 8e9]),
         10.0,
         100e9,
-        rng.choice([1e9, 10e9]),
+        rng.choice([1e7, 1e8, 1e9, 10e9]),  # (slow ones: the proof's link terms bind)
         inter_node_allreduce_bandwidth=3e9,
     )
     limits = Limits(schedule=rng.choice(["1f1b", "gpipe"]), search_nodes=rng.choice([5, 20, 60]))
@@ -274,6 +274,9 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
     zb = deep == "zb_h1"
     rng = random.Random(900 + seed)
     profile = random_profile(rng, rng.choice([4, 5]))
+    if zb:  # measured split-backward shares: a gradient leaves before its weight gradient is computed
+        layers = [replace(x, weight_grad_s=x.backward_s * rng.uniform(0.2, 0.8)) for x in profile.layers]
+        profile = chain("rand", layers, batch_size=profile.batch_size)
     topo = Topology(
         "t",
         2,
@@ -281,7 +284,7 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
         rng.choice([2e9, 8e9]),
         10.0,
         100e9,
-        rng.choice([1e9, 10e9]),
+        rng.choice([1e7, 1e8, 1e9, 10e9]),  # (the slow ones: the links' terms bind)
         inter_node_allreduce_bandwidth=3e9,
         intra_node_allreduce_latency_s=rng.choice([None, 1e-4]),  # as measured links set them
         inter_node_allreduce_latency_s=rng.choice([None, 1e-3]),
@@ -505,6 +508,72 @@ def test_the_deeper_warmup_tables_hold_the_round_trip_no_warmup_hides():
         assert min(reach) >= min(old) * (1 - 1e-12)
         stronger += min(reach) > min(old) * (1 + 1e-9)
     assert stronger  # the round trip binds on some of these instances
+
+
+def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
+    """A stage's outgoing link carries its M activations one after another, the first after one
+    forward, and the last one's way on and back follows: the proof's tables (bounds.py: links) hold
+    t + (M + 1) c + the rest's pass for every stage. On slow links, at the root, each is at most the
+    simulated time of every layout it covers: stage_end's under GPipe, reach_end's and round_end's
+    under 1F1B at every warm-up, compute_end's under those and ZB-H1 at every depth; each is at
+    least the table the search walks; and the link term lifts compute_end above its definition
+    without it (max over stages of a_s + M t_s + AR_s) somewhere."""
+    lifted = 0
+    for seed in range(8):
+        rng = random.Random(700 + seed)
+        nodes, per_node = rng.choice([(2, 2), (3, 1), (2, 3), (4, 1)])
+        topo = Topology("slow", nodes, per_node, 1e12, 10, rng.choice([1e9, 2e10]), rng.choice([1e7, 1e8, 1e9]))
+        profile = random_profile(rng, rng.choice([3, 4, 5]))
+        if seed % 2:  # measured split-backward shares (ZB-H1's weight gradients run apart)
+            layers = [replace(x, weight_grad_s=x.backward_s * rng.uniform(0.2, 0.8)) for x in profile.layers]
+            profile = chain("rand", layers, batch_size=profile.batch_size)
+        lifted += _tables_below_every_plan(profile, topo, rng.choice([8, 12]))
+    assert lifted  # the link term binds on some of these slow links (3 of the 8 instances)
+
+
+def _tables_below_every_plan(profile, topo, G) -> int:
+    """Asserts each root table is at most every covered layout's simulated time, per micro-batch
+    size; returns for how many sizes compute_end passes its old definition."""
+    from dapple_launch.planner.branch import BranchAndBound
+    from dapple_launch.planner.cost import stage_costs
+    from dapple_launch.planner.zero_bubble_search import depths
+
+    lifted = 0
+    for b in divisors(G):
+        M = G // b
+        x = BranchAndBound(profile, topo, G, Limits(max_warmup_depth=3), b, math.inf)
+        tables = x.bounds
+        assert tables.compute_end is not None and tables.links is not None
+        stage_end, reach_end, round_end, compute_end = (float(t[0, 0]) for t in tables.links)
+        walked = (tables.stage_end, tables.reach_end, tables.round_end, tables.compute_end)
+        assert all((new >= old).all() for new, old in zip(tables.links, walked))
+        old = math.inf
+        for layout in all_layouts(profile, topo, b, x.max_stages):
+            if len(layout) > M:
+                continue
+            costs = stage_costs(profile, topo, layout, b)
+            reach, worst = 0.0, 0.0
+            for s, c in enumerate(costs):
+                ar = topo.allreduce_s(layout[s].devices, profile.span(layout[s].start, layout[s].stop)[3])
+                worst = max(worst, reach + M * (c.forward_s + c.backward_s) + max(0.0, ar - c.backward_s))
+                reach += c.forward_s + c.send_activation_s
+            old = min(old, worst)
+            times = {"gpipe": [evaluate(profile, topo, layout, b, M, Limits(schedule="gpipe")).iteration_s]}
+            times["1f1b"] = [evaluate(profile, topo, layout, b, M, Limits(schedule="1f1b")).iteration_s] + [
+                evaluate(profile, topo, layout, b, M, Limits(schedule="1f1b"), warmup_depth=d).iteration_s
+                for d, _ in deeper_depths(len(layout), M, Limits(max_warmup_depth=3))
+            ]
+            times["zb_h1"] = [
+                evaluate(profile, topo, layout, b, M, Limits(schedule="zb_h1"), warmup_depth=d).iteration_s
+                for d, _ in depths(len(layout), M, Limits(max_warmup_depth=3))
+            ]
+            least = {family: min(t) for family, t in times.items()}
+            assert stage_end <= least["gpipe"] * (1 + 1e-12), (b, layout)
+            assert reach_end <= least["1f1b"] * (1 + 1e-12), (b, layout)
+            assert round_end <= least["1f1b"] * (1 + 1e-12), (b, layout)
+            assert compute_end <= min(least.values()) * (1 + 1e-12), (b, layout)
+        lifted += compute_end > old * (1 + 1e-9)
+    return lifted
 
 
 def test_a_deeper_warmup_is_screened_before_it_is_simulated():

@@ -316,6 +316,28 @@ def test_the_planner_equals_the_exhaustive_optimum_over_layouts_and_both_familie
         assert best.iteration_s == pytest.approx(exhaustive, rel=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_budget_cut_search_over_both_families_proves_a_true_gap_on_slow_links(seed):
+    """The proof's bounds with each stage's outgoing link (bounds.py: links), 1F1B's at any warm-up
+    and ZB-H1's with measured split-backward shares: where the budget ends the search, the gap it
+    reports still bounds the distance to the exhaustive optimum over layouts and both families."""
+    from dataclasses import replace as dc_replace
+
+    from dapple_launch.planner.search import search
+    from dapple_launch.profile import chain
+
+    rng = random.Random(1300 + seed)
+    profile = random_profile(rng, rng.choice([4, 5, 6]))
+    layers = [dc_replace(x, weight_grad_s=x.backward_s * rng.uniform(0.2, 0.8)) for x in profile.layers]
+    profile = chain("rand", layers, batch_size=profile.batch_size)
+    topo = Topology("slow", 2, rng.choice([2, 3]), 1e12, 10.0, rng.choice([2e9, 2e10]), rng.choice([1e7, 1e8]))
+    limits = Limits(schedules=("1f1b", "zb_h1"), max_warmup_depth=3, search_nodes=rng.choice([5, 20, 60]))
+    G = rng.choice([8, 12])
+    best, _, _, stats = search(profile, topo, G, limits)
+    optimum = brute_force_both(profile, topo, G, limits)
+    assert optimum >= best.iteration_s * (1 - stats.proven_gap) * (1 - 1e-12), (optimum, best.iteration_s, stats)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_zero_bubble_bound_is_below_every_simulated_plan(seed):
     """The bound the ZB-H1 pass cuts with (max over stages of a_s + M t_s + AR_s, AR_s the all-reduce
