@@ -228,10 +228,18 @@ def link_bound(
         if g != h:  # the activation g -> h, the gradient h -> g
             crossings[(g, h)] = crossings.get((g, h), 0) + 1
             crossings[(h, g)] = crossings.get((h, g), 0) + 1
-    busiest = 0.0
+    busiest, fastest, least_lat = 0.0, 0.0, math.inf
     for (g, h), n in crossings.items():
         bw, lat = topology.p2p(devices[g], devices[h])
         busiest = max(busiest, M * (n * lat + least_cuts[min(n, len(cuts))] / min(groups[g], groups[h]) / bw))
+        fastest, least_lat = max(fastest, bw * min(groups[g], groups[h])), min(least_lat, lat)
+    # and at least the links' average: the k boundaries that cross groups are k distinct cuts, each
+    # sent both ways per micro-batch, at best over the fastest link used (a model whose early cuts
+    # are small and late ones large: the few least cuts per link alone say little)
+    k = sum(crossings.values()) // 2
+    if k:
+        total = 2 * M * (k * least_lat + least_cuts[min(k, len(cuts))] / fastest)
+        busiest = max(busiest, total / len(crossings))
     return busiest
 
 
