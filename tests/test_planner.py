@@ -514,10 +514,10 @@ def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
     """A stage's outgoing link carries its M activations one after another, the first after one
     forward, and the last one's way on and back follows: the proof's tables (bounds.py: links) hold
     t + (M + 1) c + the rest's pass for every stage. On slow links, at the root, each is at most the
-    simulated time of every layout it covers: stage_end's under GPipe, reach_end's and round_end's
-    under 1F1B at every warm-up, compute_end's under those and ZB-H1 at every depth; each is at
-    least the table the search walks; and the link term lifts compute_end above its definition
-    without it (max over stages of a_s + M t_s + AR_s) somewhere."""
+    simulated time of every layout it covers: reach_end's under 1F1B at every warm-up,
+    compute_end's under that, GPipe and ZB-H1 at every depth; each is at least the table the search
+    walks; and the link term lifts compute_end above its definition without it (max over stages of
+    a_s + M t_s + AR_s) somewhere."""
     lifted = 0
     for seed in range(8):
         rng = random.Random(700 + seed)
@@ -544,8 +544,8 @@ def _tables_below_every_plan(profile, topo, G) -> int:
         x = BranchAndBound(profile, topo, G, Limits(max_warmup_depth=3), b, math.inf)
         tables = x.bounds
         assert tables.compute_end is not None and tables.links is not None
-        stage_end, reach_end, round_end, compute_end = (float(t[0, 0]) for t in tables.links)
-        walked = (tables.stage_end, tables.reach_end, tables.round_end, tables.compute_end)
+        reach_end, compute_end = (float(t[0, 0]) for t in tables.links)
+        walked = (tables.reach_end, tables.compute_end)
         assert all((new >= old).all() for new, old in zip(tables.links, walked))
         old = math.inf
         for layout in all_layouts(profile, topo, b, x.max_stages):
@@ -568,9 +568,7 @@ def _tables_below_every_plan(profile, topo, G) -> int:
                 for d, _ in depths(len(layout), M, Limits(max_warmup_depth=3))
             ]
             least = {family: min(t) for family, t in times.items()}
-            assert stage_end <= least["gpipe"] * (1 + 1e-12), (b, layout)
             assert reach_end <= least["1f1b"] * (1 + 1e-12), (b, layout)
-            assert round_end <= least["1f1b"] * (1 + 1e-12), (b, layout)
             assert compute_end <= min(least.values()) * (1 + 1e-12), (b, layout)
         lifted += compute_end > old * (1 + 1e-9)
     return lifted

@@ -86,10 +86,10 @@ class SuffixBounds:
     round_end: np.ndarray  # least max over p of sum_{j<p}(t_j + 2 c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p)
     # Valid for any schedule, a split backward's included (planner/zero_bubble_search.py):
     compute_end: np.ndarray | None = None  # least max over p of sum_{j<p}(F_j + c_j) + M t_p + AR_p
-    # The same four with each stage's outgoing link too (suffix_bound: links): for the proof only.
-    # The search walks the tables above; these would change the order of its work, and with a
-    # budget that ends first, what it finds.
-    links: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # stage, reach, round, compute
+    # reach_end and compute_end with each stage's outgoing link too (suffix_bound: links), for the
+    # proof only: the search walks the tables above (these would change the order of its work, and
+    # with a budget that ends first, what it finds)
+    links: tuple[np.ndarray, np.ndarray] | None = None  # (reach_end's, compute_end's)
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
@@ -113,7 +113,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     compute_end: only that stage p starts after the first micro-batch reached it, computes M t_p
                 and all-reduces after its last weight gradient: what holds when the backward is
                 split (zero bubble), whose input gradients may leave long before the weights'.
-    links:      each of the last four where stage p's outgoing link counts too: it carries the M
+    links:      reach_end and compute_end where stage p's outgoing link counts too: it carries the M
                 activations one after another, the first after one forward, so the last leaves at
                 least F_p + M c_p after the stage's start; that micro-batch's way on and back
                 (c_p, and where the backward is whole the rest's pass) and p's backward of it
@@ -137,8 +137,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     # (always inf), where a stage that would run past the last device points.
     shape = (L + 1, D + 2)
     bound, pass_sum, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(6))
-    stage_l, reach_l, round_l, compute_l = (np.full(shape, np.inf) for _ in range(4))  # (links)
-    for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end, stage_l, reach_l, round_l, compute_l):
+    reach_l, compute_l = np.full(shape, np.inf), np.full(shape, np.inf)  # (links)
+    for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l):
         table[L, : D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     starts = np.arange(D)
@@ -176,7 +176,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
         sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
-        end_l, reach_at_l, round_at_l, compute_at_l = (np.full(D, np.inf) for _ in range(4))
+        reach_at_l, compute_at_l = np.full(D, np.inf), np.full(D, np.inf)
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         for R, nxt, lat, bw, slope, fixed, n_all in last_stop if last_only else every_stop:  # (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
@@ -241,14 +241,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # with the stage's outgoing link (the docstring's links); a split backward sends its
             # gradient down before its weight gradient, so compute_end's way on counts no later stage
             sends = t + (M + 1) * link
-            chain = sends + rest_sum
-            end = np.maximum(np.maximum(M * t + two_links, sends) + ar + rest_sum, forward_in + ahead(stage_l))
-            end_l[:w] = np.minimum(end_l[:w], end.min(axis=(0, 1)))
-            trip = np.maximum(trip, chain)
-            reach = np.maximum(trip + ar, forward_in + ahead(reach_l))
+            reach = np.maximum(np.maximum(trip, sends + rest_sum) + ar, forward_in + ahead(reach_l))
             reach_at_l[:w] = np.minimum(reach_at_l[:w], reach.min(axis=(0, 1)))
-            round_trip = np.maximum(trip, per_pass + ahead(round_l))
-            round_at_l[:w] = np.minimum(round_at_l[:w], round_trip.min(axis=(0, 1)))
             computed = np.maximum(np.maximum(M * t, sends) + ar, forward_in + ahead(compute_l))
             compute_at_l[:w] = np.minimum(compute_at_l[:w], computed.min(axis=(0, 1)))
         fresh = fresh_node_start(starts, k, D)
@@ -260,10 +254,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         reach_end[i, :D] = np.minimum(reach_at, reach_at[fresh])
         round_end[i, :D] = np.minimum(round_at, round_at[fresh])
         compute_end[i, :D] = np.minimum(compute_at, compute_at[fresh])
-        for table, at in ((stage_l, end_l), (reach_l, reach_at_l), (round_l, round_at_l), (compute_l, compute_at_l)):
-            table[i, :D] = np.minimum(at, at[fresh])
-    links = (stage_l, reach_l, round_l, compute_l)
-    return SuffixBounds(bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, links)
+        reach_l[i, :D] = np.minimum(reach_at_l, reach_at_l[fresh])
+        compute_l[i, :D] = np.minimum(compute_at_l, compute_at_l[fresh])
+    return SuffixBounds(bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l))
 
 
 def _ahead(lo: int, hi: int, D: int, R: np.ndarray, nxt: np.ndarray):

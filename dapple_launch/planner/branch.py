@@ -127,13 +127,12 @@ class BranchAndBound:
         self.tables_under = incumbent  # (they leave out stages too slow to beat it)
 
     def links_bound(self, family: str) -> float:
-        """No plan of this size under `family` ("1f1b" at any warm-up, "gpipe", "zb_h1") is faster:
-        the root of the tables with each stage's outgoing link (bounds.py: links), for the proof;
-        at most the incumbent they were built under (a plan they leave out cannot beat it)."""
+        """No plan of this size under `family` ("1f1b" at any warm-up, "zb_h1") is faster: the root
+        of the tables with each stage's outgoing link (bounds.py: links), for the proof; at most the
+        incumbent they were built under (a plan they leave out cannot beat it)."""
         assert self.bounds.links is not None  # (suffix_bound builds them)
-        stage, reach, round_, compute = self.bounds.links
-        v = {"1f1b": max(reach[0, 0], round_[0, 0]), "gpipe": stage[0, 0], "zb_h1": compute[0, 0]}[family]
-        return min(float(v), self.tables_under)
+        reach, compute = self.bounds.links
+        return min(float((reach if family == "1f1b" else compute)[0, 0]), self.tables_under)
 
     def rest_work_per_sample(self, i: int) -> float:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs

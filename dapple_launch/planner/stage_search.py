@@ -112,7 +112,7 @@ class StageFamilies:
         # the proof's bound per size also counts each stage's outgoing link (any warm-up; the
         # search above walked the tables without it: bounds.py, links)
         for x in searches:
-            if x.b in bounds and limits.schedule in ("1f1b", "gpipe"):
+            if x.b in bounds and limits.schedule == "1f1b":
                 bounds[x.b] = max(bounds[x.b], x.links_bound(limits.schedule))
         return Proposal((limits.schedule,), found[len(state.found) :] + per_b, bounds)
 
