@@ -134,6 +134,11 @@ class BranchAndBound:
         reach, compute = self.bounds.links
         return min(float((reach if family == "1f1b" else compute)[0, 0]), self.tables_under)
 
+    def with_links(self, bounds: dict[int, float], family: str) -> None:
+        """Raise bounds[this size], where the proposer has one, to links_bound(family)."""
+        if self.b in bounds:
+            bounds[self.b] = max(bounds[self.b], self.links_bound(family))
+
     def rest_work_per_sample(self, i: int) -> float:
         return (self.work[self.L] - self.work[i]) * self.speed / self.pbs
 

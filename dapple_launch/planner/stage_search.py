@@ -111,9 +111,9 @@ class StageFamilies:
             bounds = {b: min(v, deep_bounds.get(b, math.inf)) for b, v in bounds.items()}
         # the proof's bound per size also counts each stage's outgoing link (any warm-up; the
         # search above walked the tables without it: bounds.py, links)
-        for x in searches:
-            if x.b in bounds and limits.schedule == "1f1b":
-                bounds[x.b] = max(bounds[x.b], x.links_bound(limits.schedule))
+        if limits.schedule == "1f1b":
+            for x in searches:
+                x.with_links(bounds, "1f1b")
         return Proposal((limits.schedule,), found[len(state.found) :] + per_b, bounds)
 
 

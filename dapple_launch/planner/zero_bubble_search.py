@@ -216,8 +216,7 @@ class ZeroBubble:
         found, bounds, scored = sweep(state.searches, incumbent, int(limits.search_nodes * SWEEP_SHARE))
         state.stats.nodes += scored
         for x in state.searches:  # the proof's bound with each stage's outgoing link (bounds.py: links)
-            if x.b in bounds:
-                bounds[x.b] = max(bounds[x.b], x.links_bound(FAMILY))
+            x.with_links(bounds, FAMILY)
         if "1f1b" not in state.limits.allowed():
             return Proposal((FAMILY,), [*started, *found], bounds, supersedes=True)
         # the ZB-H1 pass's bound is weaker than 1F1B's: what holds over 1F1B plans alone, for the statement
