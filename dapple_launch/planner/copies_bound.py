@@ -8,22 +8,32 @@ busiest copy (ceil(M / c) of the M micro-batches):
 - starts no sooner than micro-batch 0's forward has crossed layers 0 .. i - 1 (each at its fastest:
   the fewest samples per device any copy can run);
 - runs ceil(M / c) forwards and backwards of its layers on b / g samples, one at a time;
+- runs no forward of a micro-batch before it has crossed cut i (a send of its b samples split over
+  at most the copy's g devices, on the fastest link the stage and a neighbour can share);
 - runs no backward of a micro-batch before its round trip: its forward on through layers z .. L - 1
-  and its input gradient back (trip(z), at the fastest; of a split backward only the input's share);
+  and its input gradient back (trip(z), at the fastest; of a split backward only the input's share),
+  cut z crossed both ways;
 - then the stage's gradient all-reduce over its r devices is left: its buckets (planner/allreduce.py)
   are all-reduced one after another, each once the copy's last gradient action has run its layers,
   so the weights of the stage's lowest layers [i, z) wait for the backward down to layer z - 1 and
   then take at least one ring all-reduce of their bytes: at least ring(w[i, z)) - B(i, z - 1) is
   left after the action, for every z.
 
-So T >= stage(i, z, r) = fill(i) + max(n (F + B), F + trip(z) + n B, n F + trip(z) + B) + exposed
-(n = ceil(M / c)) for every stage, and the stages' device counts sum to at most D. The least T for which some cut and device counts
-keep every stage under T is the bound: for a trial T each span [i, z) needs the fewest r whose
-stage time is at most T (a running minimum over r, as more devices are not always faster: the
-all-reduce grows), a dynamic programme over the cuts finds the least total, and bisection on T
-finds where it first fits in D. An all-reduce is priced on the best placement of r devices (inside
-one node when r fits one); transfers and the pipeline's drain are left out, so it holds for both
-families (a split backward may end on a W)."""
+So T >= stage(i, z, r) = fill(i) + send(i) + max(n (F + B), F + trip'(z) + n B, n F + trip'(z) + B)
++ exposed (n = ceil(M / c), trip' = trip + both sends over cut z) for every stage. And the stage's
+last backward (of a split one, its last I) sends its gradient back over cut i and the layers before
+it run theirs (drain(i), at the fastest, each at least its input share): the same three terms with
+each B at its input share, the send and the drain after them (not the all-reduce: it runs beside).
+Where two plain stages (one copy each: r divides b) meet at cut i, every activation crosses their
+one link, one after another (the simulator's links are serial), so also T >= fill(i) + (M + 1)
+send(i) + trip(i) + drain(i). The stages' device counts sum to at most D. The least T for which
+some cut and device counts keep every term under T is the bound: for a trial T each span [i, z)
+needs the fewest r whose stage time is at most T (a running minimum over r, as more devices are not
+always faster: the all-reduce grows), as a plain stage, as one after a plain stage, and as copies;
+a dynamic programme over the cuts and whether the last stage is plain finds the least total, and
+bisection on T finds where it first fits in D. An all-reduce is priced on the best placement of r
+devices (inside one node when r fits one); the other cuts' sends are left out and the backwards
+count at their input share, so it holds for both families (a split backward may end on a W)."""
 
 from __future__ import annotations
 
@@ -63,9 +73,13 @@ class CopiesBound:
         # device counts alike in all but the all-reduce (which only grows with r) need only their
         # fewest: the least stage time with at most r devices is reached at one of these
         alike = {}
-        for x, key in enumerate(zip(g.tolist(), turns.tolist(), (every > k).tolist())):
-            alike.setdefault(key, x)
+        # (r >= k: no neighbour fits the node beside it, so its sends cross nodes)
+        # (g = r: a plain stage, one copy, whose sends to a plain neighbour share one link)
+        keys = zip(g.tolist(), turns.tolist(), (every > k).tolist(), (every >= k).tolist(), (g == every).tolist())
+        classes = [alike.setdefault(key, x) for x, key in enumerate(keys)]  # each count's fewest alike
         pick = np.array(sorted(alike.values()))
+        column_of = {int(x): int(np.searchsorted(pick, x)) for x in pick}
+        self.column_of = [-1] + [column_of[x] for x in classes]  # [r]: the column of r's class
         r, g, turns = every[pick], g[pick], turns[pick]
         n = b // g
         # micro-batch 0's forward through layer l at its fastest: the fewest samples per device
@@ -82,12 +96,26 @@ class CopiesBound:
         back = 1.0 - min(1.0, max(shares, default=1.0)) if measured else 0.5
         each = (fwd + back * bwd) * speed
         trip = np.concatenate((np.cumsum(each[::-1])[::-1], [0.0]))  # trip[z]: layers z .. L - 1 and back
+        # a gradient's way on back through layers 0 .. i - 1 (drain[i]) once a stage has run its
+        # backward (a split backward's I: the first stage's W, a whole backward, is no less)
+        drain = np.concatenate(([0.0], np.cumsum(back * bwd * speed)))
         (inter_bw, inter_lat), (intra_bw, intra_lat) = topology.allreduce_link(True), topology.allreduce_link(False)
         across = r > k  # (r devices fit one node otherwise: the best placement)
         link = (np.where(across, inter_bw, intra_bw), np.where(across, inter_lat, intra_lat))
         per = n / pbs
+        # a micro-batch's cut crosses to the next stage's copy (its activation) and back (its
+        # gradient) over a link between two ranks (round_robin.rr_costs: the larger of the two
+        # copies' shares over the slower link of the two stages' devices), so at least the cut's
+        # b samples split over this copy's g devices, on the fastest link the pair can use: inside
+        # a node only where this stage and a neighbour fit one (r < k)
+        p2p = r >= k
+        send_bw = np.where(p2p, topology.inter_node_bandwidth, topology.intra_node_bandwidth)
+        send_lat = np.where(p2p, topology.inter_node_latency_s, topology.intra_node_latency_s)
+        cut = np.append(np.asarray(profile.cut_bytes[: L - 1], dtype=float) * b / pbs, 0.0)  # cut[z - 1]: after z - 1
+        send = send_lat + cut[:, None] / (g * send_bw)  # send[z - 1]: over cut z, z = 1 .. L - 1
+        send[L - 1] = 0.0  # (the last stage sends nothing on)
         # per start i, every stop z > i at once: rows z = i + 1 .. L, columns r = 1 .. D
-        rows = []
+        rows, joined = [], []
         for i in range(L):
             z = np.arange(i + 1, L + 1)[:, None]
             forward = ((ff[z] - ff[i]) + (f[z] - f[i] - (ff[z] - ff[i])) * per) * speed
@@ -101,40 +129,81 @@ class CopiesBound:
             below = ((bf[z - 1] - bf[i]) + (bw[z - 1] - bw[i] - (bf[z - 1] - bf[i])) * per) * speed
             left = np.where(w > 0, ring_allreduce_s(r, w, link), 0.0) - below  # (0 where r = 1)
             exposed = np.maximum(0.0, np.maximum.accumulate(left, axis=0))
-            # no backward before a micro-batch's round trip through layers z .. L - 1: not the
-            # first one's (all backwards after it), nor the last one's (after all forwards)
+            # no backward before a micro-batch's round trip through layers z .. L - 1, its cut z
+            # crossed both ways: not the first one's (all backwards after it), nor the last one's
+            # (after all forwards); no forward before the micro-batch has crossed cut i
+            back_and_forth = trip[z] + 2 * send[z[:, 0] - 1]
             busy = np.maximum(
                 turns * (forward + backward),
-                np.maximum(forward + trip[z] + turns * backward, turns * forward + trip[z] + backward),
+                np.maximum(forward + back_and_forth + turns * backward, turns * forward + back_and_forth + backward),
             )
-            stage = self.fill[i] + busy + exposed
+            arrive = send[i - 1] if i > 0 else 0.0
+            # the stage's last backward (a split one's last I, at least its share of B) is followed
+            # by that gradient's send over cut i and the drain: each of the three above again, the
+            # backwards at their input share and the drain after (the all-reduce left runs beside it)
+            light = back * backward
+            after = arrive + drain[i] if i > 0 else 0.0
+            drained = after + np.maximum(
+                turns * (forward + light),
+                np.maximum(forward + back_and_forth + turns * light, turns * forward + back_and_forth + light),
+            )
+            stage = self.fill[i] + arrive + np.maximum(busy + exposed, drained)
             stage[(w[:, 0] * optimizer_factor > capacity_bytes)] = np.inf
             rows.append(stage)
+            # a plain stage after a plain stage: all M activations over their one link, one after
+            # another (rank_simulate.py: a link is a serial resource), the first once micro-batch
+            # 0 has crossed layers 0 .. i - 1, the last followed by its round trip through layers
+            # i .. L - 1 and its gradient's way back over the cut (a send split over at most this
+            # stage's r devices)
+            pair = self.fill[i] + (M + 1) * arrive + trip[i] + drain[i] if i > 0 else 0.0
+            joined.append(np.maximum(stage, pair))
         self.spans = np.triu_indices(L + 1, 1)  # every span [i, z), in the rows' order
-        stage = np.concatenate(rows)
+        self.stage = stage = np.concatenate(rows)
+        self.joined = np.concatenate(joined)
         # the least stage time with at most r devices: nonincreasing in r, so a trial T's fewest
         # devices per span follow from a count of the entries above T
         self.least = np.minimum.accumulate(stage, axis=1)
+        # and the same among plain stages (one copy: r divides b) and among the others
+        plain = g == r
+        self.least_plain = np.minimum.accumulate(np.where(plain, stage, np.inf), axis=1)
+        self.least_other = np.minimum.accumulate(np.where(plain, np.inf, stage), axis=1)
         self.counts = np.append(r, np.inf)  # [j]: the device count of column j (past the last: none)
         self.L, self.D = L, D
+        # a plain stage after a plain stage: its own time or its link's, whichever is more
+        self.least_joined = np.minimum.accumulate(np.where(plain, self.joined, np.inf), axis=1)
+
+    def stage_s(self, start: int, stop: int, replicas: int, after_plain: bool = False) -> float:
+        """What the bound asks of a stage [start, stop) on `replicas` devices (the least over its
+        class of alike counts); `after_plain`: of a plain stage after a plain stage, its link's too."""
+        row = start * self.L - start * (start - 1) // 2 + (stop - start - 1)  # (the spans' order)
+        return float((self.joined if after_plain else self.stage)[row, self.column_of[replicas]])
 
     def fits(self, T: float) -> bool:
         """Some cut and device counts keep every stage's time at most T within D devices."""
-        need = self.counts[(self.least > T).sum(axis=1)]  # fewest devices per span (inf: none suffice)
-        i, z = self.spans
-        fewest = np.full(self.L + 1, np.inf)
-        fewest[0] = 0.0
+        # fewest devices per span [i, z) (inf: none suffice), as copies, as a plain stage, and as
+        # a plain stage after a plain stage: need[kind, z, i]
+        need = np.full((3, self.L + 1, self.L + 1), np.inf)
+        for kind, least in enumerate((self.least_other, self.least_plain, self.least_joined)):
+            need[kind][self.spans[1], self.spans[0]] = self.counts[(least > T).sum(axis=1)]
+        other, plain, joined = need
+        # fewest devices to hold layers 0 .. stop - 1, its last stage plain or copies (the first
+        # stage has no stage before it: as if after copies)
+        after_plain, after_other = np.full(self.L + 1, np.inf), np.full(self.L + 1, np.inf)
+        after_other[0] = 0.0
         for stop in range(1, self.L + 1):
-            into = z == stop
-            fewest[stop] = np.min(fewest[i[into]] + need[into])
-        return bool(fewest[self.L] <= self.D)
+            by_copies, by_plain = after_other[:stop], after_plain[:stop]
+            after_other[stop] = (np.minimum(by_copies, by_plain) + other[stop, :stop]).min()
+            after_plain[stop] = min((by_copies + plain[stop, :stop]).min(), (by_plain + joined[stop, :stop]).min())
+        return bool(min(after_plain[self.L], after_other[self.L]) <= self.D)
 
     def bound(self, above: float = 0.0, cap: float = math.inf) -> float:
         """The least T that fits, from below: a T known not to fit (never more than the optimum of
         the relaxation). `above`: a valid bound already known (the search starts there); `cap`: a
         bound is only wanted up to it (a T there that does not fit is returned as it is)."""
-        finite = self.least[np.isfinite(self.least)]
-        # past its largest finite stage time no span needs fewer devices: a T there fits if any does
+        finite = self.least_joined[np.isfinite(self.least_joined)]
+        finite = np.concatenate((finite, self.least[np.isfinite(self.least)]))
+        # past its largest finite stage time (a plain stage's after a plain one included) no span
+        # needs fewer devices: a T there fits if any does
         hi = cap if math.isfinite(cap) else float(finite.max()) if finite.size else math.inf
         lo = above
         if lo >= hi or self.fits(lo):
