@@ -650,22 +650,42 @@ def test_best_first_over_layouts_and_micro_batches_equals_the_full_sweep(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_compute_floor_baselines_skip_by_stays_below_the_simulator(seed):
-    """baselines.compute_floor (the busiest stage's compute, no links) is a lower bound: no layout,
-    micro-batch size or schedule family runs faster under the simulator, with transfers, all-reduces,
-    recomputation and each action's own overhead."""
-    from dapple_launch.planner.baselines import compute_floor
+def test_the_floors_baselines_skip_by_stay_below_the_simulator(seed):
+    """baselines.compute_floor (the busiest stage's compute, no links), busy_floor (that and what
+    its all-reduce leaves after its last backward) and link_floor (the busiest link's m sends) are
+    lower bounds: no layout, micro-batch size or schedule family runs faster under the simulator,
+    with transfers, all-reduces, recomputation and each action's own overhead. On slow links the
+    last two say more than the compute, and come within 20 % of the simulated time."""
+    from dapple_launch.planner.baselines import busy_floor, compute_floor, link_floor
     from dapple_launch.planner.cost import speed_ratio
 
     rng = random.Random(90 + seed)
     profile = random_profile(rng, 7)
-    topo = Topology("t", 2, 4, 32e9, 1.0, 5e10, 1e9, action_overhead_s=rng.choice([0.0, 1e-4]))
-    for layout in rng.sample(list(all_layouts(profile, topo, 4, 4)), 40):
-        b = rng.choice([4, 8])
-        m = rng.choice([1, 2, 4, 8])
-        floor = compute_floor(profile, layout, b, m, speed_ratio(profile, topo))
-        for limits in (Limits(), Limits(schedule="gpipe"), Limits(schedule="zb_h1"), Limits(recompute="full")):
-            assert floor <= evaluate(profile, topo, layout, b, m, limits).iteration_s * (1 + 1e-12)
+    more = close = 0
+    for slow in (False, True):
+        topo = Topology(
+            "t",
+            2,
+            4,
+            32e9,
+            1.0,
+            5e10 if not slow else 2e8,
+            1e9 if not slow else 2e7,
+            action_overhead_s=rng.choice([0.0, 1e-4]),
+        )
+        speed = speed_ratio(profile, topo)
+        for layout in rng.sample(list(all_layouts(profile, topo, 4, 4)), 40):
+            b = rng.choice([4, 8])
+            m = rng.choice([1, 2, 4, 8])
+            compute = compute_floor(profile, layout, b, m, speed)
+            floor = max(busy_floor(profile, topo, layout, b, m, speed), link_floor(profile, topo, layout, b, m))
+            assert floor >= compute * (1 - 1e-12)
+            more += floor > compute * 1.01
+            for limits in (Limits(), Limits(schedule="gpipe"), Limits(schedule="zb_h1"), Limits(recompute="full")):
+                time = evaluate(profile, topo, layout, b, m, limits).iteration_s
+                assert floor <= time * (1 + 1e-12), (layout, b, m, limits.schedule)
+                close += floor > time * 0.8
+    assert more > 10 and close > 10, (more, close)
 
 
 def test_the_screen_never_drops_a_candidate_that_fits_and_beats():

@@ -36,7 +36,7 @@ def fastest(
 ) -> Costed | None:
     """The fastest (layout, micro-batch count) that fits memory over `layouts`, each with its least
     micro-batch count; ties (within rounding) go to the earlier layout, then the fewer micro-batches.
-    The candidates are taken in increasing compute_floor and the rest skipped once the floor passes
+    The candidates are taken in increasing floor (busy_floor, link_floor) and the rest skipped once it passes
     the best found; under 1F1B one whose warmup.py bound (valid at any warm-up; recomputation only
     adds time) passes it is not simulated: the full sweep's answer at a fraction of its stage costs
     and simulations."""
@@ -50,7 +50,8 @@ def fastest(
                 continue
             if limits.micro_batch_size and b != limits.micro_batch_size:
                 continue
-            todo.append((compute_floor(profile, layout, b, m, speed), index, m, layout))
+            floor = max(busy_floor(profile, topology, layout, b, m, speed), link_floor(profile, topology, layout, b, m))
+            todo.append((floor, index, m, layout))
     best: Costed | None = None
     best_key: tuple[int, int] = (0, 0)  # (set with best)
     # by the busiest stage's compute first: a layout's stage costs (links, all-reduces) are costed
@@ -89,6 +90,31 @@ def compute_floor(profile: ModelProfile, layout: tuple[StageSpec, ...], b: int, 
     """No schedule runs the layout faster: every stage's device runs m forwards and m backwards of its
     layers on its share of b samples, one after another (stage_costs' compute, without the links)."""
     return m * speed * max(sum(profile.seconds(s.start, s.stop, math.ceil(b / s.replicas))) for s in layout)
+
+
+def busy_floor(
+    profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], b: int, m: int, speed: float
+) -> float:
+    """No schedule runs the layout faster: every stage's device runs m forwards and m backwards of its
+    layers on its share of b samples, one after another, and then what its gradient all-reduce leaves
+    after the last of them, at least one all-reduce of every byte less that backward (allreduce.py)."""
+    most = 0.0
+    for st in layout:
+        forward, backward = profile.seconds(st.start, st.stop, math.ceil(b / st.replicas))
+        left = topology.allreduce_s(st.devices, profile.span(st.start, st.stop)[3]) - backward * speed
+        most = max(most, m * speed * (forward + backward) + max(0.0, left))
+    return most
+
+
+def link_floor(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], b: int, m: int) -> float:
+    """No schedule runs the layout faster: the m activations leaving a stage cross its one link to
+    the next one after another (the simulator's links are serial), each at stage_costs' send time."""
+    most = 0.0
+    for st, nxt in zip(layout, layout[1:]):
+        total = profile.cut_bytes[st.stop - 1] * b / profile.batch_size
+        bw, lat = topology.p2p(st.devices, nxt.devices)
+        most = max(most, lat + max(total / st.replicas, total / nxt.replicas) / bw)
+    return m * most
 
 
 TIE = 1e-12  # two times this close are one time summed in two orders
