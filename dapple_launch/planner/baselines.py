@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..cluster import Topology
+from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import replica_choices
@@ -36,9 +36,9 @@ def fastest(
 ) -> Costed | None:
     """The fastest (layout, micro-batch count) that fits memory over `layouts`, each with its least
     micro-batch count; ties (within rounding) go to the earlier layout, then the fewer micro-batches.
-    The candidates are taken in increasing floor (busy_floor, link_floor) and the rest skipped once it passes
-    the best found; under 1F1B one whose warmup.py bound (valid at any warm-up; recomputation only
-    adds time) passes it is not simulated: the full sweep's answer at a fraction of its stage costs
+    The candidates are taken in increasing compute_floor and the rest skipped once the floor passes
+    the best found; one whose busy_floor or link_floor passes it is not costed, and under 1F1B one
+    whose warmup.py bound (valid at any warm-up; recomputation only adds time) passes it is not simulated: the full sweep's answer at a fraction of its stage costs
     and simulations."""
     todo = []
     speed = speed_ratio(profile, topology)
@@ -50,15 +50,20 @@ def fastest(
                 continue
             if limits.micro_batch_size and b != limits.micro_batch_size:
                 continue
-            floor = max(busy_floor(profile, topology, layout, b, m, speed), link_floor(profile, topology, layout, b, m))
-            todo.append((floor, index, m, layout))
+            todo.append((compute_floor(profile, layout, b, m, speed), index, m, layout))
     best: Costed | None = None
     best_key: tuple[int, int] = (0, 0)  # (set with best)
     # by the busiest stage's compute first: a layout's stage costs (links, all-reduces) are costed
-    # only while that floor can still beat the best found (the P:Q family's ~1000 layouts × sizes)
+    # only while that floor can still beat the best found (the P:Q family's ~1000 layouts × sizes),
+    # and only where the floors of its links and all-reduces can too (cheaper than its stage costs)
     for floor, index, m, layout in sorted(todo, key=lambda x: x[:3]):
         if best is not None and floor > best.iteration_s * (1 + TIE):
             break  # none left can be faster (ties within rounding are still simulated)
+        b = global_batch // m
+        if best is not None and max(
+            busy_floor(profile, topology, layout, b, m, speed), link_floor(profile, topology, layout, b, m)
+        ) > best.iteration_s * (1 + TIE):
+            continue
         costs = stage_costs(profile, topology, layout, global_batch // m)
         if (
             best is not None
@@ -101,7 +106,9 @@ def busy_floor(
     most = 0.0
     for st in layout:
         forward, backward = profile.seconds(st.start, st.stop, math.ceil(b / st.replicas))
-        left = topology.allreduce_s(st.devices, profile.span(st.start, st.stop)[3]) - backward * speed
+        nbytes = profile.span(st.start, st.stop)[3]
+        ring = ring_allreduce_s(st.replicas, nbytes, topology.allreduce_link(st.spans_nodes(topology)))
+        left = (ring if st.replicas > 1 and nbytes > 0 else 0.0) - backward * speed  # (Topology.allreduce_s)
         most = max(most, m * speed * (forward + backward) + max(0.0, left))
     return most
 
@@ -112,7 +119,7 @@ def link_floor(profile: ModelProfile, topology: Topology, layout: tuple[StageSpe
     most = 0.0
     for st, nxt in zip(layout, layout[1:]):
         total = profile.cut_bytes[st.stop - 1] * b / profile.batch_size
-        bw, lat = topology.p2p(st.devices, nxt.devices)
+        bw, lat = topology.p2p(st.device_span, nxt.device_span)
         most = max(most, lat + max(total / st.replicas, total / nxt.replicas) / bw)
     return m * most
 
@@ -232,10 +239,11 @@ def dapple_two_stage(profile: ModelProfile, topology: Topology, global_batch: in
     """The published DAPPLE planner's P:Q family: two stages on P and D - P devices, best cut.
     Beyond 16 devices P takes the search's replica counts (1..devices per node, whole nodes)."""
     L, D = profile.num_layers, topology.num_devices
+    # (each split's two device tuples built once and shared by its cuts: at 1024 devices, 135 splits)
+    splits = [(tuple(range(P)), tuple(range(P, D))) for P in replica_choices(topology, D) if P < D]
     layouts = [
-        ((StageSpec(0, cut, tuple(range(P))), StageSpec(cut, L, tuple(range(P, D)))), _min_micro(limits, 2))
-        for P in replica_choices(topology, D)
-        if P < D
+        ((StageSpec(0, cut, first), StageSpec(cut, L, second)), _min_micro(limits, 2))
+        for first, second in splits
         for cut in range(1, L)
     ]
     return fastest(profile, topology, layouts, global_batch, limits)

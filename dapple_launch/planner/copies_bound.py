@@ -115,7 +115,9 @@ class CopiesBound:
         send = send_lat + cut[:, None] / (g * send_bw)  # send[z - 1]: over cut z, z = 1 .. L - 1
         send[L - 1] = 0.0  # (the last stage sends nothing on)
         # per start i, every stop z > i at once: rows z = i + 1 .. L, columns r = 1 .. D
-        rows, joined = [], []
+        rows, joined = [], []  # (joined: over the plain columns only)
+        plain = np.nonzero(g == r)[0]  # the columns of plain stages (one copy: r divides b)
+        other = np.nonzero(g != r)[0]
         for i in range(L):
             z = np.arange(i + 1, L + 1)[:, None]
             forward = ((ff[z] - ff[i]) + (f[z] - f[i] - (ff[z] - ff[i])) * per) * speed
@@ -137,7 +139,7 @@ class CopiesBound:
                 turns * (forward + backward),
                 np.maximum(forward + back_and_forth + turns * backward, turns * forward + back_and_forth + backward),
             )
-            arrive = send[i - 1] if i > 0 else 0.0
+            arrive = send[i - 1] if i > 0 else np.zeros(len(r))
             # the stage's last backward (a split one's last I, at least its share of B) is followed
             # by that gradient's send over cut i and the drain: each of the three above again, the
             # backwards at their input share and the drain after (the all-reduce left runs beside it)
@@ -155,36 +157,38 @@ class CopiesBound:
             # 0 has crossed layers 0 .. i - 1, the last followed by its round trip through layers
             # i .. L - 1 and its gradient's way back over the cut (a send split over at most this
             # stage's r devices)
-            pair = self.fill[i] + (M + 1) * arrive + trip[i] + drain[i] if i > 0 else 0.0
-            joined.append(np.maximum(stage, pair))
+            pair = self.fill[i] + (M + 1) * arrive[plain] + trip[i] + drain[i] if i > 0 else 0.0
+            joined.append(np.maximum(stage[:, plain], pair))
         self.spans = np.triu_indices(L + 1, 1)  # every span [i, z), in the rows' order
         self.stage = stage = np.concatenate(rows)
         self.joined = np.concatenate(joined)
         # the least stage time with at most r devices: nonincreasing in r, so a trial T's fewest
         # devices per span follow from a count of the entries above T
         self.least = np.minimum.accumulate(stage, axis=1)
-        # and the same among plain stages (one copy: r divides b) and among the others
-        plain = g == r
-        self.least_plain = np.minimum.accumulate(np.where(plain, stage, np.inf), axis=1)
-        self.least_other = np.minimum.accumulate(np.where(plain, np.inf, stage), axis=1)
+        # and the same among plain stages, after a plain stage (its own time or its link's,
+        # whichever is more), and among the others: (their least, their columns' device counts)
+        self.kinds = [
+            (np.minimum.accumulate(table, axis=1), np.append(r[columns], np.inf))
+            for table, columns in ((stage[:, other], other), (stage[:, plain], plain), (self.joined, plain))
+        ]
         self.counts = np.append(r, np.inf)  # [j]: the device count of column j (past the last: none)
+        self.plain_column = {int(x): j for j, x in enumerate(plain)}
         self.L, self.D = L, D
-        # a plain stage after a plain stage: its own time or its link's, whichever is more
-        self.least_joined = np.minimum.accumulate(np.where(plain, self.joined, np.inf), axis=1)
 
     def stage_s(self, start: int, stop: int, replicas: int, after_plain: bool = False) -> float:
         """What the bound asks of a stage [start, stop) on `replicas` devices (the least over its
         class of alike counts); `after_plain`: of a plain stage after a plain stage, its link's too."""
         row = start * self.L - start * (start - 1) // 2 + (stop - start - 1)  # (the spans' order)
-        return float((self.joined if after_plain else self.stage)[row, self.column_of[replicas]])
+        column = self.column_of[replicas]
+        return float(self.joined[row, self.plain_column[column]] if after_plain else self.stage[row, column])
 
     def fits(self, T: float) -> bool:
         """Some cut and device counts keep every stage's time at most T within D devices."""
         # fewest devices per span [i, z) (inf: none suffice), as copies, as a plain stage, and as
         # a plain stage after a plain stage: need[kind, z, i]
         need = np.full((3, self.L + 1, self.L + 1), np.inf)
-        for kind, least in enumerate((self.least_other, self.least_plain, self.least_joined)):
-            need[kind][self.spans[1], self.spans[0]] = self.counts[(least > T).sum(axis=1)]
+        for kind, (least, counts) in enumerate(self.kinds):
+            need[kind][self.spans[1], self.spans[0]] = counts[(least > T).sum(axis=1)]
         other, plain, joined = need
         # fewest devices to hold layers 0 .. stop - 1, its last stage plain or copies (the first
         # stage has no stage before it: as if after copies)
@@ -200,8 +204,7 @@ class CopiesBound:
         """The least T that fits, from below: a T known not to fit (never more than the optimum of
         the relaxation). `above`: a valid bound already known (the search starts there); `cap`: a
         bound is only wanted up to it (a T there that does not fit is returned as it is)."""
-        finite = self.least_joined[np.isfinite(self.least_joined)]
-        finite = np.concatenate((finite, self.least[np.isfinite(self.least)]))
+        finite = np.concatenate([least[np.isfinite(least)] for least, _ in self.kinds])
         # past its largest finite stage time (a plain stage's after a plain one included) no span
         # needs fewer devices: a T there fits if any does
         hi = cap if math.isfinite(cap) else float(finite.max()) if finite.size else math.inf

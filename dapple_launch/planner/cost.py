@@ -340,7 +340,7 @@ def stage_costs(
         key = ("link", st.stop, st.devices, nxt.devices, micro_batch_size)
         if key not in memo:
             total = cut[st.stop - 1] * micro_batch_size / pbs
-            bw, lat = topology.p2p(st.devices, nxt.devices)
+            bw, lat = topology.p2p(st.device_span, nxt.device_span)  # (the same link: spans are all it reads)
             memo[key] = lat + max(total / st.replicas, total / nxt.replicas) / bw
         sends[s] = memo[key]
     costs = []
