@@ -10,7 +10,7 @@ from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import replica_choices
-from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio, stage_costs
+from .cost import Costed, Limits, StageSpec, evaluate, send_s, speed_ratio, stage_costs
 from .shapes import divisors
 from .warmup import warmup_bound
 
@@ -38,8 +38,8 @@ def fastest(
     micro-batch count; ties (within rounding) go to the earlier layout, then the fewer micro-batches.
     The candidates are taken in increasing compute_floor and the rest skipped once the floor passes
     the best found; one whose busy_floor or link_floor passes it is not costed, and under 1F1B one
-    whose warmup.py bound (valid at any warm-up; recomputation only adds time) passes it is not simulated: the full sweep's answer at a fraction of its stage costs
-    and simulations."""
+    whose warmup.py bound (valid at any warm-up; recomputation only adds time) passes it is not
+    simulated: the full sweep's answer at a fraction of its stage costs and simulations."""
     todo = []
     speed = speed_ratio(profile, topology)
     for index, (layout, min_micro_batches) in enumerate(layouts):
@@ -64,7 +64,7 @@ def fastest(
             busy_floor(profile, topology, layout, b, m, speed), link_floor(profile, topology, layout, b, m)
         ) > best.iteration_s * (1 + TIE):
             continue
-        costs = stage_costs(profile, topology, layout, global_batch // m)
+        costs = stage_costs(profile, topology, layout, b)
         if (
             best is not None
             and limits.schedule == "1f1b"
@@ -75,7 +75,7 @@ def fastest(
             profile,
             topology,
             layout,
-            global_batch // m,
+            b,
             m,
             limits,
             costs=costs,
@@ -116,12 +116,7 @@ def busy_floor(
 def link_floor(profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], b: int, m: int) -> float:
     """No schedule runs the layout faster: the m activations leaving a stage cross its one link to
     the next one after another (the simulator's links are serial), each at stage_costs' send time."""
-    most = 0.0
-    for st, nxt in zip(layout, layout[1:]):
-        total = profile.cut_bytes[st.stop - 1] * b / profile.batch_size
-        bw, lat = topology.p2p(st.device_span, nxt.device_span)
-        most = max(most, lat + max(total / st.replicas, total / nxt.replicas) / bw)
-    return m * most
+    return m * max((send_s(profile, topology, st, nxt, b) for st, nxt in zip(layout, layout[1:])), default=0.0)
 
 
 TIE = 1e-12  # two times this close are one time summed in two orders

@@ -162,16 +162,14 @@ class CopiesBound:
         self.spans = np.triu_indices(L + 1, 1)  # every span [i, z), in the rows' order
         self.stage = stage = np.concatenate(rows)
         self.joined = np.concatenate(joined)
-        # the least stage time with at most r devices: nonincreasing in r, so a trial T's fewest
-        # devices per span follow from a count of the entries above T
-        self.least = np.minimum.accumulate(stage, axis=1)
-        # and the same among plain stages, after a plain stage (its own time or its link's,
-        # whichever is more), and among the others: (their least, their columns' device counts)
+        # the least stage time with at most r devices, among copies, plain stages, and plain stages
+        # after a plain stage (its own time or its link's, whichever is more): nonincreasing in r,
+        # so a trial T's fewest devices per span follow from a count of the entries above T
+        # (their least, their columns' device counts)
         self.kinds = [
             (np.minimum.accumulate(table, axis=1), np.append(r[columns], np.inf))
             for table, columns in ((stage[:, other], other), (stage[:, plain], plain), (self.joined, plain))
         ]
-        self.counts = np.append(r, np.inf)  # [j]: the device count of column j (past the last: none)
         self.plain_column = {int(x): j for j, x in enumerate(plain)}
         self.L, self.D = L, D
 

@@ -320,6 +320,14 @@ def fit_by_recomputation(
     return tuple(sets) if any(sets) else (), costs, memory
 
 
+def send_s(profile: ModelProfile, topology: Topology, st: StageSpec, nxt: StageSpec, micro_batch_size: int) -> float:
+    """One micro-batch's activation from stage `st` to `nxt` (and its gradient back): the cut's bytes
+    split over the smaller replica count, over the slowest link between the two stages."""
+    total = profile.cut_bytes[st.stop - 1] * micro_batch_size / profile.batch_size
+    bw, lat = topology.p2p(st.device_span, nxt.device_span)  # (the same link: spans are all it reads)
+    return lat + max(total / st.replicas, total / nxt.replicas) / bw
+
+
 def stage_costs(
     profile: ModelProfile,
     topology: Topology,
@@ -329,8 +337,7 @@ def stage_costs(
 ) -> list[StageCosts]:
     """`memo`: a dict shared by calls costing many layouts of one profile and cluster that differ in
     a few stages (local search): each stage's and link's costs are computed once."""
-    pbs, speed, S = profile.batch_size, speed_ratio(profile, topology), len(layout)
-    cut = profile.cut_bytes
+    speed, S = speed_ratio(profile, topology), len(layout)
     memo = {} if memo is None else memo
     # transfer s -> s+1 over the slowest link used; the gradient of a cut moves back over the same
     # link with the same size, so send_gradient of stage s+1 is send_activation of stage s
@@ -339,9 +346,7 @@ def stage_costs(
         st, nxt = layout[s], layout[s + 1]
         key = ("link", st.stop, st.devices, nxt.devices, micro_batch_size)
         if key not in memo:
-            total = cut[st.stop - 1] * micro_batch_size / pbs
-            bw, lat = topology.p2p(st.device_span, nxt.device_span)  # (the same link: spans are all it reads)
-            memo[key] = lat + max(total / st.replicas, total / nxt.replicas) / bw
+            memo[key] = send_s(profile, topology, st, nxt, micro_batch_size)
         sends[s] = memo[key]
     costs = []
     for s, st in enumerate(layout):
