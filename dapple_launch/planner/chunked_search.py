@@ -469,11 +469,11 @@ def _group_bound(
     memo: dict,
 ) -> GroupBound:
     times = lambda r, b=b: _layer_times(profile, topology, r, b, memo)
-    bound = GroupBound(profile, topology, global_batch, family, v, groups, b, times)
+    bound = GroupBound(profile, topology, global_batch, family, v, groups, b, times, memo.setdefault("tables", {}))
     if "share" not in memo:  # (the profile's: one table for every shape)
         memo["share"] = weight_share_table(profile)
     bound.share, bound.built = memo["share"], memo.setdefault("built", set())
-    bound.cells = SHAPE_CELLS  # (its tables)
+    bound.cells += SHAPE_CELLS  # (its set-up; the tables it made are counted already)
     return bound
 
 

@@ -34,7 +34,14 @@ dynamic programme over (stage, stop), O(S L^2). The bound is its most over λ (�
 by multiplicative weights on the groups' terms at the DP's cut (each step's value is itself a valid
 bound; the best is kept). The busiest-group average (λ uniform) with cut-blind per-layer minima is
 the old shape bound; this one sees that layers come in contiguous stages, that groups differ, and
-that all-reduces cost."""
+that all-reduces cost.
+
+Under a cap (the least bound of the shapes before, or the best plan: above it a bound changes
+nothing), the programmes leave out every span that alone makes a cut last at least the cap
+(stage_floor: the fill before it, its group's work on it, then its drain or its all-reduce's
+tail), and the bound is the least of the cap and their value. The weights' worst cut otherwise
+heaps the model on the stages they weigh least (a stage of half the model, its group twice as busy
+as any plan's), which the mixed terms, each linear in the stages, cannot rule out."""
 
 from __future__ import annotations
 
@@ -49,8 +56,10 @@ from ..schedule import SPLIT_BACKWARD
 from ..schedule.actions import CODE_OF, Kind
 from .chunked import groups_of, rank_orders
 from .path_bound import (
+    MASK_STAGE_CELLS,
     ORDER_ACTION_CELLS,
     ORDER_ACTION_CELLS_ELSE,
+    TABLE_CELLS,
     least_cut,
     link_terms,
     path_bound,
@@ -75,8 +84,12 @@ class GroupBound:
         groups: tuple[int, ...],
         b: int,
         layer_times,
+        tables: dict | None = None,
     ):
-        """`layer_times(r)`: each layer's (forward, backward) on a replica's share of b, (L, 2)."""
+        """`layer_times(r)`: each layer's (forward, backward) on a replica's share of b, (L, 2).
+        `tables`: the search's tables over every span, shared by its shapes (a shape's forwards and
+        backwards on r replicas at b are another's of the same r and b); self.cells counts each
+        table made here (TABLE_CELLS), none found."""
         L, P, k = profile.num_layers, len(groups), topology.devices_per_node
         self.L, self.P, self.family, self.b = L, P, family, b
         M = global_batch // b
@@ -88,22 +101,38 @@ class GroupBound:
         for s in range(self.S):
             for g, _ in self.on[s]:
                 self.first.setdefault(g, s)
-        params = np.asarray(profile._prefix["p"])
-        i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
-        valid = z > i
-        w = self.span_bytes = np.where(valid, params[np.minimum(z, L)] - params[i], 0.0)  # weights of [i, z)
+        self.tables = {} if tables is None else tables
+        self.cells = 0
+        if "span" not in self.tables:
+            params = np.asarray(profile._prefix["p"])
+            i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+            valid = z > i
+            w = np.where(valid, params[np.minimum(z, L)] - params[i], 0.0)  # weights of [i, z)
+            self.tables["span"] = (i, z, valid, w, np.where(valid, 0.0, np.inf))
+            self.cells += TABLE_CELLS
+        i, z, valid, w, self.empty = self.tables["span"]  # (empty: a stage holds at least one layer)
+        self.span_bytes = w
         self.forward, self.backward, self.ring = {}, {}, {}
         fastest = None
         for r in sorted(set(groups)):
             t = layer_times(r)
             fastest = t if fastest is None else np.minimum(fastest, t)
-            pf, pb = (np.concatenate(([0.0], np.cumsum(t[:, c]))) for c in (0, 1))
-            self.forward[r] = np.where(valid, pf[np.minimum(z, L)] - pf[i], 0.0)
-            self.backward[r] = np.where(valid, pb[np.minimum(z, L)] - pb[i], 0.0)
+            if ("work", r, b) not in self.tables:
+                pf, pb = (np.concatenate(([0.0], np.cumsum(t[:, c]))) for c in (0, 1))
+                self.tables[("work", r, b)] = (
+                    np.where(valid, pf[np.minimum(z, L)] - pf[i], 0.0),
+                    np.where(valid, pb[np.minimum(z, L)] - pb[i], 0.0),
+                )
+                self.cells += 2 * TABLE_CELLS
+            self.forward[r], self.backward[r] = self.tables[("work", r, b)]
         # a stage's all-reduce over its group's devices (Chimera: both copies', twice as many)
         for r in {x * (2 if family == "chimera" else 1) for x in groups}:
-            # (r > k devices span nodes; r <= k fit one: the best placement)
-            self.ring[r] = np.where(w > 0, ring_allreduce_s(r, w, topology.allreduce_link(r > k)), 0.0)
+            if ("ring", r) not in self.tables:
+                # (r > k devices span nodes; r <= k fit one: the best placement)
+                ring = np.where(w > 0, ring_allreduce_s(r, w, topology.allreduce_link(r > k)), 0.0)
+                self.tables[("ring", r)] = ring
+                self.cells += TABLE_CELLS
+            self.ring[r] = self.tables[("ring", r)]
         assert fastest is not None
         drain = family not in SPLIT_BACKWARD
         self.fill = np.concatenate(([0.0], np.cumsum(fastest[:, 0])))  # fill[i]: layers 0 .. i - 1
@@ -112,6 +141,7 @@ class GroupBound:
         # (the all-reduce terms' tables are made when the busy terms leave the bound short: bound())
         self._tail_inputs = (profile, topology, family, groups, M, v)
         self.tail: dict[int, np.ndarray] | None = None
+        self.last: dict[int, int] | None = None  # (and the queues: _tails, from the rank orders)
         self.rings: dict[int, np.ndarray] = {}
         self.has_tails = False
         self.share: np.ndarray | None = None  # W's share of each span's backward (made on first use, or given)
@@ -119,8 +149,8 @@ class GroupBound:
         self.warm: dict | None = None  # per rank orders, the path weights that did best (path_bound)
         self.lead: dict | None = None  # per (family, P, S), the kind of term that last reached the cap
         self.built: set | None = None  # the rank orders built so far in this search (counted once)
-        self.cells = 0
-        self.empty = np.where(valid, 0.0, np.inf)  # a stage holds at least one layer
+        self.masks: list[np.ndarray] | None = None  # per stage, the spans a cap leaves out (_masks)
+        self.floors: list[np.ndarray] | None = None  # per stage, its stage_floor (made on first use)
         # θ = 0 trades a stage's M backwards for its all-reduce: only where some single layer's
         # ring (its latency included) outweighs its backwards could it raise the bound
         one = np.arange(L)
@@ -146,31 +176,46 @@ class GroupBound:
         leaves at least ring(that layer's bytes) less the backward of the unweighted layers below
         it: T >= fill_g + busy_g + tail of g's last stage. (Under a whole backward the drain after
         the last step runs on other groups at the same time: a term has the drain or the tail.)"""
-        L, k = self.L, topology.devices_per_node
         self._count_orders()
         self.last, self.queue = _order_facts(family, len(groups), M, v)
-        weights = np.array([x.parameter_bytes for x in profile.layers] + [0.0])
-        low = np.full(L + 1, L)  # low[i]: the first weighted layer at or after i (L: none)
-        for i in range(L - 1, -1, -1):
-            low[i] = i if weights[i] > 0 else low[i + 1]
-        i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
-        holds = (low[:, None] < z) & (z > i)  # the span [i, z) holds a weighted layer
+        if self.tail is None:
+            self._tail_tables(profile, topology, family, groups)
+        assert self.tail is not None
+        self.has_tails = any(bool(np.any(t > 0)) for t in self.tail.values()) and bool(self.last)
+
+    def _tail_tables(self, profile: ModelProfile, topology: Topology, family: str, groups) -> None:
+        """self.tail and self.rings (_tails), which need no rank orders: a stage's masks read them too.
+        Each group size's pair is the search's (self.tables) once made: TABLE_CELLS a table."""
+        L, k = self.L, topology.devices_per_node
+        if "low" not in self.tables:
+            weights = np.array([x.parameter_bytes for x in profile.layers] + [0.0])
+            low = np.full(L + 1, L)  # low[i]: the first weighted layer at or after i (L: none)
+            for i in range(L - 1, -1, -1):
+                low[i] = i if weights[i] > 0 else low[i + 1]
+            i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+            holds = (low[:, None] < z) & (z > i)  # the span [i, z) holds a weighted layer
+            self.tables["low"] = (weights, low, holds)
+            self.cells += TABLE_CELLS
+        weights, low, holds = self.tables["low"]
         span_bytes = self.span_bytes
         self.tail, self.rings = {}, {}
         for r in set(groups):
             devices = r * (2 if family == "chimera" else 1)  # (Chimera: both copies all-reduce together)
             if devices <= 1:
                 continue
-            # the faster link where the devices may sit in one node (a bound holds on the best placement)
-            links = [topology.allreduce_link(True)] + ([topology.allreduce_link(False)] if devices <= k else [])
-            ring = np.min([ring_allreduce_s(devices, weights[low], link) for link in links], axis=0)
-            below = self.backward[r][np.arange(L + 1), low]  # the unweighted layers' backward before it
-            whole = np.min([ring_allreduce_s(devices, span_bytes, link) for link in links], axis=0)
-            self.rings[r] = np.where(span_bytes > 0, whole, 0.0)
-            # or: every bucket's ring, one after another, less the action's time (at most a backward)
-            first_bucket = np.where(holds, np.maximum(0.0, ring - below)[:, None], 0.0)
-            self.tail[r] = np.maximum(first_bucket, self.rings[r] - self.backward[r])
-        self.has_tails = any(bool(np.any(t > 0)) for t in self.tail.values()) and bool(self.last)
+            key = ("tail", devices, r, self.b)
+            if key not in self.tables:
+                # the faster link where the devices may sit in one node (a bound holds on the best placement)
+                links = [topology.allreduce_link(True)] + ([topology.allreduce_link(False)] if devices <= k else [])
+                ring = np.min([ring_allreduce_s(devices, weights[low], link) for link in links], axis=0)
+                below = self.backward[r][np.arange(L + 1), low]  # the unweighted layers' backward before it
+                whole = np.min([ring_allreduce_s(devices, span_bytes, link) for link in links], axis=0)
+                rings = np.where(span_bytes > 0, whole, 0.0)
+                # or: every bucket's ring, one after another, less the action's time (at most a backward)
+                first_bucket = np.where(holds, np.maximum(0.0, ring - below)[:, None], 0.0)
+                self.tables[key] = (rings, np.maximum(first_bucket, rings - self.backward[r]))
+                self.cells += 2 * TABLE_CELLS
+            self.rings[r], self.tail[r] = self.tables[key]
 
     def _count_orders(self) -> None:
         """Count building the shape's rank orders once per search (self.built: the keys built),
@@ -226,7 +271,7 @@ class GroupBound:
                     cost = runs * (self.forward[r] + theta * self.backward[r]) + (1 - theta) * self.ring[r]
                 if self.first[g] == s:
                     cost = cost + (self.fill + (0.0 if tails else theta) * self.drain)[:, None]
-                left = (self.tail or {}).get(r) if tails and self.last.get(g) == s else None
+                left = (self.tail or {}).get(r) if tails and (self.last or {}).get(g) == s else None
                 if left is not None:
                     cost = cost + left
                 terms.append((g, cost))
@@ -235,8 +280,10 @@ class GroupBound:
 
     def _least(self, terms, lam: np.ndarray) -> tuple[float, np.ndarray]:
         """min over cuts of Σ_g λ_g (group g's terms), and each group's terms at that cut."""
-        empty = self.empty
-        step = lambda s, starts, stops: sum(lam[g] * cost[starts, stops] for g, cost in terms[s]) + empty[starts, stops]
+        masks = self.masks or [self.empty] * self.S
+        step = lambda s, starts, stops: (
+            sum(lam[g] * cost[starts, stops] for g, cost in terms[s]) + masks[s][starts, stops]
+        )
         value, spans = least_cut(self.S, self.L, step)
         per_group = np.zeros(self.P)
         for s, (i, z) in enumerate(spans):
@@ -250,7 +297,7 @@ class GroupBound:
         below its cap (a generator: bound() stops asking once it reaches the cap)."""
         if self.drain.any():  # (a whole backward: the drain, then the tail in its place)
             yield 1.0, False
-        if self.tail is None:
+        if self.last is None:
             self._tails(*self._tail_inputs)
         if self.has_tails:
             yield 1.0, True
@@ -267,10 +314,48 @@ class GroupBound:
         programmes have walked `cells` (stage, start, stop) cells: self.cells counts them."""
         if self.S > self.L:
             return math.inf  # (no cut: every stage needs a layer)
+        self.masks = self._masks(cap)
         best = self._dual(cap, cells)
         if best < cap and self.with_paths and math.isfinite(best):
             best = max(best, self._paths(cap, cells, self.warm))
-        return best
+        return min(best, cap)  # (a cut the masks left out is at least the cap: the bound is the least of both)
+
+    def _masks(self, cap: float) -> list[np.ndarray]:
+        """Per stage, +inf on the spans whose stage_floor is at least `cap` (0 elsewhere, +inf on no
+        span). The programmes' least over the other cuts, capped at `cap`, bounds every cut: it keeps
+        the cut player from answering the weights with a cut no plan would take (a stage of many
+        times its share of the model, which lightens every term the weights lean on at once)."""
+        if not math.isfinite(cap):
+            return [self.empty] * self.S
+        if self.floors is None:
+            self.floors = [self.stage_floor(s) for s in range(self.S)]
+        self.cells += self.S * MASK_STAGE_CELLS
+        return [np.where(floor >= cap, np.inf, self.empty) for floor in self.floors]
+
+    def stage_floor(self, s: int) -> np.ndarray:
+        """Over every span [i, z): what stage s on it alone makes any cut last. Micro-batch 0's
+        forward reaches layer i no sooner than fill[i]; the stage's group then runs each of its
+        micro-batches' forward and backward of the span there, one at a time; after the last, the
+        gradient still crosses layers 0 .. i - 1 (drain, under a whole backward) and the stage's
+        all-reduce leaves at least its tail (tail tables: no rank order needed), side by side."""
+        if self.tail is None:
+            profile, topology, family, groups, _, _ = self._tail_inputs
+            self._tail_tables(profile, topology, family, groups)
+        assert self.tail is not None
+        # (the search's, once made: its fill and drain are the fastest of the shape's group sizes)
+        key = ("floor", self.b, tuple(sorted(set(self.groups))), bool(self.drain.any()), self.family == "chimera")
+        key += tuple(sorted({(self.groups[g], runs) for g, runs in self.on[s]}))
+        if key not in self.tables:
+            self.tables[key] = self.fill[:, None] + np.min(
+                [
+                    runs * (self.forward[self.groups[g]] + self.backward[self.groups[g]])
+                    + np.maximum(self.drain[:, None], self.tail.get(self.groups[g], 0.0))
+                    for g, runs in self.on[s]
+                ],
+                axis=0,
+            )
+            self.cells += 2 * TABLE_CELLS
+        return self.tables[key]
 
     def _lead_key(self) -> tuple:
         return (self.family, self.P, self.S)
@@ -351,7 +436,9 @@ class GroupBound:
             start = np.concatenate([whole, np.zeros(len(terms) - len(runs), dtype=bool)]).astype(float)
         sends = send_tables(profile, topology, family, groups, self.b, self.S)
         tables = lambda s: (*self._kinds(s, groups[self.on[s][0][0]]), sends[s])
-        value, walked, lam = path_bound(terms, tables, self.empty, start, cap, cells - self.cells)
+        value, walked, lam = path_bound(
+            terms, tables, self.masks or [self.empty] * self.S, start, cap, cells - self.cells
+        )
         self.cells += walked
         if warm is not None:
             warm[key] = lam

@@ -55,10 +55,15 @@ PATH_CELL = 2  # a path programme's cell, in those cells
 PATH_STAGE_CELLS = 6200
 
 
-# What else a shape's bound costs, in those cells: its tables (a few numpy calls over every span
-# per group size, about 0.35 ms), and the shape's rank orders where this search has not built them
-# yet (about 4 µs an action; 12 µs under interleaved zero bubble, whose fill of W's is the dearest)
-SHAPE_CELLS = 150_000
+# What else a shape's bound costs, in those cells: its own set-up (about 0.1 ms: its stages'
+# groups, each group size's tables found among the search's), each table over every span it makes
+# (a few numpy calls over (L + 1)^2 entries, about 0.1 ms: TABLE_CELLS), each stage's mask under a
+# cap (MASK_STAGE_CELLS: one numpy call), and the shape's rank orders where this search has not
+# built them yet (about 4 µs an action; 12 µs under interleaved zero bubble, whose fill of W's is
+# the dearest)
+SHAPE_CELLS = 40_000
+TABLE_CELLS = 40_000
+MASK_STAGE_CELLS = 5_000
 ORDER_ACTION_CELLS = {"interleaved_zb": 5000}
 ORDER_ACTION_CELLS_ELSE = 1700
 
@@ -183,17 +188,18 @@ def send_tables(
 def path_bound(
     terms: np.ndarray,
     tables: Callable[[int], Sequence[np.ndarray]],
-    empty: np.ndarray,
+    empty: Sequence[np.ndarray],
     start: np.ndarray,
     cap: float,
     cells: float,
 ) -> tuple[float, int, np.ndarray]:
     """(the most of min over cuts of Σ_t λ_t term_t over the λ tried, cells walked, the λ that gave
-    it). `tables(s)`: stage s's five tables over its spans (F, B, I, W, send); `start`: the first λ
-    (another shape's of the same rank orders is a good one: one programme may already decide);
-    stops at `cap` or before passing `cells`."""
+    it). `tables(s)`: stage s's five tables over its spans (F, B, I, W, send); `empty[s]`: +inf on
+    the spans stage s may not take (none, or those a cap leaves out: GroupBound._masks), else 0;
+    `start`: the first λ (another shape's of the same rank orders is a good one: one programme may
+    already decide); stops at `cap` or before passing `cells`."""
     T, S, _ = terms.shape
-    L = empty.shape[0] - 1
+    L = empty[0].shape[0] - 1
     base = [np.stack(tables(s)) for s in range(S)]  # (5, L + 1, L + 1) each
     used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]
     lam, best, walked, columns = start / start.sum(), 0.0, 0, []
@@ -206,7 +212,7 @@ def path_bound(
         weights = np.einsum("t,tsk->sk", lam, terms)
 
         def step(s: int, starts: slice, stops: slice) -> np.ndarray:
-            band = empty[starts, stops]
+            band = empty[s][starts, stops]
             if not len(used[s]):
                 return band
             return band + np.tensordot(weights[s, used[s]], base[s][used[s]][:, starts, stops], 1)

@@ -1,0 +1,94 @@
+"""The bound over a chunked shape's cuts (planner/group_bound.py) under a cap: each stage's floor,
+and the spans it masks out, proven against the simulator of the rank orders, the one score."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from dapple_launch.planner.cost import Limits
+
+from .test_rank_schedules import _random_cluster_and_profile
+
+CHUNKED = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
+
+
+@pytest.mark.slow  # (a few seconds: out of the fast tier)
+def test_a_stages_floor_stays_below_every_simulated_cut_and_its_masks_below_the_best_cut():
+    """GroupBound.stage_floor (the fill before the stage's first layer, its group's forwards and
+    backwards of it, then the drain or its all-reduce's tail) is at most the simulated time of
+    every cut that holds that span, on random clusters whose all-reduce is fast or slow; so a cap
+    above the best cut masks none of it out: the capped bound stays at or below the best of every
+    cut (enumerated and simulated), and the masks raise it on some (they matter most where many
+    layers let the cut player heap them on one stage: the benchmark's models)."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
+    from dapple_launch.planner.group_bound import GroupBound
+
+    rng = random.Random(29)
+    checked = raised = floors = tight = 0
+    for _ in range(4):
+        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=CHUNKED)
+        memo: dict = {}
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
+            S = num_stages(family, v, groups)
+            if math.comb(L - 1, S - 1) > 20:
+                continue
+            times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
+            make = lambda: GroupBound(profile, topo, G, family, v, groups, b, times)
+            stage_floor = make().stage_floor
+            best = math.inf
+            for cut in itertools.combinations(range(1, L), S - 1):
+                stops = [*cut, L]
+                layout = chunked_layout(family, list(groups), stops, None)
+                T = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v).iteration_s
+                best = min(best, T)
+                for s, (i, z) in enumerate(zip((0, *cut), stops)):
+                    floor = float(stage_floor(s)[i, z])
+                    assert floor <= T * (1 + 1e-9), (family, v, groups, b, stops, s, floor, T)
+                    floors += 1
+                    tight += floor > 0.9 * T
+            for scale in (1.0, 1.2, 2.0):
+                masked, unmasked = make(), make()
+                unmasked._masks = lambda cap, x=unmasked: [x.empty] * x.S
+                value = masked.bound(cap=best * scale)
+                assert value <= best * (1 + 1e-9), (family, v, groups, b, scale, value, best)
+                raised += value > unmasked.bound(cap=best * scale) * 1.001
+            checked += 1
+    assert checked > 100 and floors > 1000 and tight > 10 and raised > 1, (checked, floors, tight, raised)
+
+
+def test_a_shapes_bound_is_the_same_on_the_searchs_shared_tables_and_counts_only_what_it_makes():
+    """GroupBound finds its tables over every span (each group size's work at the micro-batch size,
+    its all-reduces, tails and stage floors) among the search's once another shape made them: the
+    bound, capped or not, is the same as on tables of its own, and the cells it counts are fewer
+    (what the budget buys is more shapes, not other bounds)."""
+    from dapple_launch.planner.chunked_search import _layer_times, shapes
+    from dapple_launch.planner.group_bound import GroupBound
+
+    rng = random.Random(37)
+    compared = fewer = 0
+    for _ in range(2):
+        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8))
+        G = rng.choice([8, 16])
+        memo: dict = {}
+        shared: dict = {}
+        for family, v, groups, b in shapes(profile, topo, G, Limits(schedules=CHUNKED), [1, 2, 4]):
+            times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
+            own = GroupBound(profile, topo, G, family, v, groups, b, times)
+            found = GroupBound(profile, topo, G, family, v, groups, b, times, shared)
+            own.with_paths = found.with_paths = False
+            free = own.bound()
+            assert found.bound() == free, (family, v, groups, b)
+            if 0 < free < math.inf:
+                again_own = GroupBound(profile, topo, G, family, v, groups, b, times)
+                again_found = GroupBound(profile, topo, G, family, v, groups, b, times, shared)
+                assert again_own.bound(cap=free * 0.9) == again_found.bound(cap=free * 0.9)
+                fewer += again_found.cells < again_own.cells
+            compared += 1
+    assert compared > 40 and fewer > compared / 2, (compared, fewer)
