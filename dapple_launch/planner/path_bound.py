@@ -59,12 +59,12 @@ PATH_STAGE_CELLS = 6200
 # groups, each group size's tables found among the search's), each table over every span it makes
 # (a few numpy calls over (L + 1)^2 entries, about 0.1 ms: TABLE_CELLS), each stage's mask under a
 # cap (MASK_STAGE_CELLS: one numpy call), and the shape's rank orders where this search has not
-# built them yet (about 4 µs an action; 12 µs under interleaved zero bubble, whose fill of W's is
-# the dearest)
+# built them yet with their facts and path terms (about 4 µs an action; 6 µs under interleaved zero
+# bubble, whose fill of W's is the dearest: measured at P = 4-8, M = 128-256, 2.1-2.6k cells)
 SHAPE_CELLS = 40_000
 TABLE_CELLS = 40_000
 MASK_STAGE_CELLS = 5_000
-ORDER_ACTION_CELLS = {"interleaved_zb": 5000}
+ORDER_ACTION_CELLS = {"interleaved_zb": 2600}
 ORDER_ACTION_CELLS_ELSE = 1700
 
 
