@@ -3,7 +3,6 @@ and the spans it masks out, proven against the simulator of the rank orders, the
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 
@@ -11,7 +10,7 @@ import pytest
 
 from dapple_launch.planner.cost import Limits
 
-from .test_rank_schedules import _random_cluster_and_profile
+from .test_rank_schedules import _random_cluster_and_profile, _small_chunked_shapes
 
 CHUNKED = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
 
@@ -25,41 +24,30 @@ def test_a_stages_floor_stays_below_every_simulated_cut_and_its_masks_below_the_
     cut (enumerated and simulated), and the masks raise it on some (they matter most where many
     layers let the cut player heap them on one stage: the benchmark's models)."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(29)
     checked = raised = floors = tight = 0
-    for _ in range(4):
-        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
-        G, L = rng.choice([8, 16]), profile.num_layers
-        limits = Limits(schedules=CHUNKED)
-        memo: dict = {}
-        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
-            S = num_stages(family, v, groups)
-            if math.comb(L - 1, S - 1) > 20:
-                continue
-            times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
-            make = lambda: GroupBound(profile, topo, G, family, v, groups, b, times)
-            stage_floor = make().stage_floor
-            best = math.inf
-            for cut in itertools.combinations(range(1, L), S - 1):
-                stops = [*cut, L]
-                layout = chunked_layout(family, list(groups), stops, None)
-                T = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v).iteration_s
-                best = min(best, T)
-                for s, (i, z) in enumerate(zip((0, *cut), stops)):
-                    floor = float(stage_floor(s)[i, z])
-                    assert floor <= T * (1 + 1e-9), (family, v, groups, b, stops, s, floor, T)
-                    floors += 1
-                    tight += floor > 0.9 * T
-            for scale in (1.0, 1.2, 2.0):
-                masked, unmasked = make(), make()
-                unmasked._masks = lambda cap, x=unmasked: [x.empty] * x.S
-                value = masked.bound(cap=best * scale)
-                assert value <= best * (1 + 1e-9), (family, v, groups, b, scale, value, best)
-                raised += value > unmasked.bound(cap=best * scale) * 1.001
-            checked += 1
+    for profile, topo, G, limits, family, v, groups, b, times, cuts in _small_chunked_shapes(rng):
+        make = lambda: GroupBound(profile, topo, G, family, v, groups, b, times)
+        stage_floor = make().stage_floor
+        best = math.inf
+        for stops in cuts:
+            layout = chunked_layout(family, list(groups), stops, None)
+            T = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v).iteration_s
+            best = min(best, T)
+            for s, (i, z) in enumerate(zip((0, *stops[:-1]), stops)):
+                floor = float(stage_floor(s)[i, z])
+                assert floor <= T * (1 + 1e-9), (family, v, groups, b, stops, s, floor, T)
+                floors += 1
+                tight += floor > 0.9 * T
+        for scale in (1.0, 1.2, 2.0):
+            masked, unmasked = make(), make()
+            unmasked._masks = lambda cap, x=unmasked: [x.empty] * x.S
+            value = masked.bound(cap=best * scale)
+            assert value <= best * (1 + 1e-9), (family, v, groups, b, scale, value, best)
+            raised += value > unmasked.bound(cap=best * scale) * 1.001
+        checked += 1
     assert checked > 100 and floors > 1000 and tight > 10 and raised > 1, (checked, floors, tight, raised)
 
 

@@ -364,6 +364,26 @@ def _random_cluster_and_profile(rng: random.Random, all_reduce: tuple[float, ...
     return topo, random_profile(rng, rng.choice([6, 8, 10]))
 
 
+def _small_chunked_shapes(rng: random.Random, rounds: int = 4):
+    """On `rounds` random clusters (their all-reduce fast, slow or very slow), each shape of the
+    chunked families whose cuts are few enough to enumerate (at most 20): (profile, topology, G,
+    limits, family, v, groups, b, GroupBound's layer_times, every cut's stops)."""
+    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
+
+    for _ in range(rounds):
+        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
+        memo: dict = {}
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
+            S = num_stages(family, v, groups)
+            if math.comb(L - 1, S - 1) > 20:
+                continue
+            times = lambda r, b=b, profile=profile, topo=topo, memo=memo: _layer_times(profile, topo, r, b, memo)
+            cuts = [[*cut, L] for cut in itertools.combinations(range(1, L), S - 1)]
+            yield profile, topo, G, limits, family, v, groups, b, times, cuts
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each
@@ -463,37 +483,27 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
     cut of the shape (simulated, exhaustively, on random clusters whose all-reduce is fast or slow)
     the bound stays at or below, and each kind of term raises it on a good share."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(11)
     checked = raised = by_paths = chimera_by_paths = 0
-    for _ in range(4):
-        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
-        G, L = rng.choice([8, 16]), profile.num_layers
-        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
-        memo: dict = {}
-        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
-            S = num_stages(family, v, groups)
-            if math.comb(L - 1, S - 1) > 20:
-                continue
-            times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
-            bound = GroupBound(profile, topo, G, family, v, groups, b, times).bound()
-            dual = GroupBound(profile, topo, G, family, v, groups, b, times)
-            dual.with_paths = False
-            without = GroupBound(profile, topo, G, family, v, groups, b, times)
-            without.tail, without.with_paths = {}, False  # (the busy and fill-and-drain terms alone)
-            raised += dual.bound() > without.bound() * 1.001
-            by_paths += bound > dual.bound() * 1.001
-            chimera_by_paths += family == "chimera" and bound > dual.bound() * 1.001
-            best = min(
-                evaluate_chunked(
-                    profile, topo, chunked_layout(family, list(groups), [*cut, L], None), b, G // b, limits, family, v
-                ).iteration_s
-                for cut in itertools.combinations(range(1, L), S - 1)
-            )
-            assert bound <= best * (1 + 1e-9), (family, v, groups, b, bound, best)
-            checked += 1
+    for profile, topo, G, limits, family, v, groups, b, times, cuts in _small_chunked_shapes(rng):
+        bound = GroupBound(profile, topo, G, family, v, groups, b, times).bound()
+        dual = GroupBound(profile, topo, G, family, v, groups, b, times)
+        dual.with_paths = False
+        without = GroupBound(profile, topo, G, family, v, groups, b, times)
+        without.tail, without.with_paths = {}, False  # (the busy and fill-and-drain terms alone)
+        raised += dual.bound() > without.bound() * 1.001
+        by_paths += bound > dual.bound() * 1.001
+        chimera_by_paths += family == "chimera" and bound > dual.bound() * 1.001
+        best = min(
+            evaluate_chunked(
+                profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
+            ).iteration_s
+            for stops in cuts
+        )
+        assert bound <= best * (1 + 1e-9), (family, v, groups, b, bound, best)
+        checked += 1
     assert checked > 150 and raised > checked / 4 and by_paths > checked / 4, (checked, raised, by_paths)
     assert chimera_by_paths > 0, chimera_by_paths  # (Chimera's group runs too, each stage on either copy)
 

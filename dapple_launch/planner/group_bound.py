@@ -46,7 +46,9 @@ as any plan's), which the mixed terms, each linear in the stages, cannot rule ou
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -103,36 +105,34 @@ class GroupBound:
                 self.first.setdefault(g, s)
         self.tables = {} if tables is None else tables
         self.cells = 0
-        if "span" not in self.tables:
+
+        def spans():
             params = np.asarray(profile._prefix["p"])
             i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
             valid = z > i
             w = np.where(valid, params[np.minimum(z, L)] - params[i], 0.0)  # weights of [i, z)
-            self.tables["span"] = (i, z, valid, w, np.where(valid, 0.0, np.inf))
-            self.cells += TABLE_CELLS
-        i, z, valid, w, self.empty = self.tables["span"]  # (empty: a stage holds at least one layer)
-        self.span_bytes = w
+            return i, z, valid, w, np.where(valid, 0.0, np.inf)
+
+        i, z, valid, w, empty = self._shared("span", 1, spans)
+        self.empty: np.ndarray = empty  # (a stage holds at least one layer)
+        self.span_bytes: np.ndarray = w
         self.forward, self.backward, self.ring = {}, {}, {}
         fastest = None
         for r in sorted(set(groups)):
             t = layer_times(r)
             fastest = t if fastest is None else np.minimum(fastest, t)
-            if ("work", r, b) not in self.tables:
+
+            def work(t=t):
                 pf, pb = (np.concatenate(([0.0], np.cumsum(t[:, c]))) for c in (0, 1))
-                self.tables[("work", r, b)] = (
-                    np.where(valid, pf[np.minimum(z, L)] - pf[i], 0.0),
-                    np.where(valid, pb[np.minimum(z, L)] - pb[i], 0.0),
-                )
-                self.cells += 2 * TABLE_CELLS
-            self.forward[r], self.backward[r] = self.tables[("work", r, b)]
+                over_spans = lambda prefix: np.where(valid, prefix[np.minimum(z, L)] - prefix[i], 0.0)
+                return over_spans(pf), over_spans(pb)
+
+            self.forward[r], self.backward[r] = self._shared(("work", r, b), 2, work)
         # a stage's all-reduce over its group's devices (Chimera: both copies', twice as many)
         for r in {x * (2 if family == "chimera" else 1) for x in groups}:
-            if ("ring", r) not in self.tables:
-                # (r > k devices span nodes; r <= k fit one: the best placement)
-                ring = np.where(w > 0, ring_allreduce_s(r, w, topology.allreduce_link(r > k)), 0.0)
-                self.tables[("ring", r)] = ring
-                self.cells += TABLE_CELLS
-            self.ring[r] = self.tables[("ring", r)]
+            # (r > k devices span nodes; r <= k fit one: the best placement)
+            ring = lambda r=r: np.where(w > 0, ring_allreduce_s(r, w, topology.allreduce_link(r > k)), 0.0)
+            self.ring[r] = self._shared(("ring", r), 1, ring)
         assert fastest is not None
         drain = family not in SPLIT_BACKWARD
         self.fill = np.concatenate(([0.0], np.cumsum(fastest[:, 0])))  # fill[i]: layers 0 .. i - 1
@@ -149,8 +149,7 @@ class GroupBound:
         self.warm: dict | None = None  # per rank orders, the path weights that did best (path_bound)
         self.lead: dict | None = None  # per (family, P, S), the kind of term that last reached the cap
         self.built: set | None = None  # the rank orders built so far in this search (counted once)
-        self.masks: list[np.ndarray] | None = None  # per stage, the spans a cap leaves out (_masks)
-        self.floors: list[np.ndarray] | None = None  # per stage, its stage_floor (made on first use)
+        self.masks = [self.empty] * self.S  # per stage, the spans a stage may not take (_masks: a cap's too)
         # θ = 0 trades a stage's M backwards for its all-reduce: only where some single layer's
         # ring (its latency included) outweighs its backwards could it raise the bound
         one = np.arange(L)
@@ -187,24 +186,24 @@ class GroupBound:
         """self.tail and self.rings (_tails), which need no rank orders: a stage's masks read them too.
         Each group size's pair is the search's (self.tables) once made: TABLE_CELLS a table."""
         L, k = self.L, topology.devices_per_node
-        if "low" not in self.tables:
+
+        def lows():
             weights = np.array([x.parameter_bytes for x in profile.layers] + [0.0])
             low = np.full(L + 1, L)  # low[i]: the first weighted layer at or after i (L: none)
             for i in range(L - 1, -1, -1):
                 low[i] = i if weights[i] > 0 else low[i + 1]
             i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
-            holds = (low[:, None] < z) & (z > i)  # the span [i, z) holds a weighted layer
-            self.tables["low"] = (weights, low, holds)
-            self.cells += TABLE_CELLS
-        weights, low, holds = self.tables["low"]
+            return weights, low, (low[:, None] < z) & (z > i)  # (holds: the span [i, z) holds a weighted layer)
+
+        weights, low, holds = self._shared("low", 1, lows)
         span_bytes = self.span_bytes
         self.tail, self.rings = {}, {}
         for r in set(groups):
             devices = r * (2 if family == "chimera" else 1)  # (Chimera: both copies all-reduce together)
             if devices <= 1:
                 continue
-            key = ("tail", devices, r, self.b)
-            if key not in self.tables:
+
+            def tail(devices=devices, r=r):
                 # the faster link where the devices may sit in one node (a bound holds on the best placement)
                 links = [topology.allreduce_link(True)] + ([topology.allreduce_link(False)] if devices <= k else [])
                 ring = np.min([ring_allreduce_s(devices, weights[low], link) for link in links], axis=0)
@@ -213,9 +212,9 @@ class GroupBound:
                 rings = np.where(span_bytes > 0, whole, 0.0)
                 # or: every bucket's ring, one after another, less the action's time (at most a backward)
                 first_bucket = np.where(holds, np.maximum(0.0, ring - below)[:, None], 0.0)
-                self.tables[key] = (rings, np.maximum(first_bucket, rings - self.backward[r]))
-                self.cells += 2 * TABLE_CELLS
-            self.rings[r], self.tail[r] = self.tables[key]
+                return rings, np.maximum(first_bucket, rings - self.backward[r])
+
+            self.rings[r], self.tail[r] = self._shared(("tail", devices, r, self.b), 2, tail)
 
     def _count_orders(self) -> None:
         """Count building the shape's rank orders once per search (self.built: the keys built),
@@ -280,7 +279,7 @@ class GroupBound:
 
     def _least(self, terms, lam: np.ndarray) -> tuple[float, np.ndarray]:
         """min over cuts of Σ_g λ_g (group g's terms), and each group's terms at that cut."""
-        masks = self.masks or [self.empty] * self.S
+        masks = self.masks
         step = lambda s, starts, stops: (
             sum(lam[g] * cost[starts, stops] for g, cost in terms[s]) + masks[s][starts, stops]
         )
@@ -327,10 +326,8 @@ class GroupBound:
         times its share of the model, which lightens every term the weights lean on at once)."""
         if not math.isfinite(cap):
             return [self.empty] * self.S
-        if self.floors is None:
-            self.floors = [self.stage_floor(s) for s in range(self.S)]
         self.cells += self.S * MASK_STAGE_CELLS
-        return [np.where(floor >= cap, np.inf, self.empty) for floor in self.floors]
+        return [np.where(self.stage_floor(s) >= cap, np.inf, self.empty) for s in range(self.S)]
 
     def stage_floor(self, s: int) -> np.ndarray:
         """Over every span [i, z): what stage s on it alone makes any cut last. Micro-batch 0's
@@ -345,16 +342,29 @@ class GroupBound:
         # (the search's, once made: its fill and drain are the fastest of the shape's group sizes)
         key = ("floor", self.b, tuple(sorted(set(self.groups))), bool(self.drain.any()), self.family == "chimera")
         key += tuple(sorted({(self.groups[g], runs) for g, runs in self.on[s]}))
+        tail = self.tail
+        return self._shared(
+            key,
+            2,
+            lambda: (
+                self.fill[:, None]
+                + np.min(
+                    [
+                        runs * (self.forward[self.groups[g]] + self.backward[self.groups[g]])
+                        + np.maximum(self.drain[:, None], tail.get(self.groups[g], 0.0))
+                        for g, runs in self.on[s]
+                    ],
+                    axis=0,
+                )
+            ),
+        )
+
+    def _shared(self, key: Any, count: int, make: Callable[[], Any]) -> Any:
+        """The search's table(s) `key` (self.tables), made by `make` and counted (`count` tables of
+        TABLE_CELLS) where no shape of this search made them yet."""
         if key not in self.tables:
-            self.tables[key] = self.fill[:, None] + np.min(
-                [
-                    runs * (self.forward[self.groups[g]] + self.backward[self.groups[g]])
-                    + np.maximum(self.drain[:, None], self.tail.get(self.groups[g], 0.0))
-                    for g, runs in self.on[s]
-                ],
-                axis=0,
-            )
-            self.cells += 2 * TABLE_CELLS
+            self.tables[key] = make()
+            self.cells += count * TABLE_CELLS
         return self.tables[key]
 
     def _lead_key(self) -> tuple:
@@ -436,9 +446,7 @@ class GroupBound:
             start = np.concatenate([whole, np.zeros(len(terms) - len(runs), dtype=bool)]).astype(float)
         sends = send_tables(profile, topology, family, groups, self.b, self.S)
         tables = lambda s: (*self._kinds(s, groups[self.on[s][0][0]]), sends[s])
-        value, walked, lam = path_bound(
-            terms, tables, self.masks or [self.empty] * self.S, start, cap, cells - self.cells
-        )
+        value, walked, lam = path_bound(terms, tables, self.masks, start, cap, cells - self.cells)
         self.cells += walked
         if warm is not None:
             warm[key] = lam
