@@ -127,6 +127,27 @@ def test_search_finds_the_exhaustive_optimum(seed):
         assert best.iteration_s == pytest.approx(exhaustive, rel=1e-12)
 
 
+def test_the_search_collects_garbage_less_often_and_gives_the_thresholds_back(monkeypatch):
+    """search() raises the collector's thresholds while it runs (its orders and tables are many
+    short-lived objects in no cycle) and restores the caller's after, also when it raises."""
+    import gc
+
+    from dapple_launch.planner import search as search_module
+
+    seen = []
+    drive = search_module.drive
+    monkeypatch.setattr(search_module, "drive", lambda state: (seen.append(gc.get_threshold()), drive(state))[1])
+    profile = random_profile(random.Random(3), 6)
+    topo = Topology("t", 1, 4, 8e9, 10, 20e9, 2e9)
+    before = gc.get_threshold()
+    search(profile, topo, 8, Limits())
+    assert seen and all(a >= b for a, b in zip(seen[0], search_module.GC_THRESHOLDS))
+    assert gc.get_threshold() == before
+    with pytest.raises(NoFeasiblePlan):  # (restored on the way out of a refusal too)
+        plan(profile, Topology("t", 1, 4, 1e3, 10, 20e9, 2e9), 8, Limits())
+    assert gc.get_threshold() == before
+
+
 @pytest.mark.slow
 def test_twelve_layers_on_eight_devices_is_optimal():
     rng = random.Random(99)

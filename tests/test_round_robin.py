@@ -256,15 +256,27 @@ def test_the_copies_bound_counts_the_drain_after_each_stage_s_last_backward():
 
 
 @pytest.mark.slow  # (over a second: out of the fast tier)
-def test_the_planner_shares_vgg_convolutions_among_copies_where_replicas_cannot_divide_micro_batches():
+def test_the_planner_shares_vgg_convolutions_among_copies_where_replicas_cannot_divide_micro_batches(monkeypatch):
     """VGG-19 on 16 V100s, G 128: the convolutions (69 % of the compute) sit on 8 replicas at one
     sample each (16 micro-batches × 8); copies of single devices run whole micro-batches in turn
-    and the planner's plan of copies is faster than its best of the six other families."""
+    and the planner's plan of copies is faster than its best of the six other families. The pass
+    over copies simulates each candidate once (its local moves come back to ones already costed)."""
+    from dapple_launch.planner import round_robin_search
+
+    simulated = []
+    evaluate = round_robin_search.evaluate_rr
+
+    def counted(profile, topology, layout, copies, b, M, limits, family, depth=1, **kw):
+        simulated.append((layout, b, family, depth))
+        return evaluate(profile, topology, layout, copies, b, M, limits, family, depth, **kw)
+
+    monkeypatch.setattr(round_robin_search, "evaluate_rr", counted)
     profile = read_profile_file(ROOT / "dapple_launch" / "profiles" / "vgg-19-pbs-32.txt", 32, device_tflops=125.0)
     topo = shipped_topology("v100x16")
     others = tuple(f for f in DEFAULT_SCHEDULES if not f.endswith("_rr"))
     plain = search(profile, topo, 128, Limits(schedules=others), with_baselines=False)[0]
     best, _, _, stats = search(profile, topo, 128, Limits(schedules=DEFAULT_SCHEDULES), with_baselines=False)
+    assert simulated and len(set(simulated)) == len(simulated)
     assert best.schedule.endswith("_rr") and any(c > 1 for c in best.extra["copies"])
     assert best.iteration_s < plain.iteration_s * 0.95
     assert 0 <= stats.proven_gap < 1

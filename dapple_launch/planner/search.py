@@ -13,9 +13,13 @@ them left. A node budget, not a clock: the same inputs give the same plan anywhe
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import ParamSpec, TypeVar
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
@@ -51,6 +55,32 @@ class NoFeasiblePlan(ValueError):
 SLICE_MIN_GAIN = 0.01
 
 
+# The search allocates millions of short-lived objects (rank orders, simulations, tables) and keeps
+# few of them, making almost no reference cycles: at Python's default thresholds (700, 10, 10) the
+# collector walks the surviving orders over and over. Measured on four planner rows (VGG-19 and
+# GNMT-32 on 64 A100s at G 1024, BERT-48 on 2 x 8 V100, GNMT-32 on 16 x 1 V100 at 10 Gbps): 6.9-7.6 s
+# at the defaults, 6.1-6.2 s at these; building GNMT-32's chunked rank orders alone 0.53 -> 0.19 s.
+GC_THRESHOLDS = (100_000, 50, 100)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _collecting_less(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn` run under GC_THRESHOLDS (or the caller's, where higher), restored after it."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        before = gc.get_threshold()
+        gc.set_threshold(*(max(a, b) for a, b in zip(before, GC_THRESHOLDS)))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.set_threshold(*before)
+
+    return wrapped
+
+
+@_collecting_less
 def search(
     profile: ModelProfile,
     topology: Topology,

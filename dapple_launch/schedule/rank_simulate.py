@@ -43,7 +43,6 @@ def simulate_ranks(
         slack = [cutoff - busy for busy in rank_compute_s(schedule, costs)]
         if min(slack) < 0:  # (a rank's compute alone passes it: not walked at all)
             return None
-    waited = [0.0] * R
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     kept = [c.activation_bytes for c in costs]
     early = [c.input_only_bytes for c in costs]  # freed at I (StageCosts.input_only_bytes), the rest at W
@@ -54,8 +53,10 @@ def simulate_ranks(
     activation[0] = [0.0] * M
     gradient = [[missing] * M for _ in range(S)]
     link = [[0.0] * R for _ in range(R)]  # [from rank][to rank] -> when the link is next free
-    clock, pos = [0.0] * R, [0] * R
-    live, peak_bytes, in_flight, peak = [0.0] * R, [0.0] * R, [0] * R, [0] * R
+    # per rank, what a run leaves for its next one (one list: a rank of copies runs a step or two
+    # before it waits, so fetching these one by one cost as much as the steps): steps done, clock,
+    # time waited, activation bytes held and their peak, micro-batches in flight and their peak
+    runs = [[0, 0.0, 0.0, 0.0, 0.0, 0, 0] for _ in range(R)]
     last_backward = [0.0] * S
     timeline: list[Event] = []
     last = S - 1
@@ -65,14 +66,13 @@ def simulate_ranks(
     pending = list(range(R - 1, -1, -1))
     while pending:
         r = pending.pop()
-        order, k, t = codes[r], pos[r], clock[r]
+        run = runs[r]
+        k, t, idle, held, held_peak, count, count_peak = run
+        order = codes[r]
         n = len(order)
         if k == n:
             continue
         links = link[r]
-        # this rank's memory figures, kept local while it runs
-        held, held_peak, count, count_peak = live[r], peak_bytes[r], in_flight[r], peak[r]
-        idle = waited[r]
         woken = (
             set()
         )  # the ranks this run sent to: resumed once it stops (the walk's result does not depend on the order)
@@ -137,10 +137,9 @@ def simulate_ranks(
             k += 1
         if slack is not None and idle > slack[r]:
             return None
-        pos[r], clock[r], waited[r] = k, t, idle
-        live[r], peak_bytes[r], in_flight[r], peak[r] = held, held_peak, count, count_peak
+        run[:] = k, t, idle, held, held_peak, count, count_peak
         pending.extend(woken)
-    blocked = {r: p for r, p in enumerate(pos) if p < len(schedule.orders[r])}
+    blocked = {r: run[0] for r, run in enumerate(runs) if run[0] < len(codes[r])}
     if blocked:
         raise ScheduleError(
             f"schedule {schedule.name!r} deadlocks: ranks {sorted(blocked)} wait for inputs that "
@@ -161,12 +160,12 @@ def simulate_ranks(
                 Event(r, f"AR·s{s}" if several[r] else "AR", "allreduce", end - costs[s].allreduce_s, end)
                 for r in ranks
             ]
-    ends = [max(c, q) for c, q in zip(clock, queue)]
+    ends = [max(run[1], q) for run, q in zip(runs, queue)]
     return Simulation(
         iteration_s=max(ends),
         stage_end_s=ends,
-        peak_in_flight=peak,
-        peak_activation_bytes=peak_bytes,
+        peak_in_flight=[run[6] for run in runs],
+        peak_activation_bytes=[run[4] for run in runs],
         timeline=timeline,
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from operator import itemgetter
 
 from .actions import CODE_OF, COMPUTE_CODES, Kind, Schedule
 
@@ -75,15 +76,18 @@ class RankSchedule:
     def work(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
         """Per rank, (kind code, stage, how many steps of that kind on that stage it runs): a rank
         computes one step at a time, so its steps' summed costs bound any simulation of the orders."""
-        tallies = (Counter((code, s) for code, s, _ in order) for order in self.encoded_orders)
+        kind_and_stage = itemgetter(0, 1)
+        tallies = (Counter(map(kind_and_stage, order)) for order in self.encoded_orders)
         return tuple(tuple((code, s, n) for (code, s), n in sorted(t.items())) for t in tallies)
 
     @cached_property
     def route_table(self) -> list[list[int]]:
         """route as [stage][micro-batch] -> rank (the simulator's inner loop reads it)."""
         table = [[0] * self.num_micro_batches for _ in range(self.num_stages)]
-        for (s, m), r in self.route.items():
-            table[s][m] = r
+        for r, order in enumerate(self.encoded_orders):
+            for code, s, m in order:
+                if code == 0:  # (a forward: CODE_OF[Kind.FORWARD])
+                    table[s][m] = r
         return table
 
     def grid(self, marks: dict[int, int] | None = None) -> str:

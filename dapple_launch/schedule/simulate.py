@@ -155,31 +155,44 @@ def orders_time(
         ]
         if min(slack) < 0:
             return math.inf
-    waited = [0.0] * S
     send_up, send_down = [c.send_activation_s for c in costs], [c.send_gradient_s for c in costs]
     missing = -1.0
     activation = [[missing] * M for _ in range(S)]  # [stage][micro-batch] -> arrival of its input
     gradient = [[missing] * M for _ in range(S)]
     activation[0] = [0.0] * M  # the first stage reads the batch
-    clock, link_up, link_down = [0.0] * S, [0.0] * S, [0.0] * S
-    last_backward_end, done = [0.0] * S, [0] * S
     last = S - 1
+    # What a run of stage s reads, in one tuple: a 1F1B stage runs one or two steps before it waits
+    # for a neighbour, so setting a run up costs as much as its steps (fetched one by one, it did).
+    # Its costs, its inputs, and where it writes the inputs of its neighbours.
+    reads = [
+        (
+            orders[s],
+            len(orders[s]),
+            forward[s],
+            backward[s],
+            input_[s],
+            weight[s],
+            send_up[s],
+            send_down[s],
+            activation[s],
+            gradient[s],
+            activation[s + 1] if s < last else None,
+            gradient[s - 1] if s > 0 else None,
+        )
+        for s in range(S)
+    ]
+    # and what it leaves for its next run: steps done, clock, time waited, when its links to the
+    # next and the previous stage are free, when its last backward ended
+    runs = [[0, 0.0, 0.0, 0.0, 0.0, 0.0] for _ in range(S)]
     pending = list(range(S - 1, -1, -1))
     while pending:
         s = pending.pop()
-        order, k, t = orders[s], done[s], clock[s]
-        n = len(order)
+        run = runs[s]
+        k, t, idle, up_free, down_free, end_b = run
+        order, n, f_s, b_s, i_s, w_s, up_s, down_s, arrivals, gradients, to_next, to_prev = reads[s]
         if k == n:
             continue
-        f_s, b_s, i_s, w_s = forward[s], backward[s], input_[s], weight[s]
-        up_s, down_s = send_up[s], send_down[s]
-        arrivals, gradients = activation[s], gradient[s]
-        # what only this stage writes, kept local while it runs: its links and its neighbours' inputs
-        to_next = activation[s + 1] if s < last else None
-        to_prev = gradient[s - 1] if s > 0 else None
-        up_free, down_free, end_b = link_up[s], link_down[s], last_backward_end[s]
         sent_up = sent_down = False
-        idle = waited[s]
         while k < n:
             code, m = order[k]
             if code == 0:  # forward
@@ -215,21 +228,18 @@ def orders_time(
             k += 1
         if slack is not None and idle > slack[s]:
             return math.inf
-        done[s], clock[s], waited[s] = k, t, idle
-        link_up[s], link_down[s], last_backward_end[s] = up_free, down_free, end_b
+        run[:] = k, t, idle, up_free, down_free, end_b
         # resume the neighbours this run sent to (the walk's result does not depend on the order)
         if sent_up:
             pending.append(s + 1)
         if sent_down:
             pending.append(s - 1)
-    if any(d < len(order) for d, order in zip(done, orders)):
+    if any(run[0] < len(order) for run, order in zip(runs, orders)):
         raise ValueError("iteration_time: the compute orders deadlock (validate the schedule first)")
     counts = action_counts(orders)
     return max(
-        clock[s]
-        if costs[s].allreduce_s <= 0
-        else max(clock[s], last_backward_end[s] + costs[s].exposed_allreduce_s(counts[s][3] > 0))
-        for s in range(S)
+        run[1] if cost.allreduce_s <= 0 else max(run[1], run[5] + cost.exposed_allreduce_s(count[3] > 0))
+        for run, cost, count in zip(runs, costs, counts)
     )
 
 
