@@ -16,7 +16,15 @@ from dapple_launch.cluster import Topology
 from dapple_launch.plan_config import DEFAULT_SCHEDULES, shipped_topology
 from dapple_launch.planner.cost import Limits
 from dapple_launch.planner.round_robin import canonical_copies, check_copies, evaluate_rr
-from dapple_launch.planner.round_robin_search import compute_floor, contiguous, granularity_bound
+from dapple_launch.planner.round_robin_search import (
+    _load_table,
+    _Loads,
+    balance_cuts,
+    compute_floor,
+    contiguous,
+    granularity_bound,
+    proxy,
+)
 from dapple_launch.planner.search import search
 from dapple_launch.profile import read_profile_file
 from dapple_launch.schedule import ScheduleError, StageCosts, busiest_rank_s, simulate_ranks, validate_ranks
@@ -151,6 +159,37 @@ def test_the_closed_forms_of_copies_stay_below_the_simulator():
                 assert granularity_bound(profile, topo, G, b, {}) <= c.iteration_s * (1 + 1e-9)
                 orders = round_robin(family, copies, G // b, c.warmup)
                 assert busiest_rank_s(orders, c.costs) <= c.iteration_s * (1 + 1e-9)
+
+
+def test_the_cut_balancer_finds_the_least_slowest_stage_over_every_cut():
+    """balance_cuts (the search's cuts for given replica counts, one vectorised programme) returns
+    cuts whose slowest stage, by the proxy the local search ranks moves with, is the least over
+    every cut, enumerated: random profiles, clusters of one and of several nodes, replica counts
+    and micro-batch sizes; and its tables are the proxy's floats."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        profile = random_profile(rng, 9)
+        topo = Topology("t", 2, 4, 32e9, 10, 20e9, 2e9, inter_node_allreduce_bandwidth=3e9)
+        for _ in range(10):
+            S = rng.randint(1, 4)
+            replicas = [1] * S
+            for _ in range(topo.num_devices - S):
+                replicas[rng.randrange(S)] += 1
+            G, b = 32, rng.choice([1, 2, 4, 8])
+            stops = balance_cuts(profile, topo, G, tuple(replicas), b, {})
+            least = min(
+                proxy(profile, topo, G, (*cuts, profile.num_layers), tuple(replicas), b, {})
+                for cuts in itertools.combinations(range(1, profile.num_layers), S - 1)
+            )
+            assert stops[-1] == profile.num_layers and list(stops) == sorted(set(stops))
+            assert proxy(profile, topo, G, stops, tuple(replicas), b, {}) == least
+            for r, spans in itertools.product(set(replicas), (False, True)):
+                table, loads = (
+                    _load_table(profile, topo, G // b, b, r, spans),
+                    _Loads(profile, topo, G // b, b, r, spans),
+                )
+                for start, stop in itertools.combinations(range(profile.num_layers + 1), 2):
+                    assert table[start, stop] == loads[start, stop]
 
 
 def test_the_bound_over_every_cut_of_copies_stays_below_the_simulator_and_above_the_compute_bound():

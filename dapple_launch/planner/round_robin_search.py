@@ -229,29 +229,52 @@ def balance_cuts(
     return memo[key]
 
 
+def _load_table(profile: ModelProfile, topology: Topology, M: int, b: int, r: int, spans: bool) -> np.ndarray:
+    """_Loads over every span at once, [start, stop] (start < stop), the same floats: each entry is
+    _Loads.__missing__'s sums in its order, elementwise (what the cut balancer's programme reads)."""
+    L, c = profile.num_layers, canonical_copies(r, b)
+    scale, samples = math.ceil(M / c) * speed_ratio(profile, topology), math.ceil(b * c / r)
+    n = samples / profile.batch_size
+    pre = profile._prefix
+    i, z = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+    ff, bf, f, bb = (np.asarray(pre[key])[z] - np.asarray(pre[key])[i] for key in ("ff", "bf", "f", "b"))
+    load = scale * ((ff + (f - ff) * n) + (bf + (bb - bf) * n))  # (ModelProfile.seconds)
+    if r > 1:
+        nbytes = np.asarray(pre["p"])[z] - np.asarray(pre["p"])[i]
+        load = np.where(nbytes > 0, load + ring_allreduce_s(r, nbytes, topology.allreduce_link(spans)), load)
+    return load
+
+
 def _balance_cuts(
     profile: ModelProfile, topology: Topology, global_batch: int, replicas: tuple[int, ...], b: int, memo: dict
 ) -> tuple[int, ...]:
-    L, S, M = profile.num_layers, len(replicas), global_batch // b
-    firsts = [sum(replicas[:s]) for s in range(S)]  # each stage's first device (contiguous, in stage order)
-    INF = math.inf
-    best = [[INF] * (L + 1) for _ in range(S + 1)]
-    back = [[0] * (L + 1) for _ in range(S + 1)]
-    best[0][0] = 0.0
+    """best[s][stop]: the least slowest stage of stages 1..s over layers [0, stop), stage s on its
+    run of devices; one vectorised step per stage over every (start, stop). Ties go to the latest
+    start (the stage's least layers)."""
+    L, S, M, k = profile.num_layers, len(replicas), global_batch // b, topology.devices_per_node
+    best = np.full(L + 1, np.inf)
+    best[0] = 0.0
+    starts = np.arange(L + 1)[:, None]
+    later = starts < np.arange(L + 1)[None, :]  # [start, stop]: a stage of at least one layer
+    back = []
+    first = 0  # the stage's first device (contiguous, in stage order)
     for s in range(1, S + 1):
-        loads = _run_loads(profile, topology, M, b, firsts[s - 1], replicas[s - 1], memo)
-        for stop in range(s, L - (S - s) + 1):
-            for start in range(stop - 1, s - 2, -1):  # the stage grows: once it alone is no better, stop
-                load = loads[start, stop]
-                if load >= best[s][stop]:
-                    break
-                v = max(best[s - 1][start], load)
-                if v < best[s][stop]:
-                    best[s][stop], back[s][stop] = v, start
+        r = replicas[s - 1]
+        spans = first // k != (first + r - 1) // k
+        key = ("load table", M, b, r, spans)
+        if key not in memo:
+            memo[key] = _load_table(profile, topology, M, b, r, spans)
+        value = np.where(later, np.maximum(best[:, None], memo[key]), np.inf)
+        at = L - value[::-1].argmin(axis=0)  # (the latest start of the least)
+        best = value[at, np.arange(L + 1)]
+        best[:s] = np.inf
+        best[L - (S - s) + 1 :] = np.inf  # (room for the stages after it)
+        back.append(at)
+        first += r
     stops, stop = [], L
     for s in range(S, 0, -1):
         stops.append(stop)
-        stop = back[s][stop]
+        stop = int(back[s - 1][stop])
     return tuple(reversed(stops))
 
 
