@@ -37,9 +37,10 @@ def fastest(
     """The fastest (layout, micro-batch count) that fits memory over `layouts`, each with its least
     micro-batch count; ties (within rounding) go to the earlier layout, then the fewer micro-batches.
     The candidates are taken in increasing compute_floor (one layout under 1F1B: the greater of it
-    and the warm-up bound) and the rest skipped once that floor passes the best found; one whose busy_floor or link_floor passes it is not costed, and under 1F1B one
-    whose warmup.py bound (valid at any warm-up; recomputation only adds time) passes it is not
-    simulated: the full sweep's answer at a fraction of its stage costs and simulations."""
+    and the warm-up bound) and the rest skipped once that floor passes the best found; one whose
+    busy_floor or link_floor passes it is not costed, and under 1F1B one whose warmup.py bound
+    (valid at any warm-up; recomputation only adds time) passes it is not simulated: the full
+    sweep's answer at a fraction of its stage costs and simulations."""
     todo = []
     speed = speed_ratio(profile, topology)
     for index, (layout, min_micro_batches) in enumerate(layouts):
