@@ -177,14 +177,17 @@ class GroupBound:
         the last step runs on other groups at the same time: a term has the drain or the tail.)"""
         self._count_orders()
         self.last, self.queue = _order_facts(family, len(groups), M, v)
-        if self.tail is None:
-            self._tail_tables(profile, topology, family, groups)
+        self._tail_tables()
         assert self.tail is not None
         self.has_tails = any(bool(np.any(t > 0)) for t in self.tail.values()) and bool(self.last)
 
-    def _tail_tables(self, profile: ModelProfile, topology: Topology, family: str, groups) -> None:
+    def _tail_tables(self) -> None:
         """self.tail and self.rings (_tails), which need no rank orders: a stage's masks read them too.
-        Each group size's pair is the search's (self.tables) once made: TABLE_CELLS a table."""
+        Made on first ask; each group size's pair is the search's (self.tables) once made: TABLE_CELLS
+        a table."""
+        if self.tail is not None:
+            return
+        profile, topology, family, groups, _, _ = self._tail_inputs
         L, k = self.L, topology.devices_per_node
 
         def lows():
@@ -335,9 +338,7 @@ class GroupBound:
         micro-batches' forward and backward of the span there, one at a time; after the last, the
         gradient still crosses layers 0 .. i - 1 (drain, under a whole backward) and the stage's
         all-reduce leaves at least its tail (tail tables: no rank order needed), side by side."""
-        if self.tail is None:
-            profile, topology, family, groups, _, _ = self._tail_inputs
-            self._tail_tables(profile, topology, family, groups)
+        self._tail_tables()
         assert self.tail is not None
         # (the search's, once made: its fill and drain are the fastest of the shape's group sizes)
         key = ("floor", self.b, tuple(sorted(set(self.groups))), bool(self.drain.any()), self.family == "chimera")

@@ -188,18 +188,18 @@ def send_tables(
 def path_bound(
     terms: np.ndarray,
     tables: Callable[[int], Sequence[np.ndarray]],
-    empty: Sequence[np.ndarray],
+    masks: Sequence[np.ndarray],
     start: np.ndarray,
     cap: float,
     cells: float,
 ) -> tuple[float, int, np.ndarray]:
     """(the most of min over cuts of Σ_t λ_t term_t over the λ tried, cells walked, the λ that gave
-    it). `tables(s)`: stage s's five tables over its spans (F, B, I, W, send); `empty[s]`: +inf on
+    it). `tables(s)`: stage s's five tables over its spans (F, B, I, W, send); `masks[s]`: +inf on
     the spans stage s may not take (none, or those a cap leaves out: GroupBound._masks), else 0;
     `start`: the first λ (another shape's of the same rank orders is a good one: one programme may
     already decide); stops at `cap` or before passing `cells`."""
     T, S, _ = terms.shape
-    L = empty[0].shape[0] - 1
+    L = masks[0].shape[0] - 1
     base = [np.stack(tables(s)) for s in range(S)]  # (5, L + 1, L + 1) each
     used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]
     lam, best, walked, columns = start / start.sum(), 0.0, 0, []
@@ -212,7 +212,7 @@ def path_bound(
         weights = np.einsum("t,tsk->sk", lam, terms)
 
         def step(s: int, starts: slice, stops: slice) -> np.ndarray:
-            band = empty[s][starts, stops]
+            band = masks[s][starts, stops]
             if not len(used[s]):
                 return band
             return band + np.tensordot(weights[s, used[s]], base[s][used[s]][:, starts, stops], 1)

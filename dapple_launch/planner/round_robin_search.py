@@ -231,7 +231,10 @@ def balance_cuts(
 
 def _load_table(profile: ModelProfile, topology: Topology, M: int, b: int, r: int, spans: bool) -> np.ndarray:
     """_Loads over every span at once, [start, stop] (start < stop), the same floats: each entry is
-    _Loads.__missing__'s sums in its order, elementwise (what the cut balancer's programme reads)."""
+    _Loads.__missing__'s sums in its order, elementwise (what the cut balancer's programme reads).
+    Two forms of one formula on purpose: the proxy asks a few spans of many device counts (the
+    greedy share tries every count), where a lazy entry is cheaper than a table of every span;
+    the balancer reads every span. The tests hold the two equal entry by entry."""
     L, c = profile.num_layers, canonical_copies(r, b)
     scale, samples = math.ceil(M / c) * speed_ratio(profile, topology), math.ceil(b * c / r)
     n = samples / profile.batch_size
