@@ -1,8 +1,10 @@
 """The search pass over stages of round-robin copies (costed by round_robin.py).
 
 Search: from the best plans the exact passes found (their cuts and replica counts), each micro-batch
-size a copy could help and each warm-up depth; then local search (a replica moved between two
-stages, a cut moved by one layer), a move whose busiest copy alone cannot win left unsimulated.
+size a copy could help and each warm-up depth, in two tiers (copies that cut the start's busiest
+compute; where the start waits on its transfers, copies that only pipeline them), each followed by a
+local search from its best (a replica moved between two stages, a cut moved by one layer), a move
+whose busiest copy alone cannot win left unsimulated.
 Bound over the families, per micro-batch size b, the greater of two: each device runs whole
 copy-micro-batches, so the M micro-batches' work over all layers, each layer at its cheapest copy
 size g (g devices running ceil(b / g) samples each), is shared by at most D devices:
@@ -30,6 +32,8 @@ START_PLANS = 4  # distinct layouts of the exact passes' best plans the pass sta
 SLACK = 1.25  # how much slower than the incumbent a start of the local search may be
 SIZES = 3  # micro-batch sizes (the smallest) the pass re-shares each start's devices for
 MOVES_SIMULATED = 6  # per step of the local search, the moves the proxy ranks best
+PIPELINED = 8  # of the second tier's layouts, the fewest-compute tried
+TRANSFER_SHARE = 0.1  # of a start's time a stage of it sends for, where copies that cut no compute are tried
 SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greedy share
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
@@ -304,11 +308,11 @@ def search_round_robin(
     cut = incumbent * SLACK
 
     # each candidate simulated once: the local search's moves and the winner's warm-ups come back to
-    # candidates already costed (VGG-19 on 64 A100s: 5 of 42). The cutoff only falls, so one that
-    # lost before loses again.
-    costed: dict[tuple, Costed | None] = {}
+    # candidates already costed (VGG-19 on 64 A100s: 5 of 42). Each is kept with the cutoff it was
+    # simulated under: one cut off then loses again under any cutoff no higher.
+    costed: dict[tuple, tuple[Costed | None, float]] = {}
 
-    def consider(layout, b, family, depth) -> Costed | None:
+    def consider(layout, b, family, depth, cutoff: float) -> Costed | None:
         nonlocal best, cut, scored, walked
         M = global_batch // b
         copies = tuple(canonical_copies(st.replicas, b) for st in layout)
@@ -321,11 +325,11 @@ def search_round_robin(
             return None
         key = (layout, b, family, depth)
         if key in costed:
-            c = costed[key]
-            return c if c is not None and c.fits else None
-        c = costed[key] = evaluate_rr(
-            profile, topology, layout, copies, b, M, limits, family, depth, cutoff=cut, memo=memo
-        )
+            c, under = costed[key]
+            if c is not None or cutoff <= under:
+                return c if c is not None and c.fits else None
+        c = evaluate_rr(profile, topology, layout, copies, b, M, limits, family, depth, cutoff=cutoff, memo=memo)
+        costed[key] = (c, cutoff)
         scored += 1
         walked += M * len(layout) * (3 if family in SPLIT_BACKWARD else 2)
         if c is None or not c.fits:
@@ -334,6 +338,46 @@ def search_round_robin(
             best, cut = c, c.iteration_s
         return c
 
+    def walk(here: Costed) -> None:
+        """Local search from `here`: 1 to 3 devices moved between two stages (the cuts kept, or
+        re-balanced for the new counts), a cut moved by one layer; the moves the proxy ranks best are
+        simulated, and the walk goes on from the best of them while it is faster than where it stands."""
+        done = set()
+        while walked < budget:
+            stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
+            S, b = len(stops), here.micro_batch_size
+            moves = set()
+            shifted = []
+            for i in range(S):
+                for j in range(S):
+                    for k in (1, 2, 3):
+                        if i != j and replicas[j] > k:
+                            r = list(replicas)
+                            r[i], r[j] = r[i] + k, r[j] - k
+                            shifted.append((proxy(profile, topology, global_batch, stops, tuple(r), b, memo), tuple(r)))
+            for _, r in sorted(shifted)[:MOVES_SIMULATED]:  # the best few shifts, with their cuts kept and re-balanced
+                moves.add((stops, r))
+                moves.add((balance_cuts(profile, topology, global_batch, r, b, memo), r))
+            for k in range(S - 1):
+                for d in (-1, 1):
+                    st = list(stops)
+                    st[k] += d
+                    if (st[k - 1] if k else 0) < st[k] < st[k + 1]:
+                        moves.add((tuple(st), replicas))
+            ranked = sorted(
+                (m for m in moves if m not in done),
+                key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m),
+            )
+            step = here
+            for st, r in ranked[:MOVES_SIMULATED]:
+                done.add((st, r))
+                c = consider(contiguous((0, *st), r), b, here.schedule, here.warmup_depth, step.iteration_s)
+                if c is not None and c.iteration_s < step.iteration_s:
+                    step = c
+            if step is here:
+                return
+            here = step
+
     seen = set()
     shapes = []
     for c in sorted(starts, key=lambda c: (c.iteration_s, c.summary())):
@@ -341,14 +385,24 @@ def search_round_robin(
         if key in seen or len(seen) == START_PLANS:
             continue
         seen.add(key)
-        # the start's busiest device's compute: copies help where they cut it (a replica count that
-        # does not divide the micro-batch, or more replicas than samples)
+        # the start's busiest device's compute, and whether a stage of it sends for a share of its time
         floor = max(c.num_micro_batches * (x.forward_s + x.backward_s) for x in c.costs)
-        shapes.append((*key, floor))
+        sends = max(c.num_micro_batches * (x.send_activation_s + x.send_gradient_s) for x in c.costs)
+        shapes.append((*key, floor, sends >= TRANSFER_SHARE * c.iteration_s))
     depths = range(1, limits.max_warmup_depth + 1)
     # copies pay where micro-batches are small against the replica counts: the few smallest sizes
     small = sorted(b for b in sizes if b * START_PLANS <= topology.num_devices)[:SIZES] or sorted(sizes)[:1]
-    for stops, replicas, floor in shapes:
+    # Two tiers of layouts from each start, each searched on its own (its candidates, then a local
+    # search from its best): those whose busiest copy computes less than the start's busiest device
+    # (a replica count that does not divide the micro-batch, or more replicas than samples); then,
+    # from a start with a stage that sends for TRANSFER_SHARE of its time or more, those that cut no
+    # compute but may pipeline its transfers at a smaller micro-batch (VGG-19 on 16 × 1 V100 at
+    # 10 Gbps, G 128: the start's own cuts and devices at b = 1 beat it by a third). Apart, since
+    # the second tier's better start may walk to a worse plan than the first's (VGG-19 on 16 × 1
+    # V100, G 64: from the start's own devices at b = 1, 37.0 ms, to 35.4 ms; from the first tier's
+    # 49.7 ms, to 35.0 ms).
+    tiers: tuple[list, list] = ([], [])
+    for stops, replicas, floor, transfers in shapes:
         tried = set()
         layouts = [(stops, replicas, b) for b in small]
         for b in small:  # the start's cuts, its devices re-shared for copies; then cuts for those, and again
@@ -361,56 +415,32 @@ def search_round_robin(
                 st = balance_cuts(profile, topology, global_batch, r, b, memo)
                 layouts.append((st, r, b))
         for st, r, b in layouts:
-            if (
-                (st, r, b) in tried
-                or r is None
-                or (incumbent < math.inf and compute_floor(profile, topology, global_batch, st, r, b) >= floor)
-            ):
+            if (st, r, b) in tried or r is None:
                 continue
             tried.add((st, r, b))
+            least = compute_floor(profile, topology, global_batch, st, r, b)
+            if incumbent == math.inf or least < floor:
+                tiers[0].append((least, st, r, b))
+            elif transfers and least < (1 - TRANSFER_SHARE) * incumbent:  # (room to hide transfers)
+                tiers[1].append((least, st, r, b))
+    tiers[1].sort(key=lambda x: x[0])  # (of the second, the PIPELINED of least compute)
+    del tiers[1][PIPELINED:]
+    for tier in tiers:
+        here, cutoff = None, incumbent * SLACK
+        for least, st, r, b in tier:
+            if least >= cutoff:  # its busiest copy's compute alone reaches the cutoff
+                continue
             # at the deepest warm-up first (copies keep fewer micro-batches in flight each; the winner tries every depth)
-            consider(contiguous((0, *st), r), b, families[-1], depths[-1])
-    if best is None:
-        return [], bounds, scored
-    # local search from the best: 1 to 3 devices moved between two stages (the cuts kept, or
-    # re-balanced for the new counts), a cut moved by one layer; the moves the proxy ranks best are simulated
-    done = set()
-    while best is not None and walked < budget:
-        here = best
-        stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
-        S, b = len(stops), here.micro_batch_size
-        moves = set()
-        shifted = []
-        for i in range(S):
-            for j in range(S):
-                for k in (1, 2, 3):
-                    if i != j and replicas[j] > k:
-                        r = list(replicas)
-                        r[i], r[j] = r[i] + k, r[j] - k
-                        shifted.append((proxy(profile, topology, global_batch, stops, tuple(r), b, memo), tuple(r)))
-        for _, r in sorted(shifted)[:MOVES_SIMULATED]:  # the best few shifts, with their cuts kept and re-balanced
-            moves.add((stops, r))
-            moves.add((balance_cuts(profile, topology, global_batch, r, b, memo), r))
-        for k in range(S - 1):
-            for d in (-1, 1):
-                st = list(stops)
-                st[k] += d
-                if (st[k - 1] if k else 0) < st[k] < st[k + 1]:
-                    moves.add((tuple(st), replicas))
-        ranked = sorted(
-            (m for m in moves if (m, b) not in done),
-            key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m),
-        )
-        for st, r in ranked[:MOVES_SIMULATED]:
-            done.add(((st, r), b))
-            consider(contiguous((0, *st), r), b, here.schedule, here.warmup_depth)
-        if best is here:
-            break
+            c = consider(contiguous((0, *st), r), b, families[-1], depths[-1], cutoff)
+            if c is not None and c.iteration_s < cutoff:
+                here, cutoff = c, c.iteration_s
+        if here is not None:
+            walk(here)
     if best is not None:  # the winner's other warm-ups and families
         layout = best.layout
         for family in families:
             for depth in depths:
-                consider(layout, best.micro_batch_size, family, depth)
+                consider(layout, best.micro_batch_size, family, depth, cut)
     return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored
 
 
