@@ -387,16 +387,24 @@ def _small_chunked_shapes(rng: random.Random, rounds: int = 4):
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each
-    layer's tail: its group's micro-batches then its all-reduce) is a lower bound on every plan of
-    the shape, as the simulator of its rank orders times it; the link and tail terms decide the
-    bound on some shapes, so they are tested, not idle."""
+    layer's tail: its group's micro-batches then its all-reduce, and the groups' average of their
+    forwards and all-reduces) is a lower bound on every plan of the shape, as the simulator of its
+    rank orders times it; the link, tail and all-reduce terms decide the bound on some shapes (on
+    clusters whose all-reduce is fast, slow or very slow), so they are tested, not idle."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import link_bound, num_stages, shape_bound, shapes, tail_bound
+    from dapple_launch.planner.chunked_search import (
+        allreduce_bound,
+        link_bound,
+        num_stages,
+        shape_bound,
+        shapes,
+        tail_bound,
+    )
 
     rng = random.Random(7)
-    checked = link_decides = tail_decides = 0
+    checked = link_decides = tail_decides = allreduce_decides = 0
     for _ in range(12):
-        topo, profile = _random_cluster_and_profile(rng)
+        topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
         if rng.random() < 0.5:  # every layer's output alike (a transformer's): the least cut is a real one
             out = rng.choice([1e6, 4e7, 2e8])
             profile = replace(profile, layers=tuple(replace(x, activation_bytes=out) for x in profile.layers))
@@ -407,6 +415,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
             if family != "chimera" and link_bound(profile, topo, G, family, v, groups, b) == bound:
                 link_decides += 1
             tail_decides += tail_bound(profile, topo, G, family, groups, b, {}) == bound
+            allreduce_decides += allreduce_bound(profile, topo, G, family, v, groups, b, {}) == bound
             S = num_stages(family, v, groups)
             for _ in range(3):
                 stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
@@ -415,7 +424,12 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                 )
                 assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
                 checked += 1
-    assert checked > 500 and link_decides > 20 and tail_decides > 20, (checked, link_decides, tail_decides)
+    assert checked > 500 and min(link_decides, tail_decides, allreduce_decides) > 20, (
+        checked,
+        link_decides,
+        tail_decides,
+        allreduce_decides,
+    )
     # the fill and drain term where it is tightest: alike layers, one per stage, free transfers
     for family in ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"):
         for P in (2, 3, 4):

@@ -143,6 +143,7 @@ def shape_bound(
     bound = float(max(M / P * by_group + ends, M / D * by_device))
     if family is not None:
         bound = max(bound, tail_bound(profile, topology, global_batch, family, groups, b, memo))
+        bound = max(bound, allreduce_bound(profile, topology, global_batch, family, v, groups, b, memo))
     if family is not None and family != "chimera":
         bound = max(bound, link_bound(profile, topology, global_batch, family, v, groups, b))
     return bound
@@ -185,6 +186,45 @@ def tail_bound(
         tail = M * _layer_times(profile, topology, groups[g], b, memo).sum(axis=1) + memo[key]
         least = tail if least is None else np.minimum(least, tail)
     return float(least.max()) if least is not None else 0.0
+
+
+def allreduce_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> float:
+    """T >= the groups' average of fill_g + M Σ_{s on g} F_s + Σ_{s on g} AR_s (group_bound.py's
+    ar_g), whatever the cut: no all-reduce of a group starts before its stages have run every
+    forward (a stage's all-reduce follows its last gradient action, which follows the last
+    micro-batch's forward on every stage), and a group's all-reduces run one after another. Summed
+    over the groups, each layer adds its M forwards and its share of a ring all-reduce's bytes
+    (latencies left out) on the group that holds it, at least the least over the groups; Chimera's
+    stages run M / 2 on each of two alike groups and all-reduce over both (2 r devices), so each
+    layer adds M forwards and two all-reduces of its bytes. Where weights are heavy against the
+    forwards (GNMT-32 on 16 × 1 V100 at 10 Gbps: a group of 2 all-reduces across nodes), it is what
+    a shape's bound is short of without a programme over its cuts."""
+    M, P, k = global_batch // b, len(groups), topology.devices_per_node
+    both = 2 if family == "chimera" else 1
+    weights = memo.get("weights")
+    if weights is None:
+        weights = memo["weights"] = np.array([profile.span(l, l + 1)[3] for l in range(profile.num_layers)])
+    least, fastest = None, None
+    for r in set(groups):
+        forwards = _layer_times(profile, topology, r, b, memo)[:, 0]
+        over = r * both  # the all-reduce's devices (at their best placement: one node where they fit)
+        per_byte = 2 * (over - 1) / over / topology.allreduce_link(over > k)[0]
+        each = M * forwards + both * per_byte * weights
+        least = each if least is None else np.minimum(least, each)
+        fastest = forwards if fastest is None else np.minimum(fastest, forwards)
+    if least is None or fastest is None:
+        return 0.0
+    # (the fills: pipeline_ends' with no backward)
+    return float(least.sum() / P + pipeline_ends(family, v, P, fastest, np.zeros_like(fastest)))
 
 
 def pipeline_ends(family: str, v: int, groups: int, forwards: np.ndarray, backwards: np.ndarray) -> float:
