@@ -24,14 +24,20 @@ So T >= stage(i, z, r) = fill(i) + send(i) + max(n (F + B), F + trip'(z) + n B, 
 last backward (of a split one, its last I) sends its gradient back over cut i and the layers before
 it run theirs (drain(i), at the fastest, each at least its input share): the same three terms with
 each B at its input share, the send and the drain after them (not the all-reduce: it runs beside).
-Where two plain stages (one copy each: r divides b) meet at cut i, every activation crosses their
-one link, one after another (the simulator's links are serial), so also T >= fill(i) + (M + 1)
-send(i) + trip(i) + drain(i). The stages' device counts sum to at most D. The least T for which
+Where two stages meet at cut i, micro-batch m crosses it from copy m mod c to copy m mod c' (c and
+c' the two stages' copies), so over lcm(c, c') links, the busiest carrying ceil(M / lcm(c, c'))
+activations one after another (the simulator's links are serial; two plain stages, one copy each,
+share one link for all M), each split over the smaller copy and over the network where the two
+stages hold more devices than a node: T >= fill(i) + (ceil(M / lcm) + 1) send(i) + trip(i) +
+drain(i), the last of them followed by its round trip and its gradient's way back (VGG-19 on 16 × 1
+V100: a relaxation of copies 2:2 at a conv cut, each pair of copies one link, was a third of what
+it simulates at without it). The stages' device counts sum to at most D. The least T for which
 some cut and device counts keep every term under T is the bound: for a trial T each span [i, z)
 needs the fewest r whose stage time is at most T (a running minimum over r, as more devices are not
 always faster: the all-reduce grows), as a plain stage, as one after a plain stage, and as copies;
 a dynamic programme over the cuts and whether the last stage is plain finds the least total, and
-bisection on T finds where it first fits in D. An all-reduce is priced on the best placement of r
+bisection on T finds where it first fits in D. Up to PAIR_DEVICES devices a second programme, over
+the cuts and the last stage's device count, prices every link between two stages too, from there. An all-reduce is priced on the best placement of r
 devices (inside one node when r fits one); the other cuts' sends are left out and the backwards
 count at their input share, so it holds for both families (a split backward may end on a W)."""
 
@@ -45,6 +51,7 @@ from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 
 BISECTIONS = 30  # halvings of [lo, hi]: within 1e-9 of the relaxation's optimum
+PAIR_DEVICES = 64  # up to this many devices, each cut's link is priced on both stages' counts (D^2 per cut)
 
 
 class CopiesBound:
@@ -108,9 +115,10 @@ class CopiesBound:
         # copies' shares over the slower link of the two stages' devices), so at least the cut's
         # b samples split over this copy's g devices, on the fastest link the pair can use: inside
         # a node only where this stage and a neighbour fit one (r < k)
+        # (a pair that fits one node may still sit across two, whose link may be the faster one)
         p2p = r >= k
-        send_bw = np.where(p2p, topology.inter_node_bandwidth, topology.intra_node_bandwidth)
-        send_lat = np.where(p2p, topology.inter_node_latency_s, topology.intra_node_latency_s)
+        send_bw = np.where(p2p, topology.inter_node_bandwidth, _fastest(topology)[0])
+        send_lat = np.where(p2p, topology.inter_node_latency_s, _fastest(topology)[1])
         cut = np.append(np.asarray(profile.cut_bytes[: L - 1], dtype=float) * b / pbs, 0.0)  # cut[z - 1]: after z - 1
         send = send_lat + cut[:, None] / (g * send_bw)  # send[z - 1]: over cut z, z = 1 .. L - 1
         send[L - 1] = 0.0  # (the last stage sends nothing on)
@@ -172,6 +180,41 @@ class CopiesBound:
         ]
         self.plain_column = {int(x): j for j, x in enumerate(plain)}
         self.L, self.D = L, D
+        self.pairs: np.ndarray | None = None  # (made when bound() first needs them: _pair_tables)
+        self._pair_inputs = (topology, M, b, cut, trip, drain) if D <= PAIR_DEVICES else None
+
+    def _pair_tables(self, topology: Topology, M: int, b: int, cut: np.ndarray, trip: np.ndarray, drain: np.ndarray):
+        """The link between two neighbouring stages (the docstring's pairs): pair[z, rA, rB] for the
+        stages before and after cut z on rA and rB devices, and each stage's own term per count:
+        stage_by_count[span, r] (its class's fewest devices: the all-reduce only grows with r)."""
+        L, D, k = self.L, self.D, topology.devices_per_node
+        every = np.arange(1, D + 1)
+        g = np.gcd(every, b)
+        c = every // g
+        # micro-batch m runs on copy m mod c of every stage (round_robin.rank_of), so the activations
+        # over cut z go over lcm(cA, cB) links, the busiest carrying ceil(M / lcm) of them
+        turns = -(-M // np.lcm(c[:, None], c[None, :]))
+        least_g = np.minimum(g[:, None], g[None, :])  # (rr_costs: the cut over the smaller copy)
+        across = (every[:, None] + every[None, :]) > k  # (more devices than a node: some link leaves it)
+        bw = np.where(across, topology.inter_node_bandwidth, _fastest(topology)[0])
+        lat = np.where(across, topology.inter_node_latency_s, _fastest(topology)[1])
+        pairs = np.full((L + 1, D, D), np.inf)
+        for z in range(1, L):
+            send = lat + cut[z - 1] / (least_g * bw)
+            pairs[z] = self.fill[z] + (turns + 1) * send + trip[z] + drain[z]
+        self.pairs = pairs
+        column = np.asarray(self.column_of[1:])  # (count r at index r - 1)
+        dense = np.full((L + 1, L + 1, D), np.inf)  # [start, stop, r - 1]
+        dense[self.spans[0], self.spans[1]] = self.stage[:, column]
+        self.stage_by_count = dense
+
+    def pair_s(self, cut: int, before: int, after: int) -> float:
+        """What the bound asks of the link over `cut` between a stage of `before` devices and the next
+        of `after` (the docstring's pairs)."""
+        if self.pairs is None and self._pair_inputs is not None:
+            self._pair_tables(*self._pair_inputs)
+        assert self.pairs is not None
+        return float(self.pairs[cut, before - 1, after - 1])
 
     def stage_s(self, start: int, stop: int, replicas: int, after_plain: bool = False) -> float:
         """What the bound asks of a stage [start, stop) on `replicas` devices (the least over its
@@ -181,7 +224,8 @@ class CopiesBound:
         return float(self.joined[row, self.plain_column[column]] if after_plain else self.stage[row, column])
 
     def fits(self, T: float) -> bool:
-        """Some cut and device counts keep every stage's time at most T within D devices."""
+        """Some cut and device counts keep every stage's time at most T within D devices (each link
+        between two stages priced only where both are plain: _fits_pairs prices every one)."""
         # fewest devices per span [i, z) (inf: none suffice), as copies, as a plain stage, and as
         # a plain stage after a plain stage: need[kind, z, i]
         need = np.full((3, self.L + 1, self.L + 1), np.inf)
@@ -198,23 +242,62 @@ class CopiesBound:
             after_plain[stop] = min((by_copies + plain[stop, :stop]).min(), (by_plain + joined[stop, :stop]).min())
         return bool(min(after_plain[self.L], after_other[self.L]) <= self.D)
 
+    def _fits_pairs(self, T: float) -> bool:
+        """fits, with each cut's link between the two stages' device counts: fewest[z, r] = the
+        fewest devices that hold layers 0 .. z - 1 with every term at most T, the last stage on r."""
+        assert self.pairs is not None
+        L, D = self.L, self.D
+        counts = np.arange(1, D + 1, dtype=float)
+        cost = np.where(self.stage_by_count <= T, counts, np.inf)  # [start, stop, r - 1]
+        blocked = np.where(self.pairs <= T, 0.0, np.inf)  # [cut, before - 1, after - 1]
+        fewest = np.full((L + 1, D), np.inf)
+        for z in range(L):
+            # the fewest devices before a stage that starts at layer z on r (none before layer 0)
+            before = np.zeros(D) if z == 0 else (fewest[z][:, None] + blocked[z]).min(axis=0)
+            if not np.isfinite(before).any():
+                continue
+            fewest[z + 1 :] = np.minimum(fewest[z + 1 :], before[None, :] + cost[z, z + 1 :])
+        return bool(fewest[L].min() <= D)
+
     def bound(self, above: float = 0.0, cap: float = math.inf) -> float:
         """The least T that fits, from below: a T known not to fit (never more than the optimum of
         the relaxation). `above`: a valid bound already known (the search starts there); `cap`: a
-        bound is only wanted up to it (a T there that does not fit is returned as it is)."""
+        bound is only wanted up to it (a T there that does not fit is returned as it is). First
+        with fits, then (up to PAIR_DEVICES devices) from there with every link priced, which only
+        raises it: its tables and programme cost D^2 per cut, so where no link binds, one trial."""
         finite = np.concatenate([least[np.isfinite(least)] for least, _ in self.kinds])
-        # past its largest finite stage time (a plain stage's after a plain one included) no span
-        # needs fewer devices: a T there fits if any does
-        hi = cap if math.isfinite(cap) else float(finite.max()) if finite.size else math.inf
-        lo = above
-        if lo >= hi or self.fits(lo):
-            return lo
-        if not math.isfinite(hi) or not self.fits(hi):
-            return cap if math.isfinite(cap) else math.inf
-        for _ in range(BISECTIONS):
-            mid = (lo + hi) / 2
-            if self.fits(mid):
-                hi = mid
-            else:
-                lo = mid
+        value = _least_fitting(self.fits, finite, above, cap)
+        if self._pair_inputs is None or value >= cap or not math.isfinite(value):
+            return value
+        if self.pairs is None:
+            self._pair_tables(*self._pair_inputs)
+        assert self.pairs is not None
+        finite = np.concatenate([finite, self.pairs[np.isfinite(self.pairs)]])
+        return _least_fitting(self._fits_pairs, finite, value, cap)
+
+
+def _fastest(topology: Topology) -> tuple[float, float]:
+    """(bandwidth, latency) of the fastest link two devices may share: the node's, or the network's
+    where it is faster (Topology.p2p takes the network's for any pair across two nodes)."""
+    return (
+        max(topology.intra_node_bandwidth, topology.inter_node_bandwidth),
+        min(topology.intra_node_latency_s, topology.inter_node_latency_s),
+    )
+
+
+def _least_fitting(fits, finite: np.ndarray, lo: float, cap: float) -> float:
+    """Bisection for the least T where fits(T), from lo (a bound already) up to cap (a T there that
+    does not fit is returned as it is). Past the largest finite term (`finite`: every stage's and
+    link's) no span needs fewer devices and no link blocks: a T there fits if any does."""
+    hi = cap if math.isfinite(cap) else float(finite.max()) if finite.size else math.inf
+    if lo >= hi or fits(lo):
         return lo
+    if not math.isfinite(hi) or not fits(hi):
+        return cap if math.isfinite(cap) else math.inf
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
