@@ -75,6 +75,15 @@ class Topology:
             return 0.0
         return ring_allreduce_s(r, nbytes, self.allreduce_link(self.spans_nodes(devices)))
 
+    def fastest_allreduce_link(self, must_span: bool) -> tuple[float, float]:
+        """The fastest all-reduce link a group may get: the network's where it must span nodes (more
+        devices than a node), else the faster of the node's and the network's (a group that fits
+        one node may still sit across two). What a lower bound prices an unplaced group on."""
+        (inter_bw, inter_lat), (intra_bw, intra_lat) = self.allreduce_link(True), self.allreduce_link(False)
+        if must_span:
+            return inter_bw, inter_lat
+        return max(inter_bw, intra_bw), min(inter_lat, intra_lat)
+
     def allreduce_link(self, across_nodes: bool) -> tuple[float, float]:
         """(bus bandwidth, latency per ring step) of an all-reduce inside a node or across nodes."""
         if across_nodes:

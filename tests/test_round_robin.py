@@ -215,7 +215,7 @@ def test_the_bound_over_every_cut_of_copies_stays_below_the_simulator_and_above_
             10,
             20e9,
             rng.choice([5e9, 1e8, 40e9]),  # (the network may be faster than the node's links)
-            inter_node_allreduce_bandwidth=rng.choice([3e9, 1e8]),
+            inter_node_allreduce_bandwidth=rng.choice([3e9, 1e8, 6e10]),
         )
         D, limits = topo.num_devices, Limits()
         for _ in range(8):

@@ -216,8 +216,8 @@ def allreduce_bound(
     least, fastest = None, None
     for r in set(groups):
         forwards = _layer_times(profile, topology, r, b, memo)[:, 0]
-        over = r * both  # the all-reduce's devices (at their best placement: one node where they fit)
-        per_byte = 2 * (over - 1) / over / topology.allreduce_link(over > k)[0]
+        over = r * both  # the all-reduce's devices (at their best placement)
+        per_byte = 2 * (over - 1) / over / topology.fastest_allreduce_link(over > k)[0]
         each = M * forwards + both * per_byte * weights
         least = each if least is None else np.minimum(least, each)
         fastest = forwards if fastest is None else np.minimum(fastest, forwards)

@@ -37,9 +37,10 @@ needs the fewest r whose stage time is at most T (a running minimum over r, as m
 always faster: the all-reduce grows), as a plain stage, as one after a plain stage, and as copies;
 a dynamic programme over the cuts and whether the last stage is plain finds the least total, and
 bisection on T finds where it first fits in D. Up to PAIR_DEVICES devices a second programme, over
-the cuts and the last stage's device count, prices every link between two stages too, from there. An all-reduce is priced on the best placement of r
-devices (inside one node when r fits one); the other cuts' sends are left out and the backwards
-count at their input share, so it holds for both families (a split backward may end on a W)."""
+the cuts and the last stage's device count, prices every link between two stages too, from there.
+An all-reduce is priced on the best placement of r devices (inside one node when r fits one); the
+other cuts' sends are left out and the backwards count at their input share, so it holds for both
+families (a split backward may end on a W)."""
 
 from __future__ import annotations
 
@@ -106,9 +107,12 @@ class CopiesBound:
         # a gradient's way on back through layers 0 .. i - 1 (drain[i]) once a stage has run its
         # backward (a split backward's I: the first stage's W, a whole backward, is no less)
         drain = np.concatenate(([0.0], np.cumsum(back * bwd * speed)))
-        (inter_bw, inter_lat), (intra_bw, intra_lat) = topology.allreduce_link(True), topology.allreduce_link(False)
+        (inter_bw, inter_lat), (best_bw, best_lat) = (
+            topology.allreduce_link(True),
+            topology.fastest_allreduce_link(False),
+        )
         across = r > k  # (r devices fit one node otherwise: the best placement)
-        link = (np.where(across, inter_bw, intra_bw), np.where(across, inter_lat, intra_lat))
+        link = (np.where(across, inter_bw, best_bw), np.where(across, inter_lat, best_lat))
         per = n / pbs
         # a micro-batch's cut crosses to the next stage's copy (its activation) and back (its
         # gradient) over a link between two ranks (round_robin.rr_costs: the larger of the two

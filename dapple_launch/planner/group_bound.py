@@ -131,7 +131,7 @@ class GroupBound:
         # a stage's all-reduce over its group's devices (Chimera: both copies', twice as many)
         for r in {x * (2 if family == "chimera" else 1) for x in groups}:
             # (r > k devices span nodes; r <= k fit one: the best placement)
-            ring = lambda r=r: np.where(w > 0, ring_allreduce_s(r, w, topology.allreduce_link(r > k)), 0.0)
+            ring = lambda r=r: np.where(w > 0, ring_allreduce_s(r, w, topology.fastest_allreduce_link(r > k)), 0.0)
             self.ring[r] = self._shared(("ring", r), 1, ring)
         assert fastest is not None
         drain = family not in SPLIT_BACKWARD
