@@ -75,6 +75,18 @@ class Topology:
             return 0.0
         return ring_allreduce_s(r, nbytes, self.allreduce_link(self.spans_nodes(devices)))
 
+    def fastest_p2p_link(self, must_span: bool) -> tuple[float, float]:
+        """(bandwidth, latency) of the fastest link two device sets may share: the network's where
+        they must span nodes, else the faster of the node's and the network's (a pair that fits one
+        node may still sit across two; p2p takes the network's for any pair across nodes). What a
+        lower bound prices an unplaced transfer on."""
+        if must_span:
+            return self.inter_node_bandwidth, self.inter_node_latency_s
+        return (
+            max(self.intra_node_bandwidth, self.inter_node_bandwidth),
+            min(self.intra_node_latency_s, self.inter_node_latency_s),
+        )
+
     def fastest_allreduce_link(self, must_span: bool) -> tuple[float, float]:
         """The fastest all-reduce link a group may get: the network's where it must span nodes (more
         devices than a node), else the faster of the node's and the network's (a group that fits

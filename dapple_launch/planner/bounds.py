@@ -66,8 +66,7 @@ def _links(x: BoundInputs, r: int) -> tuple[np.ndarray, np.ndarray]:
     spans = (s // k) != ((s + r - 1) // k)
     next_elsewhere = ((s + r) % k) == 0  # the next free device is on another node
     slow = spans | next_elsewhere
-    fast_bw = max(t.intra_node_bandwidth, t.inter_node_bandwidth)
-    fast_lat = min(t.intra_node_latency_s, t.inter_node_latency_s)
+    fast_bw, fast_lat = t.fastest_p2p_link(False)
     return (np.where(slow, t.inter_node_latency_s, fast_lat), np.where(slow, t.inter_node_bandwidth, fast_bw))
 
 

@@ -92,8 +92,7 @@ class BranchAndBound:
         # with recompute=auto a micro-batch's activations may shrink below one's whole: parameters bound memory
         self.keeps_activations = 0.0 if limits.recompute == "auto" else 1.0
         self.R = replica_choices(topology, b)
-        self.fast_bw = max(topology.intra_node_bandwidth, topology.inter_node_bandwidth)
-        self.fast_lat = min(topology.intra_node_latency_s, topology.inter_node_latency_s)
+        self.fast_bw, self.fast_lat = topology.fastest_p2p_link(False)
         self.stats = SearchStats()
         # the most micro-batches a 1F1B stage s keeps in flight, in units of DAPPLE's S - s (warmup.py)
         self.in_flight_depth = 1

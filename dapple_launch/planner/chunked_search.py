@@ -157,6 +157,13 @@ def _layer_times(profile: ModelProfile, topology: Topology, replicas: int, b: in
     return memo[(replicas, b)]
 
 
+def _layer_weights(profile: ModelProfile, memo: dict) -> np.ndarray:
+    """Each layer's parameter bytes, memoized: the tail and all-reduce terms of every shape read them."""
+    if "weights" not in memo:
+        memo["weights"] = np.array([profile.span(l, l + 1)[3] for l in range(profile.num_layers)])
+    return memo["weights"]
+
+
 def tail_bound(
     profile: ModelProfile,
     topology: Topology,
@@ -174,9 +181,7 @@ def tail_bound(
     P = len(groups)
     M = global_batch // b // (2 if family == "chimera" else 1)
     own = group_devices(groups)
-    weights = memo.get("weights")
-    if weights is None:
-        weights = memo["weights"] = np.array([profile.span(l, l + 1)[3] for l in range(profile.num_layers)])
+    weights = _layer_weights(profile, memo)
     least = None
     for g in range(P):
         devices = own[g] + own[P - 1 - g] if family == "chimera" else own[g]
@@ -210,9 +215,7 @@ def allreduce_bound(
     a shape's bound is short of without a programme over its cuts."""
     M, P, k = global_batch // b, len(groups), topology.devices_per_node
     both = 2 if family == "chimera" else 1
-    weights = memo.get("weights")
-    if weights is None:
-        weights = memo["weights"] = np.array([profile.span(l, l + 1)[3] for l in range(profile.num_layers)])
+    weights = _layer_weights(profile, memo)
     least, fastest = None, None
     for r in set(groups):
         forwards = _layer_times(profile, topology, r, b, memo)[:, 0]

@@ -121,8 +121,8 @@ class CopiesBound:
         # a node only where this stage and a neighbour fit one (r < k)
         # (a pair that fits one node may still sit across two, whose link may be the faster one)
         p2p = r >= k
-        send_bw = np.where(p2p, topology.inter_node_bandwidth, _fastest(topology)[0])
-        send_lat = np.where(p2p, topology.inter_node_latency_s, _fastest(topology)[1])
+        (across_bw, across_lat), (best_bw, best_lat) = topology.fastest_p2p_link(True), topology.fastest_p2p_link(False)
+        send_bw, send_lat = np.where(p2p, across_bw, best_bw), np.where(p2p, across_lat, best_lat)
         cut = np.append(np.asarray(profile.cut_bytes[: L - 1], dtype=float) * b / pbs, 0.0)  # cut[z - 1]: after z - 1
         send = send_lat + cut[:, None] / (g * send_bw)  # send[z - 1]: over cut z, z = 1 .. L - 1
         send[L - 1] = 0.0  # (the last stage sends nothing on)
@@ -200,8 +200,8 @@ class CopiesBound:
         turns = -(-M // np.lcm(c[:, None], c[None, :]))
         least_g = np.minimum(g[:, None], g[None, :])  # (rr_costs: the cut over the smaller copy)
         across = (every[:, None] + every[None, :]) > k  # (more devices than a node: some link leaves it)
-        bw = np.where(across, topology.inter_node_bandwidth, _fastest(topology)[0])
-        lat = np.where(across, topology.inter_node_latency_s, _fastest(topology)[1])
+        (across_bw, across_lat), (best_bw, best_lat) = topology.fastest_p2p_link(True), topology.fastest_p2p_link(False)
+        bw, lat = np.where(across, across_bw, best_bw), np.where(across, across_lat, best_lat)
         pairs = np.full((L + 1, D, D), np.inf)
         for z in range(1, L):
             send = lat + cut[z - 1] / (least_g * bw)
@@ -278,15 +278,6 @@ class CopiesBound:
         assert self.pairs is not None
         finite = np.concatenate([finite, self.pairs[np.isfinite(self.pairs)]])
         return _least_fitting(self._fits_pairs, finite, value, cap)
-
-
-def _fastest(topology: Topology) -> tuple[float, float]:
-    """(bandwidth, latency) of the fastest link two devices may share: the node's, or the network's
-    where it is faster (Topology.p2p takes the network's for any pair across two nodes)."""
-    return (
-        max(topology.intra_node_bandwidth, topology.inter_node_bandwidth),
-        min(topology.intra_node_latency_s, topology.inter_node_latency_s),
-    )
 
 
 def _least_fitting(fits, finite: np.ndarray, lo: float, cap: float) -> float:
