@@ -1,8 +1,10 @@
-"""Pure tier: the critical path of a simulation of rank orders (schedule/critical_path.py)."""
+"""Pure tier: the critical path of a simulation of rank orders (schedule/critical_path.py) and the
+bound over a shape's cuts that prices it at every other cut (path_bound.py's `orders`)."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +13,8 @@ from dapple_launch.schedule import StageCosts, build_schedule
 from dapple_launch.schedule.critical_path import SEND, critical_path
 from dapple_launch.schedule.rank_simulate import simulate_ranks, step_costs
 from dapple_launch.schedule.ranks import from_stages
+
+from .test_rank_schedules import _small_chunked_shapes
 
 FAMILIES = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
 
@@ -80,3 +84,63 @@ def test_a_link_sends_one_transfer_at_a_time_on_the_critical_path():
     length, counts = critical_path(orders, step_costs(costs), [1.0, 0.0])
     assert length == pytest.approx(simulate_ranks(orders, costs, record=False).iteration_s)
     assert counts[(0, SEND)] >= 4, counts
+
+
+@pytest.mark.slow  # (several seconds: out of the fast tier)
+def test_the_bound_with_critical_paths_stays_below_a_shapes_best_cut_and_raises_it():
+    """GroupBound.critical (the paths' programme and game, each cut it answers with simulated and its
+    critical path priced at every other cut) against the best of every cut of the shape, simulated
+    exhaustively on random clusters: at or below it, and above the bound without critical paths on
+    a good share of the shapes."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.group_bound import GroupBound
+
+    rng = random.Random(17)
+    checked = raised = 0
+    for profile, topo, G, limits, family, v, groups, b, times, cuts in _small_chunked_shapes(rng, rounds=5):
+        if rng.random() < 0.5:  # every layer's output large (transfers that chain the groups' steps)
+            profile = replace(profile, layers=tuple(replace(x, activation_bytes=4e8) for x in profile.layers))
+        make = lambda: GroupBound(profile, topo, G, family, v, groups, b, times)
+        critical, paths = make().critical(float("inf"), float("inf")), make().bound()
+        raised += critical > paths * 1.001
+        best = min(
+            evaluate_chunked(
+                profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
+            ).iteration_s
+            for stops in cuts
+        )
+        assert critical <= best * (1 + 1e-9), (family, v, groups, b, critical, best)
+        checked += 1
+    assert checked > 150 and raised > checked / 10, (checked, raised)
+
+
+def _gap(name: str, cluster: str, G: int) -> float:
+    from benchmarks.planner import load_profile, topology
+    from dapple_launch.plan_config import DEFAULT_SCHEDULES
+    from dapple_launch.planner.cost import Limits
+    from dapple_launch.planner.search import search
+
+    files = {"gnmt-32": ("gnmt-32-pbs-64-simplified.txt", 64, 1.0), "amoeba-36": ("amoeba-36-pbs-1.txt", 1, 1.0)}
+    return search(load_profile(*files[name]), topology(cluster), G, Limits(schedules=DEFAULT_SCHEDULES))[3].proven_gap
+
+
+@pytest.mark.slow  # (planning four times: several seconds)
+def test_on_a_slow_network_the_critical_paths_and_the_other_families_floor_lower_the_proven_gap(monkeypatch):
+    """GNMT-32 on 16 × 1 V100 at G 256: every group boundary crosses the network, and the shapes of
+    device groups stay open below the plan until the critical paths of their cuts (transfers
+    chaining the groups' steps) are priced at every cut. AmoebaNet-36 there at G 64: the chunked pass
+    raises each shape only to the least bound the per-stage families proved, and the cells it saves
+    bound more shapes."""
+    from dapple_launch.planner import chunked_search
+
+    with_paths = _gap("gnmt-32", "v100-16x1", 256)
+    monkeypatch.setattr(chunked_search, "CRITICAL_CELLS", 0.0)
+    assert with_paths < 0.8 * _gap("gnmt-32", "v100-16x1", 256), with_paths
+    monkeypatch.undo()
+
+    with_floor = _gap("amoeba-36", "v100-16x1", 64)
+    search_chunked = chunked_search.search_chunked
+    monkeypatch.setattr(
+        chunked_search, "search_chunked", lambda *args: search_chunked(*args[:6])
+    )  # (no floor: each shape raised up to the best plan)
+    assert with_floor < 0.9 * _gap("amoeba-36", "v100-16x1", 64), with_floor

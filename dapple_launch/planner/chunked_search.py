@@ -9,8 +9,10 @@ layer it holds, so it is busy at least M Σ_{l on g} t_l(r_g); the iteration is 
 group's time, hence at least the average: T >= (M / P) Σ_l min_g t_l(r_g), t_l(r) a layer's forward
 and backward on ceil(b / r) samples; also each layer's tail and the busiest link (shape_bound). That
 cut-blind bound orders and prunes the shapes; the shapes left open at the end are bounded again over
-their cuts (group_bound.py: the busiest group's dual, with its fill, drain and all-reduces), as far
-as that decides the gap and within a count of the programmes' cells.
+their cuts (group_bound.py: the busiest group's dual, with its fill, drain and all-reduces; then the
+paths of their rank orders, and the critical paths of the cuts those answer with), as far as that
+decides the gap (up to the best plan or the other families' least bound) and within a count of the
+programmes' cells.
 Shapes below the incumbent are first screened, each family's in turn and in increasing bound, by one
 candidate each (cuts balanced by compute; a shape of more than 2P micro-batches timed on 2P and
 extrapolated at its busiest group's pace, an estimate that only orders the search); then searched in
@@ -48,7 +50,7 @@ from .chunked import (
 )
 from .cost import Costed, Limits, speed_ratio
 from .group_bound import GroupBound, weight_share_table
-from .path_bound import SHAPE_CELLS
+from .path_bound import CRITICAL_ACTION_CELLS, ORDER_ACTION_CELLS, ORDER_ACTION_CELLS_ELSE, SHAPE_CELLS
 from .proposal import Proposal, SearchState
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
@@ -63,6 +65,9 @@ BOUND_CELLS_PER_NODE = 3500
 # path_bound.py, whose programmes weigh five tables a stage and whose games cost as much again)
 # this many times as many again: about 0.35 s at the default, spent only where shapes stay low
 PATH_CELLS = 2.0
+# and the third (the shapes left lowest again: the paths with the critical paths of the cuts they
+# answer with, each a simulation of the rank orders) this many times as many again: about 0.15 s
+CRITICAL_CELLS = 0.7
 
 
 def _compositions(total: int, parts: int):
@@ -315,10 +320,18 @@ def _unsimulated_cost(S: int) -> int:
 
 
 def search_chunked(
-    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int], incumbent: float
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    sizes: list[int],
+    incumbent: float,
+    floor: float = math.inf,
 ) -> tuple[list[Costed], dict[int, float], int]:
     """(candidates found, per micro-batch size the least bound of any shape not searched exactly,
-    candidates scored). `incumbent`: the best plan so far (shapes that cannot beat it are cut)."""
+    candidates scored). `incumbent`: the best plan so far (shapes that cannot beat it are cut);
+    `floor`: the least bound the other families proved (no shape's bound is raised above it: the
+    proven gap would not change)."""
     L = profile.num_layers
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
@@ -446,7 +459,7 @@ def search_chunked(
             found.append(current)
             best = min(best, current.iteration_s)
     cells = limits.search_nodes * BOUND_CELLS_PER_NODE
-    return found, cut_bounds(profile, topology, global_batch, open_shapes, best, memo, cells), scored
+    return found, cut_bounds(profile, topology, global_batch, open_shapes, min(best, floor), memo, cells), scored
 
 
 def cut_bounds(
@@ -460,12 +473,14 @@ def cut_bounds(
 ) -> dict[int, float]:
     """Per micro-batch size, the least bound of the shapes left open, each raised by the bound over
     its cuts (group_bound.py) as far as it decides the gap: in increasing shape bound, each only up
-    to the least so far (or the best plan), above which it changes nothing; within `cells` of the
-    bounds' programmes (a count, not a clock: the same bounds on any machine), the rest as they are.
-    Then, within PATH_CELLS of as many cells again, the shapes left lowest once more in increasing
-    bound, each up to the least so far: the dual again (it stopped at the least bound of the shapes
-    before it, which may have risen since) and the paths of the rank orders (path_bound.py). The
-    first pass alone is what the bound was before the paths: the second only raises it."""
+    to the least so far (or `best`: the best plan, or the least bound of the other families where
+    lower), above which it changes nothing; within `cells` of the bounds' programmes (a count, not
+    a clock: the same bounds on any machine), the rest as they are. Then, within PATH_CELLS of as
+    many cells again, the shapes left lowest once more in increasing bound, each up to the least so
+    far: the dual again (it stopped at the least bound of the shapes before it, which may have
+    risen since) and the paths of the rank orders (path_bound.py). Then, within CRITICAL_CELLS as
+    many, the paths with the critical paths of the cuts they answer with (GroupBound.critical).
+    Each pass only raises what the one before left."""
     rows: list[list] = []  # [bound, family, v, groups, b, its GroupBound or None]
     least, given, lead = best, cells, {}  # (lead: per family and stage count, the kind of term that binds)
     for bound, family, v, groups, b in sorted(open_shapes, key=lambda x: (x[0], x[1], x[2], x[3], x[4])):
@@ -494,6 +509,22 @@ def cut_bounds(
         dual.with_paths, dual.warm, dual.lead = True, warm, lead
         row[0] = max(row[0], dual.bound(least, paths))
         paths -= dual.cells
+        least = min(least, row[0])
+    # and, within CRITICAL_CELLS of as many again, the paths once more with the critical paths of
+    # the cuts they answer with (path_bound.py): where transfers chain the groups' steps. A shape
+    # whose rank orders and one critical path the cells left cannot pay for is left as it is
+    rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
+    critical, least = given * CRITICAL_CELLS, best
+    for row in rows:
+        if row[0] >= least or critical <= 0:
+            break
+        family, v, groups, b = row[1:5]
+        actions = num_stages(family, v, groups) * (global_batch // b) * (3 if family in SPLIT_BACKWARD else 2)
+        if actions * (ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE) + CRITICAL_ACTION_CELLS) < critical:
+            dual = row[5] or _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+            dual.cells = 0 if row[5] is not None else dual.cells  # (tables made before: counted there)
+            row[0] = max(row[0], dual.critical(least, critical))
+            critical -= dual.cells
         least = min(least, row[0])
     bounds: dict[int, float] = {}
     for bound, _, _, _, b, _ in rows:
@@ -536,6 +567,7 @@ class DeviceGroups:
             state.limits,
             state.sizes,
             best.iteration_s if best is not None else math.inf,
+            min(state.bounds.values(), default=math.inf),
         )
         state.stats.nodes += scored
         if best is not None:  # what holds without these families, for the statement

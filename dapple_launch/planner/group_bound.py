@@ -322,6 +322,14 @@ class GroupBound:
             best = max(best, self._paths(cap, cells, self.warm))
         return min(best, cap)  # (a cut the masks left out is at least the cap: the bound is the least of both)
 
+    def critical(self, cap: float, cells: float) -> float:
+        """The paths' bound with the critical paths of the cuts it answers with (path_bound.py's
+        `orders`), up to `cap`, within `cells`: chunked_search.cut_bounds' last pass."""
+        if self.S > self.L:
+            return math.inf
+        self.masks = self._masks(cap)
+        return min(self._paths(cap, cells, None, critical=True), cap)
+
     def _masks(self, cap: float) -> list[np.ndarray]:
         """Per stage, +inf on the spans whose stage_floor is at least `cap` (0 elsewhere, +inf on no
         span). The programmes' least over the other cuts, capped at `cap`, bounds every cut: it keeps
@@ -430,7 +438,7 @@ class GroupBound:
             lam = climb[3] * np.exp(2.0 / math.sqrt(climb[4]) * (per_group - per_group.max()) / spread)
             climb[3] = lam / lam.sum()
 
-    def _paths(self, cap: float, cells: float, warm: dict | None = None) -> float:
+    def _paths(self, cap: float, cells: float, warm: dict | None = None, critical: bool = False) -> float:
         """path_bound.py's over the group runs and link loads of the shape's rank orders, within
         `cells` (self.cells counts them). `warm`: per rank orders, the weights that did best on a
         shape before (read and updated)."""
@@ -440,6 +448,8 @@ class GroupBound:
         # (a link's load: not Chimera's, whose links carry one pipeline's activations and the
         # other's gradients, M / 2 each; its group runs count a stage's steps on either copy alike)
         links = link_terms(family, self.P, M, self.S) if family != "chimera" else np.zeros((0, self.S, 5))
+        if critical:  # (the whole runs and the links: the critical paths found add the rest, a small game)
+            runs, whole = runs[whole], whole[whole]
         terms = np.concatenate([runs, links])
         key = (family, self.P, M, v)
         start = (warm or {}).get(key)
@@ -447,7 +457,8 @@ class GroupBound:
             start = np.concatenate([whole, np.zeros(len(terms) - len(runs), dtype=bool)]).astype(float)
         sends = send_tables(profile, topology, family, groups, self.b, self.S)
         tables = lambda s: (*self._kinds(s, groups[self.on[s][0][0]]), sends[s])
-        value, walked, lam = path_bound(terms, tables, self.masks, start, cap, cells - self.cells)
+        orders = rank_orders(family, self.P, M, v) if critical else None
+        value, walked, lam = path_bound(terms, tables, self.masks, start, cap, cells - self.cells, orders)
         self.cells += walked
         if warm is not None:
             warm[key] = lam

@@ -22,6 +22,11 @@ that makes every group's fill short makes some stage long); the bound is the mos
 weights of all of them, max over λ of min over cuts of Σ_t λ_t term_t, found by a double oracle:
 the programme answers each λ with its cut (a valid bound each time), and λ is the weights that
 do best against the cuts found so far (multiplicative weights on that small matrix game).
+
+With the rank orders given (GroupBound.critical, the chunked pass's last), each cut the programme
+answers with is simulated and its critical path (schedule/critical_path.py) joins the terms: the
+path that binds at that cut, of whatever kind, priced at every other. Where transfers chain many
+groups' steps (every boundary across a slow network) no group run nor link load comes near it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.actions import CODE_OF, Kind
+from ..schedule.critical_path import critical_path
+from ..schedule.ranks import RankSchedule
 from .chunked import group_devices, group_of, groups_of, rank_orders
 
 SEND = 4  # the coefficient's column for a stage's outgoing transfer (after F, B, I, W)
@@ -44,6 +51,10 @@ GAME_STEPS = 300  # multiplicative-weights steps on the matrix of the cuts found
 # what one of those steps is counted as, in the programmes' cells (a few numpy calls, measured
 # about 8 µs), so the budget bounds the game's time as well
 GAME_STEP_CELLS = 3400
+# with critical paths, the game's terms are few (the groups' whole runs, the links, the paths found)
+CRITICAL_GAME_STEPS = 100
+# a critical path at a cut (schedule/critical_path.py), per action of the rank orders: about 1.5 µs
+CRITICAL_ACTION_CELLS = 600
 
 
 # A programme's time, measured (numpy, one core): about 2.4 ns per cell of its band and 10 µs per
@@ -192,23 +203,31 @@ def path_bound(
     start: np.ndarray,
     cap: float,
     cells: float,
+    orders: RankSchedule | None = None,
 ) -> tuple[float, int, np.ndarray]:
     """(the most of min over cuts of Σ_t λ_t term_t over the λ tried, cells walked, the λ that gave
-    it). `tables(s)`: stage s's five tables over its spans (F, B, I, W, send); `masks[s]`: +inf on
-    the spans stage s may not take (none, or those a cap leaves out: GroupBound._masks), else 0;
-    `start`: the first λ (another shape's of the same rank orders is a good one: one programme may
-    already decide); stops at `cap` or before passing `cells`."""
+    it: over the terms given, the first T). `tables(s)`: stage s's five tables over its spans (F, B,
+    I, W, send); `masks[s]`: +inf on the spans stage s may not take (none, or those a cap leaves
+    out: GroupBound._masks), else 0; `start`: the first λ (another shape's of the same rank orders
+    is a good one: one programme may already decide); stops at `cap` or before passing `cells`.
+
+    `orders`: the rank orders the terms were read from; then each cut the programme answers with is
+    simulated and its critical path (schedule/critical_path.py) joins the terms where it is longer
+    there than every term: the path that binds at that cut, priced at every other (a double oracle
+    on both sides: the terms above are fixed kinds of path, and where transfers chain many
+    groups' steps, as across a slow network, the longest path is of none of those kinds)."""
     T, S, _ = terms.shape
     L = masks[0].shape[0] - 1
     base = [np.stack(tables(s)) for s in range(S)]  # (5, L + 1, L + 1) each
-    used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]
-    lam, best, walked, columns = start / start.sum(), 0.0, 0, []
+    lam, best, walked, ats, columns = start / start.sum(), 0.0, 0, [], []
     kept = lam
     each = programme_cells(S, L, paths=True)
+    oracle = 0 if orders is None else sum(map(len, orders.orders))  # (its actions: a simulation's cost)
     for _ in range(ROUNDS):
         if walked + each > cells:
             break
         walked += each
+        used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]
         weights = np.einsum("t,tsk->sk", lam, terms)
 
         def step(s: int, starts: slice, stops: slice) -> np.ndarray:
@@ -219,31 +238,51 @@ def path_bound(
 
         value, spans = least_cut(S, L, step)
         if not math.isfinite(value):
-            return value, walked, kept
+            return value, walked, _given(kept, start, T)
         if value > best:
             best, kept = value, lam
         if best >= cap:
             break
         at = np.array([base[s][:, i, z] for s, (i, z) in enumerate(spans)])  # (S, 5) at this cut
-        columns.append(np.einsum("tsk,sk->t", terms, at))
-        lam, upper = _weights(np.array(columns).T)
-        walked += GAME_STEPS * (GAME_STEP_CELLS + T * len(columns))
+        ats.append(at)
+        column = np.einsum("tsk,sk->t", terms, at)
+        if orders is not None and walked + oracle * CRITICAL_ACTION_CELLS <= cells:
+            walked += oracle * CRITICAL_ACTION_CELLS
+            length, counts = critical_path(orders, at[:, :SEND].T.tolist(), at[:, SEND].tolist())
+            if length > float(column.max()) * (1 + 1e-9):  # (a path of no kind the terms have)
+                path = np.zeros((S, 5))
+                for (s, k), n in counts.items():
+                    path[s, k] = n
+                terms = np.concatenate([terms, path[None]])
+                columns = [np.append(c, float((path * a).sum())) for c, a in zip(columns, ats)]
+                column = np.append(column, length)
+        columns.append(column)
+        steps = GAME_STEPS if orders is None else CRITICAL_GAME_STEPS
+        lam, upper = _weights(np.array(columns).T, steps)
+        walked += steps * (GAME_STEP_CELLS + len(terms) * len(columns))
         if upper <= best * (1 + 1e-6):  # (no λ does better against the cuts found: the least is reached)
             break
-    return best, walked, kept
+    return best, walked, _given(kept, start, T)
 
 
-def _weights(A: np.ndarray) -> tuple[np.ndarray, float]:
+def _given(lam: np.ndarray, start: np.ndarray, T: int) -> np.ndarray:
+    """λ over the T terms given (the paths found at cuts are this shape's): where all its weight was
+    on those found, the start."""
+    head = lam[:T]
+    return head if head.sum() > 0 else start
+
+
+def _weights(A: np.ndarray, steps: int = GAME_STEPS) -> tuple[np.ndarray, float]:
     """The row player's weights against the columns of A (terms × cuts; it maximises the least
     column), by multiplicative weights, averaged; and the value they guarantee on A."""
     T = A.shape[0]
     scale = max(float(A.max() - A.min()), 1e-300)
-    eta = math.sqrt(8 * math.log(max(T, 2)) / GAME_STEPS)
+    eta = math.sqrt(8 * math.log(max(T, 2)) / steps)
     lam, mean = np.full(T, 1.0 / T), np.zeros(T)
-    for _ in range(GAME_STEPS):
+    for _ in range(steps):
         k = int(np.argmin(lam @ A))
         lam = lam * np.exp(eta * (A[:, k] - A[:, k].max()) / scale)
         lam /= lam.sum()
         mean += lam
-    mean /= GAME_STEPS
+    mean /= steps
     return mean, float((mean @ A).min())
