@@ -53,8 +53,9 @@ GAME_STEPS = 300  # multiplicative-weights steps on the matrix of the cuts found
 GAME_STEP_CELLS = 3400
 # with critical paths, the game's terms are few (the groups' whole runs, the links, the paths found)
 CRITICAL_GAME_STEPS = 100
-# a critical path at a cut (schedule/critical_path.py), per action of the rank orders: about 1.5 µs
-CRITICAL_ACTION_CELLS = 600
+# a critical path at a cut (schedule/critical_path.py), per action of the rank orders: 0.7-1.9 µs
+# measured (interleaved 1F1B's the dearest), counted at the most
+CRITICAL_ACTION_CELLS = 800
 
 
 # A programme's time, measured (numpy, one core): about 2.4 ns per cell of its band and 10 µs per

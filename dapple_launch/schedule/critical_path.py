@@ -35,9 +35,11 @@ def critical_path(
     where = schedule.route_table
     codes = schedule.encoded_orders
     last = S - 1
-    # every event: its (stage, column) and the event its start waited for (-1: none)
-    column: list[tuple[int, int]] = []
+    # every event: its stage and column (as stage * 5 + column) and the event its start waited for
+    # (-1: none)
+    column: list[int] = []
     before: list[int] = []
+    note, cause_of = column.append, before.append
     # [stage][micro-batch] -> (when the input is on its rank, the event that put it there)
     activation = [[-1.0] * M for _ in range(S)]
     activation[0] = [0.0] * M
@@ -52,29 +54,32 @@ def critical_path(
         r = pending.pop()
         k, t, prev = runs[r]
         order = codes[r]
+        n = len(order)
         links, links_by = link[r], link_by[r]
         woken = set()
-        while k < len(order):
+        while k < n:
             code, s, m = order[k]
             cause = prev
             if code == 0:
-                if activation[s][m] < 0:
+                ready = activation[s][m]
+                if ready < 0:
                     break
-                if activation[s][m] > t:
-                    t, cause = activation[s][m], arrived[s][m]
+                if ready > t:
+                    t, cause = ready, arrived[s][m]
                 t += forward[s]
             elif code == 3:
                 t += weight[s]
             else:
                 if s < last:
-                    if gradient[s][m] < 0:
+                    ready = gradient[s][m]
+                    if ready < 0:
                         break
-                    if gradient[s][m] > t:
-                        t, cause = gradient[s][m], gradient_by[s][m]
+                    if ready > t:
+                        t, cause = ready, gradient_by[s][m]
                 t += backward[s] if code == 1 else input_[s]
             prev = len(column)
-            column.append((s, code))
-            before.append(cause)
+            note(5 * s + code)
+            cause_of(cause)
             if (code == 0 and s < last) or (s > 0 and code in (1, 2)):  # a hand-off or a transfer
                 nxt, boundary = (s + 1, s) if code == 0 else (s - 1, s - 1)
                 to = where[nxt][m]
@@ -83,9 +88,9 @@ def critical_path(
                     free = links[to]
                     if free > t:
                         end, by = free, links_by[to]
-                    column.append((boundary, SEND))
-                    before.append(by)
-                    end, by = end + send_s[boundary], len(column) - 1
+                    note(5 * boundary + SEND)
+                    cause_of(by)
+                    end, by = end + send_s[boundary], prev + 1
                     links[to], links_by[to] = end, by
                     woken.add(to)
                 if code == 0:
@@ -100,6 +105,7 @@ def critical_path(
     k, length, event = max(runs, key=lambda run: run[1])
     counts: dict[tuple[int, int], int] = {}
     while event >= 0:
-        counts[column[event]] = counts.get(column[event], 0) + 1
+        key = divmod(column[event], 5)
+        counts[key] = counts.get(key, 0) + 1
         event = before[event]
     return length, counts
