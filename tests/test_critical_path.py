@@ -14,7 +14,7 @@ from dapple_launch.schedule.critical_path import SEND, critical_path
 from dapple_launch.schedule.rank_simulate import simulate_ranks, step_costs
 from dapple_launch.schedule.ranks import from_stages
 
-from .test_rank_schedules import _small_chunked_shapes
+from .test_rank_schedules import _best_cut_s, _small_chunked_shapes
 
 FAMILIES = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
 
@@ -92,7 +92,6 @@ def test_the_bound_with_critical_paths_stays_below_a_shapes_best_cut_and_raises_
     critical path priced at every other cut) against the best of every cut of the shape, simulated
     exhaustively on random clusters: at or below it, and above the bound without critical paths on
     a good share of the shapes."""
-    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(17)
@@ -103,12 +102,7 @@ def test_the_bound_with_critical_paths_stays_below_a_shapes_best_cut_and_raises_
         make = lambda: GroupBound(profile, topo, G, family, v, groups, b, times)
         critical, paths = make().critical(float("inf"), float("inf")), make().bound()
         raised += critical > paths * 1.001
-        best = min(
-            evaluate_chunked(
-                profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
-            ).iteration_s
-            for stops in cuts
-        )
+        best = _best_cut_s(profile, topo, G, limits, family, v, groups, b, cuts)
         assert critical <= best * (1 + 1e-9), (family, v, groups, b, critical, best)
         checked += 1
     assert checked > 150 and raised > checked / 10, (checked, raised)

@@ -384,6 +384,14 @@ def _small_chunked_shapes(rng: random.Random, rounds: int = 4):
             yield profile, topo, G, limits, family, v, groups, b, times, cuts
 
 
+def _best_cut_s(profile, topo, G: int, limits: Limits, family: str, v: int, groups, b: int, cuts) -> float:
+    """The shape's best plan: every cut simulated (the cuts of _small_chunked_shapes)."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+
+    layouts = (chunked_layout(family, list(groups), stops, None) for stops in cuts)
+    return min(evaluate_chunked(profile, topo, x, b, G // b, limits, family, v).iteration_s for x in layouts)
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each
@@ -496,7 +504,6 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
     and its gradient after, transfers included (Chimera's too), and each link's load. Against the best of every
     cut of the shape (simulated, exhaustively, on random clusters whose all-reduce is fast or slow)
     the bound stays at or below, and each kind of term raises it on a good share."""
-    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(11)
@@ -510,12 +517,7 @@ def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut
         raised += dual.bound() > without.bound() * 1.001
         by_paths += bound > dual.bound() * 1.001
         chimera_by_paths += family == "chimera" and bound > dual.bound() * 1.001
-        best = min(
-            evaluate_chunked(
-                profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
-            ).iteration_s
-            for stops in cuts
-        )
+        best = _best_cut_s(profile, topo, G, limits, family, v, groups, b, cuts)
         assert bound <= best * (1 + 1e-9), (family, v, groups, b, bound, best)
         checked += 1
     assert checked > 150 and raised > checked / 4 and by_paths > checked / 4, (checked, raised, by_paths)

@@ -50,7 +50,7 @@ from .chunked import (
 )
 from .cost import Costed, Limits, speed_ratio
 from .group_bound import GroupBound, weight_share_table
-from .path_bound import CRITICAL_ACTION_CELLS, ORDER_ACTION_CELLS, ORDER_ACTION_CELLS_ELSE, SHAPE_CELLS
+from .path_bound import CRITICAL_ACTION_CELLS, ORDER_ACTION_CELLS, ORDER_ACTION_CELLS_ELSE, SHAPE_CELLS, order_actions
 from .proposal import Proposal, SearchState
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
@@ -519,10 +519,13 @@ def cut_bounds(
         if row[0] >= least or critical <= 0:
             break
         family, v, groups, b = row[1:5]
-        actions = num_stages(family, v, groups) * (global_batch // b) * (3 if family in SPLIT_BACKWARD else 2)
+        actions = order_actions(family, num_stages(family, v, groups), global_batch // b)
         if actions * (ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE) + CRITICAL_ACTION_CELLS) < critical:
-            dual = row[5] or _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
-            dual.cells = 0 if row[5] is not None else dual.cells  # (tables made before: counted there)
+            dual = row[5]
+            if dual is None:
+                dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+            else:
+                dual.cells = 0  # (its tables are made: counted in the passes before)
             row[0] = max(row[0], dual.critical(least, critical))
             critical -= dual.cells
         least = min(least, row[0])

@@ -64,6 +64,7 @@ from .path_bound import (
     TABLE_CELLS,
     least_cut,
     link_terms,
+    order_actions,
     path_bound,
     path_terms,
     programme_cells,
@@ -227,8 +228,7 @@ class GroupBound:
         if self.built is None or key not in self.built:
             if self.built is not None:
                 self.built.add(key)
-            actions = self.S * M * (3 if family in SPLIT_BACKWARD else 2)
-            self.cells += actions * ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE)
+            self.cells += order_actions(family, self.S, M) * ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE)
 
     def _kinds(self, s: int, r: int) -> tuple[np.ndarray, ...]:
         """Stage s's F, B, I, W over every span on r replicas, as the simulator charges them less its

@@ -80,6 +80,12 @@ ORDER_ACTION_CELLS = {"interleaved_zb": 2600}
 ORDER_ACTION_CELLS_ELSE = 1700
 
 
+def order_actions(family: str, stages: int, micro_batches: int) -> int:
+    """The actions of a shape's rank orders: every stage's F and B (I and W under a split
+    backward) of every micro-batch. What building them, or a critical path through them, costs."""
+    return stages * micro_batches * (3 if family in SPLIT_BACKWARD else 2)
+
+
 def programme_cells(stages: int, layers: int, paths: bool = False) -> int:
     """What one programme over `stages` stages of `layers` layers is counted: its band's cells (a
     stage's start and stop each take one of L - S + 1 places) and each stage's overhead."""
@@ -223,12 +229,12 @@ def path_bound(
     lam, best, walked, ats, columns = start / start.sum(), 0.0, 0, [], []
     kept = lam
     each = programme_cells(S, L, paths=True)
-    oracle = 0 if orders is None else sum(map(len, orders.orders))  # (its actions: a simulation's cost)
+    actions = 0 if orders is None else sum(map(len, orders.orders))  # (a critical path's cost)
+    used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]  # (per stage: the columns any term counts)
     for _ in range(ROUNDS):
         if walked + each > cells:
             break
         walked += each
-        used = [np.flatnonzero(terms[:, s].any(axis=0)) for s in range(S)]
         weights = np.einsum("t,tsk->sk", lam, terms)
 
         def step(s: int, starts: slice, stops: slice) -> np.ndarray:
@@ -247,14 +253,15 @@ def path_bound(
         at = np.array([base[s][:, i, z] for s, (i, z) in enumerate(spans)])  # (S, 5) at this cut
         ats.append(at)
         column = np.einsum("tsk,sk->t", terms, at)
-        if orders is not None and walked + oracle * CRITICAL_ACTION_CELLS <= cells:
-            walked += oracle * CRITICAL_ACTION_CELLS
+        if orders is not None and walked + actions * CRITICAL_ACTION_CELLS <= cells:
+            walked += actions * CRITICAL_ACTION_CELLS
             length, counts = critical_path(orders, at[:, :SEND].T.tolist(), at[:, SEND].tolist())
             if length > float(column.max()) * (1 + 1e-9):  # (a path of no kind the terms have)
                 path = np.zeros((S, 5))
                 for (s, k), n in counts.items():
                     path[s, k] = n
                 terms = np.concatenate([terms, path[None]])
+                used = [np.union1d(u, np.flatnonzero(path[s])) for s, u in enumerate(used)]
                 columns = [np.append(c, float((path * a).sum())) for c, a in zip(columns, ats)]
                 column = np.append(column, length)
         columns.append(column)

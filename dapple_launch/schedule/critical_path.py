@@ -102,7 +102,7 @@ def critical_path(
         pending.extend(woken)
     if any(run[0] < len(order) for run, order in zip(runs, codes)):
         raise ValueError(f"schedule {schedule.name!r} deadlocks")
-    k, length, event = max(runs, key=lambda run: run[1])
+    _, length, event = max(runs, key=lambda run: run[1])
     counts: dict[tuple[int, int], int] = {}
     while event >= 0:
         key = divmod(column[event], 5)
