@@ -337,7 +337,7 @@ def test_the_fill_ahead_of_a_group_counts_the_layers_it_must_cross():
     a heavy first layer counts whole, not as the least layer."""
     import numpy as np
 
-    from dapple_launch.planner.chunked_search import pipeline_ends
+    from dapple_launch.planner.shape_bound import pipeline_ends
 
     f, b = np.array([5.0, 1.0, 1.0, 1.0]), np.array([10.0, 2.0, 2.0, 2.0])
     # two groups, stages 0..3 (group g's earliest is stage g): group 1 waits for layer 0
@@ -394,20 +394,14 @@ def _best_cut_s(profile, topo, G: int, limits: Limits, family: str, v: int, grou
 
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
-    """chunked_search.shape_bound (the busiest group's work, the busiest link's transfers, each
+    """shape_bound.shape_bound (the busiest group's work, the busiest link's transfers, each
     layer's tail: its group's micro-batches then its all-reduce, and the groups' average of their
     forwards and all-reduces) is a lower bound on every plan of the shape, as the simulator of its
     rank orders times it; the link, tail and all-reduce terms decide the bound on some shapes (on
     clusters whose all-reduce is fast, slow or very slow), so they are tested, not idle."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import (
-        allreduce_bound,
-        link_bound,
-        num_stages,
-        shape_bound,
-        shapes,
-        tail_bound,
-    )
+    from dapple_launch.planner.chunked_search import shapes
+    from dapple_launch.planner.shape_bound import allreduce_bound, link_bound, num_stages, shape_bound, tail_bound
 
     rng = random.Random(7)
     checked = link_decides = tail_decides = allreduce_decides = 0

@@ -8,7 +8,7 @@ cut, group g's time is at least
 
 fill_g: micro-batch 0's forward through the layers ahead of g's earliest stage, each at its fastest;
 drain_g: the last gradient's way back through them, where g's last action is a B of that stage
-(chunked_search.pipeline_ends). ar_g: every stage's gradient all-reduce starts no sooner than its
+(shape_bound.pipeline_ends). ar_g: every stage's gradient all-reduce starts no sooner than its
 last gradient action, which follows B of the last micro-batch there, which follows that
 micro-batch's forward on every stage, so each of g's stages has run all M forwards first; the
 all-reduces of one group run one after another on its devices (rank_simulate.py's queue), each at

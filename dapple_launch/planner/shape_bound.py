@@ -1,0 +1,199 @@
+"""The cut-blind bounds of a shape of device groups (chunked_search.py): valid for every cut.
+
+A shape is (family, stages per group v, the groups' replica counts, micro-batch size b). Group g
+runs each of the M micro-batches through every layer it holds, so it is busy at least
+M Σ_{l on g} t_l(r_g); the iteration is at least the busiest group's time, hence at least the
+average: T >= (M / P) Σ_l min_g t_l(r_g), t_l(r) a layer's forward and backward on ceil(b / r)
+samples; with each group's fill and drain (pipeline_ends), each layer's tail (tail_bound), the
+groups' all-reduces (allreduce_bound) and the busiest link (link_bound). These order and prune the
+shapes; group_bound.py raises the ones left open over their cuts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ..cluster import Topology
+from ..profile.model_profile import ModelProfile
+from ..schedule import SPLIT_BACKWARD
+from .chunked import group_devices, group_of, groups_of
+from .cost import speed_ratio
+
+
+def num_stages(family: str, v: int, groups: tuple[int, ...]) -> int:
+    """Chimera: one stage per group (each on two groups); else v per group."""
+    return len(groups) if family == "chimera" else v * len(groups)
+
+
+def shape_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict | None = None,
+    family: str | None = None,
+    v: int = 2,
+) -> float:
+    """T >= the busiest group's time >= any weighted average of the groups' busy times: by group
+    (M / P) Σ_l min_g t_l(r_g), and by device (M / D) Σ_l min_g r_g t_l(r_g) — the compute bound at
+    this micro-batch size, each replica paying a call's fixed cost. With `family`, the by-group
+    average also counts each group's fill and drain (pipeline_ends), and T >= the busiest link's
+    time (link_bound; not Chimera, whose routes depend on the micro-batch). `memo`: per (replicas,
+    b), each layer's forward and backward, shared by the shapes of one search."""
+    memo = {} if memo is None else memo
+    M, P, D = global_batch // b, len(groups), sum(groups)
+    times = [(r, _layer_times(profile, topology, r, b, memo)) for r in sorted(set(groups))]
+    by_group = np.min([t.sum(axis=1) for _, t in times], axis=0).sum()
+    by_device = np.min([r * t.sum(axis=1) for r, t in times], axis=0).sum()
+    ends = 0.0
+    if family is not None:
+        least = np.min([t for _, t in times], axis=0)  # each layer's forward and backward at its fastest
+        ends = pipeline_ends(family, v, P, least[:, 0], least[:, 1])
+    bound = float(max(M / P * by_group + ends, M / D * by_device))
+    if family is not None:
+        bound = max(bound, tail_bound(profile, topology, global_batch, family, groups, b, memo))
+        bound = max(bound, allreduce_bound(profile, topology, global_batch, family, v, groups, b, memo))
+    if family is not None and family != "chimera":
+        bound = max(bound, link_bound(profile, topology, global_batch, family, v, groups, b))
+    return bound
+
+
+def _layer_times(profile: ModelProfile, topology: Topology, replicas: int, b: int, memo: dict):
+    """Each layer's (forward, backward) on a replica's share of a micro-batch of b, memoized."""
+    if (replicas, b) not in memo:
+        speed, n = speed_ratio(profile, topology), math.ceil(b / replicas)
+        memo[(replicas, b)] = np.array([profile.seconds(l, l + 1, n) for l in range(profile.num_layers)]) * speed
+    return memo[(replicas, b)]
+
+
+def _layer_weights(profile: ModelProfile, memo: dict) -> np.ndarray:
+    """Each layer's parameter bytes, memoized: the tail and all-reduce terms of every shape read them."""
+    if "weights" not in memo:
+        memo["weights"] = np.array([profile.span(l, l + 1)[3] for l in range(profile.num_layers)])
+    return memo["weights"]
+
+
+def tail_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    family: str,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> float:
+    """T >= every layer's least tail: the stage holding layer l sits on some group g, which runs all its
+    copy's micro-batches (M; Chimera: M / 2 per pipeline) through the stage before the stage's last
+    backward ends, and the stage's gradient all-reduce (over at least l's weights, on g's devices and,
+    Chimera, the other copy's) starts after it: T >= min_g (M_g t_l(r_g) + allreduce_g(w_l)). A layer
+    too heavy for one device, or too wide to all-reduce across nodes, bounds every cut of the shape."""
+    P = len(groups)
+    M = global_batch // b // (2 if family == "chimera" else 1)
+    own = group_devices(groups)
+    weights = _layer_weights(profile, memo)
+    least = None
+    for g in range(P):
+        devices = own[g] + own[P - 1 - g] if family == "chimera" else own[g]
+        key = ("allreduce", len(devices), topology.spans_nodes(devices))
+        if key not in memo:
+            memo[key] = np.array([topology.allreduce_s(devices, w) for w in weights])
+        tail = M * _layer_times(profile, topology, groups[g], b, memo).sum(axis=1) + memo[key]
+        least = tail if least is None else np.minimum(least, tail)
+    return float(least.max()) if least is not None else 0.0
+
+
+def allreduce_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> float:
+    """T >= the groups' average of fill_g + M Σ_{s on g} F_s + Σ_{s on g} AR_s (group_bound.py's
+    ar_g), whatever the cut: no all-reduce of a group starts before its stages have run every
+    forward (a stage's all-reduce follows its last gradient action, which follows the last
+    micro-batch's forward on every stage), and a group's all-reduces run one after another. Summed
+    over the groups, each layer adds its M forwards and its share of a ring all-reduce's bytes
+    (latencies left out) on the group that holds it, at least the least over the groups; Chimera's
+    stages run M / 2 on each of two alike groups and all-reduce over both (2 r devices), so each
+    layer adds M forwards and two all-reduces of its bytes. Where weights are heavy against the
+    forwards (GNMT-32 on 16 × 1 V100 at 10 Gbps: a group of 2 all-reduces across nodes), it is what
+    a shape's bound is short of without a programme over its cuts."""
+    M, P, k = global_batch // b, len(groups), topology.devices_per_node
+    both = 2 if family == "chimera" else 1
+    weights = _layer_weights(profile, memo)
+    least, fastest = None, None
+    for r in set(groups):
+        forwards = _layer_times(profile, topology, r, b, memo)[:, 0]
+        over = r * both  # the all-reduce's devices (at their best placement)
+        per_byte = 2 * (over - 1) / over / topology.fastest_allreduce_link(over > k)[0]
+        each = M * forwards + both * per_byte * weights
+        least = each if least is None else np.minimum(least, each)
+        fastest = forwards if fastest is None else np.minimum(fastest, forwards)
+    if least is None or fastest is None:
+        return 0.0
+    # (the fills: pipeline_ends' with no backward)
+    return float(least.sum() / P + pipeline_ends(family, v, P, fastest, np.zeros_like(fastest)))
+
+
+def pipeline_ends(family: str, v: int, groups: int, forwards: np.ndarray, backwards: np.ndarray) -> float:
+    """The groups' average idle time at the ends of any plan of the shape. A group's first compute
+    waits for micro-batch 0's forward through the k stages ahead of its earliest stage (k: that
+    stage's position in its pipeline). Those k stages hold the layers before it, at least one each
+    and from layer 0: at least layers 0 .. k - 1, each at its fastest (`forwards[l]`, on any group's
+    replicas): T >= Σ_{l<k_g} F_l + busy_g + ..., on every group. With a whole backward the group's
+    last action is a B of its earliest stage (any later one would precede the B's of its own earlier
+    stages), after which the last micro-batch's gradient still crosses those layers on other
+    groups: + Σ_{l<k_g} B_l. A split backward may end a group on a W, so it counts no drain."""
+    S = num_stages(family, v, (1,) * groups)
+    first = [S] * groups
+    for s in range(S):
+        for g in groups_of(family, s, groups):  # (Chimera: both copies of stage s are s-th in their pipeline)
+            first[g] = min(first[g], s)
+    per_layer = forwards + (backwards if family not in SPLIT_BACKWARD else 0.0)
+    ahead = np.concatenate(([0.0], np.cumsum(per_layer)))  # ahead[k]: layers 0 .. k - 1
+    return float(sum(ahead[min(k, len(per_layer))] for k in first) / groups)
+
+
+def link_bound(
+    profile: ModelProfile, topology: Topology, global_batch: int, family: str, v: int, groups: tuple[int, ...], b: int
+) -> float:
+    """T >= the busiest directed link's time. The simulator (rank_simulate.py) sends one transfer at a
+    time over the link from one group to another; every micro-batch crosses each boundary between two
+    stages on different groups, its activation one way and its gradient back, and every boundary's
+    transfer takes at least the least any cut of the model could cost over that link (stage_costs'
+    rule: latency + the cut's bytes over the smaller replica count, at the link's bandwidth); the n
+    boundaries crossing one link are n distinct cuts, so together at least the n least cuts' bytes."""
+    M, P, L = global_batch // b, len(groups), profile.num_layers
+    S = num_stages(family, v, groups)
+    if L < 2 or S < 2:
+        return 0.0
+    devices = group_devices(groups)
+    cuts = sorted(profile.cut_bytes[: L - 1])
+    least_cuts = [0.0, *itertools.accumulate(x * b / profile.batch_size for x in cuts)]  # the n least, summed
+    crossings: dict[tuple[int, int], int] = {}
+    for s in range(S - 1):
+        g, h = group_of(family, s, P), group_of(family, s + 1, P)
+        if g != h:  # the activation g -> h, the gradient h -> g
+            crossings[(g, h)] = crossings.get((g, h), 0) + 1
+            crossings[(h, g)] = crossings.get((h, g), 0) + 1
+    busiest, fastest, least_lat = 0.0, 0.0, math.inf
+    for (g, h), n in crossings.items():
+        bw, lat = topology.p2p(devices[g], devices[h])
+        busiest = max(busiest, M * (n * lat + least_cuts[min(n, len(cuts))] / min(groups[g], groups[h]) / bw))
+        fastest, least_lat = max(fastest, bw * min(groups[g], groups[h])), min(least_lat, lat)
+    # and at least the links' average: the k boundaries that cross groups are k distinct cuts, each
+    # sent both ways per micro-batch, at best over the fastest link used (a model whose early cuts
+    # are small and late ones large: the few least cuts per link alone say little)
+    k = sum(crossings.values()) // 2
+    if k:
+        total = 2 * M * (k * least_lat + least_cuts[min(k, len(cuts))] / fastest)
+        busiest = max(busiest, total / len(crossings))
+    return busiest
