@@ -807,3 +807,19 @@ def test_the_chunked_descents_share_the_budget_so_one_shape_does_not_starve_a_be
     assert full is not None and alone is not None and plain is not None
     assert full.iteration_s <= alone.iteration_s * 1.01, (full.summary(), alone.summary())
     assert full.iteration_s < plain.iteration_s * 0.97, (full.summary(), plain.summary())
+
+
+@pytest.mark.slow  # (two searches of a 64-device cluster: about 2 s)
+def test_the_baselines_do_not_hide_the_layouts_a_deeper_warmup_wins_with():
+    """VGG-19 on 8 × 8 A100 at G 1024, 1F1B: with the baselines' 37.69 ms as the branch and bound's
+    incumbent, every layout slower under DAPPLE's minimal warm-up was pruned, the deeper warm-ups had
+    nothing to deepen, and the plan stayed 37.69 ms; the search's own incumbent finds 4 stages
+    32:16:8:8 at ×4, 33.22 ms. With the baselines the plan is never slower than without them."""
+    p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32, device_tflops=125.0)
+    topo = _shipped_cluster("a100x64")
+    limits = Limits(schedules=("1f1b",))
+    with_baselines = search(p, topo, 1024, limits)[0]
+    without = search(p, topo, 1024, limits, with_baselines=False)[0]
+    assert with_baselines is not None and without is not None
+    assert with_baselines.iteration_s <= without.iteration_s * (1 + 1e-12)
+    assert with_baselines.warmup_depth > 1 and with_baselines.iteration_s < 0.035, with_baselines.summary()
