@@ -10,7 +10,8 @@ copy-micro-batches, so the M micro-batches' work over all layers, each layer at 
 size g (g devices running ceil(b / g) samples each), is shared by at most D devices:
 T >= (M / D) Σ_l min_g g t_l(ceil(b / g)), the compute bound at this granularity; and the least
 slowest stage over every cut and device count, its fill, busiest copy and exposed all-reduce
-counted (copies_bound.py), which sees that stages are contiguous and that replicas all-reduce.
+counted (copies_bound.py), which sees that stages are contiguous and that replicas all-reduce;
+where an incumbent is given, over layouts with a stage of copies only (the search returns no other).
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def layout_bounds(
         if floor[b] >= least:
             out[b] = floor[b]
             continue
-        cut = CopiesBound(profile, topology, global_batch, b, speed, limits.optimizer_factor, capacity)
+        cut = CopiesBound(
+            profile, topology, global_batch, b, speed, limits.optimizer_factor, capacity, incumbent < math.inf
+        )
         out[b] = cut.bound(above=floor[b], cap=least)
         least = min(least, out[b])
     return out
