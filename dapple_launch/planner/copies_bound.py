@@ -42,9 +42,9 @@ An all-reduce is priced on the best placement of r devices (inside one node when
 other cuts' sends are left out and the backwards count at their input share, so it holds for both
 families (a split backward may end on a W). The search over copies returns only layouts with a stage
 of copies (r not dividing b): an all-plain layout is a plan of the exact families, bounded there. So
-with `copies_required` both programmes carry whether a stage of copies came yet and count only
-those that hold one (BERT-48 on 16 × 1 V100 at 10 Gbps, G 64: where every stage plain fit the
-relaxation, 759 -> 919 ms)."""
+with `copies_required` the first programme carries whether a stage of copies came yet and counts
+only the layouts that hold one (BERT-48 on 16 × 1 V100 at 10 Gbps, G 64: where every stage plain
+fit the relaxation, 759 -> 919 ms); the second, every link priced, starts from its value."""
 
 from __future__ import annotations
 
@@ -213,7 +213,6 @@ class CopiesBound:
             send = lat + cut[z - 1] / (least_g * bw)
             pairs[z] = self.fill[z] + (turns + 1) * send + trip[z] + drain[z]
         self.pairs = pairs
-        self.is_copies = c >= 2  # [r - 1]
         column = np.asarray(self.column_of[1:])  # (count r at index r - 1)
         dense = np.full((L + 1, L + 1, D), np.inf)  # [start, stop, r - 1]
         dense[self.spans[0], self.spans[1]] = self.stage[:, column]
@@ -244,22 +243,18 @@ class CopiesBound:
             need[kind][self.spans[1], self.spans[0]] = counts[(least > T).sum(axis=1)]
         other, plain, joined = need
         # fewest devices to hold layers 0 .. stop - 1: its last stage copies; plain, with copies
-        # before it; plain, with none (the first stage has no stage before it: `start`, as if after
-        # copies for its link, but no copies yet)
+        # before it; plain, with none (the first stage has no stage before it: as if after copies
+        # for its link, but no copies yet); `before`: the least of the three (0 before layer 0)
         after_other, after_plain, only_plain = (np.full(self.L + 1, np.inf) for _ in range(3))
-        start = np.full(self.L + 1, np.inf)
-        start[0] = 0.0
+        before = np.full(self.L + 1, np.inf)
+        before[0] = 0.0
         for stop in range(1, self.L + 1):
-            by_copies, by_plain, by_only, first = (
-                after_other[:stop],
-                after_plain[:stop],
-                only_plain[:stop],
-                start[:stop],
+            after_other[stop] = (before[:stop] + other[stop, :stop]).min()
+            after_plain[stop] = min(
+                (after_other[:stop] + plain[stop, :stop]).min(), (after_plain[:stop] + joined[stop, :stop]).min()
             )
-            before = np.minimum(np.minimum(by_copies, by_plain), np.minimum(by_only, first))
-            after_other[stop] = (before + other[stop, :stop]).min()
-            after_plain[stop] = min((by_copies + plain[stop, :stop]).min(), (by_plain + joined[stop, :stop]).min())
-            only_plain[stop] = min((first + plain[stop, :stop]).min(), (by_only + joined[stop, :stop]).min())
+            only_plain[stop] = min(plain[stop, 0], (only_plain[:stop] + joined[stop, :stop]).min())
+            before[stop] = min(after_other[stop], after_plain[stop], only_plain[stop])
         fewest = min(after_plain[self.L], after_other[self.L])
         if not self.copies_required:
             fewest = min(fewest, only_plain[self.L])
@@ -273,24 +268,16 @@ class CopiesBound:
         counts = np.arange(1, D + 1, dtype=float)
         cost = np.where(self.stage_by_count <= T, counts, np.inf)  # [start, stop, r - 1]
         blocked = np.where(self.pairs <= T, 0.0, np.inf)  # [cut, before - 1, after - 1]
-        # (and apart: with a stage of copies among them, and with none; a stage on r devices is
-        # copies where r does not divide the micro-batch)
-        fewest, only_plain = np.full((L + 1, D), np.inf), np.full((L + 1, D), np.inf)
+        # (every layout, a stage of copies or not: a relaxation of fits' requirement, kept to one
+        # programme since its tables cost D^2 per cut; the bisection starts from fits' value)
+        fewest = np.full((L + 1, D), np.inf)
         for z in range(L):
             # the fewest devices before a stage that starts at layer z on r (none before layer 0)
-            if z == 0:
-                before, before_plain = np.full(D, np.inf), np.zeros(D)
-            else:
-                before = (fewest[z][:, None] + blocked[z]).min(axis=0)
-                before_plain = (only_plain[z][:, None] + blocked[z]).min(axis=0)
-            with_copies = np.minimum(before, np.where(self.is_copies, before_plain, np.inf))
-            without = np.where(self.is_copies, np.inf, before_plain)
-            if np.isfinite(with_copies).any():
-                fewest[z + 1 :] = np.minimum(fewest[z + 1 :], with_copies[None, :] + cost[z, z + 1 :])
-            if np.isfinite(without).any():
-                only_plain[z + 1 :] = np.minimum(only_plain[z + 1 :], without[None, :] + cost[z, z + 1 :])
-        least = fewest[L].min() if self.copies_required else min(fewest[L].min(), only_plain[L].min())
-        return bool(least <= D)
+            before = np.zeros(D) if z == 0 else (fewest[z][:, None] + blocked[z]).min(axis=0)
+            if not np.isfinite(before).any():
+                continue
+            fewest[z + 1 :] = np.minimum(fewest[z + 1 :], before[None, :] + cost[z, z + 1 :])
+        return bool(fewest[L].min() <= D)
 
     def bound(self, above: float = 0.0, cap: float = math.inf) -> float:
         """The least T that fits, from below: a T known not to fit (never more than the optimum of
