@@ -291,8 +291,9 @@ def search_chunked(
             continue
         S, M = num_stages(d.family, d.v, d.groups), global_batch // d.b
         each = _unsimulated_cost(S) + _cost(S, M)  # (what costed counts for a simulated candidate)
+        orders = 0 if (d.family, len(d.groups), M, d.v) in built else _cost(S, M)  # (and its first, the orders)
         if d.current is None:  # its first turn: every cut of it where affordable, else its start
-            if scored + math.comb(L - 1, S - 1) * each <= budget:
+            if scored + orders + math.comb(L - 1, S - 1) * each <= budget:
                 for cut in itertools.combinations(range(1, L), S - 1):
                     c = full(d.family, d.v, d.groups, d.b, (*cut, L))
                     if c.fits:
@@ -301,7 +302,7 @@ def search_chunked(
                 whole.add(i)
                 continue
             if d.start is None:
-                if scored + each > budget:
+                if scored + orders + each > budget:
                     continue
                 d.start = full(d.family, d.v, d.groups, d.b, d.stops)
             d.current = d.start
