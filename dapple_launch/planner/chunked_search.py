@@ -86,6 +86,7 @@ class _Descent:
     stops: list[int]
     start: Costed | None
     current: Costed | None = None
+    whole: bool = False  # every cut of it scored
 
 
 def _compositions(total: int, parts: int):
@@ -280,11 +281,12 @@ def search_chunked(
     # Shapes that fit come first, then those whose screen did not fit, then the unscreened by bound.
     rank = lambda x: (x[1] is None, not x[2], x[1] if x[1] is not None else x[3], x[3])
     heap: list[tuple] = []
+    descents: list[_Descent] = []  # (in that order)
     for i, (start, estimate, fits, bound, family, v, groups, b, stops) in enumerate(sorted(screened, key=rank)):
+        descents.append(_Descent(bound, family, v, groups, b, stops, start))
         key = (estimate if estimate is not None else bound) * (1 - PRIOR_GAIN)
-        heap.append((estimate is None, not fits, key, i, _Descent(bound, family, v, groups, b, stops, start)))
+        heap.append((estimate is None, not fits, key, i, descents[-1]))
     heapq.heapify(heap)
-    whole: set[int] = set()  # the shapes whose every cut was scored
     while heap:
         _, _, _, i, d = heapq.heappop(heap)
         if d.bound >= best * (1 - 1e-9):  # cannot beat what is found
@@ -299,7 +301,7 @@ def search_chunked(
                     if c.fits:
                         found.append(c)
                         best = min(best, c.iteration_s)
-                whole.add(i)
+                d.whole = True
                 continue
             if d.start is None:
                 if scored + orders + each > budget:
@@ -308,8 +310,9 @@ def search_chunked(
             d.current = d.start
             heapq.heappush(heap, (False, not d.current.fits, d.current.iteration_s * (1 - PRIOR_GAIN), i, d))
             continue
-        if scored + each > budget:
-            heapq.heappush(heap, (False, False, 0.0, i, d))  # (its descent ends with the others', below)
+        if scored + each > budget:  # (its descent ends here, the others' below)
+            if d.current.fits:
+                found.append(d.current)
             break
         before = d.current.iteration_s
         if not step(d, each):  # a local optimum (or the budget ended its scan)
@@ -322,12 +325,13 @@ def search_chunked(
         heapq.heappush(heap, (False, not d.current.fits, d.current.iteration_s * (1 - gain), i, d))
     found += [d.current for *_, d in heap if d.current is not None and d.current.fits]  # (the budget ended them)
     best = min([best, *(c.iteration_s for c in found)])
-    open_shapes: list[tuple] = []  # (bound, family, v, groups, b) of the shapes not searched whole
-    for i, x in enumerate(sorted(screened, key=rank)):
-        bound, family, v, groups, b = x[3:8]
-        if i not in whole and bound < best * (1 - 1e-9):  # searched locally at most: its bound stays open
-            bounds[b] = min(bounds.get(b, math.inf), bound)
-            open_shapes.append((bound, family, v, groups, b))
+    # (bound, family, v, groups, b) of the shapes not searched whole that could beat the best: searched
+    # locally at most, their bounds stay open
+    open_shapes = [
+        (d.bound, d.family, d.v, d.groups, d.b) for d in descents if not d.whole and d.bound < best * (1 - 1e-9)
+    ]
+    for bound, _, _, _, b in open_shapes:
+        bounds[b] = min(bounds.get(b, math.inf), bound)
     cells = limits.search_nodes * BOUND_CELLS_PER_NODE
     return found, cut_bounds(profile, topology, global_batch, open_shapes, min(best, floor), memo, cells), scored
 
