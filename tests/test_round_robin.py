@@ -29,7 +29,13 @@ from dapple_launch.planner.search import search
 from dapple_launch.profile import read_profile_file
 from dapple_launch.schedule import ScheduleError, StageCosts, busiest_rank_s, simulate_ranks, validate_ranks
 from dapple_launch.schedule.ranks import RankSchedule
-from dapple_launch.schedule.round_robin import copy_warmup, rank_of, round_robin, round_robin_constraint
+from dapple_launch.schedule.round_robin import (
+    copy_warmup,
+    deepest_copy_depth,
+    rank_of,
+    round_robin,
+    round_robin_constraint,
+)
 
 from .test_rank_schedules import random_profile
 
@@ -403,3 +409,54 @@ def test_the_planner_tries_copies_that_pipeline_a_slow_network_s_transfers():
     assert best.iteration_s <= copies.iteration_s * (1 + 1e-9)
     assert best.iteration_s < plain.iteration_s * 0.8
     assert best.schedule.endswith("_rr")
+
+
+def test_each_stage_of_copies_keeps_its_own_warm_up_depth():
+    """copy_warmup with one depth per stage: the common depth where all agree, each stage's warm-up
+    deeper only where its own depth is (never below the next stage's), and the orders valid."""
+    copies, M = (4, 3, 2, 1), 48
+    for depth in (1, 2, 3):
+        assert copy_warmup(copies, M, (depth,) * 4) == copy_warmup(copies, M, depth)
+    base = copy_warmup(copies, M, 1)
+    for s in range(3):
+        depths = tuple(6 if x == s else 1 for x in range(4))
+        warm = copy_warmup(copies, M, depths)
+        assert warm[s] > base[s] and warm[s + 1 :] == base[s + 1 :]
+        assert all(warm[x] >= warm[x + 1] for x in range(3))
+        for family in ("1f1b_rr", "zb_h1_rr"):
+            validate_ranks(round_robin(family, copies, M, warm))
+    top = [deepest_copy_depth(copies, M, s) for s in range(4)]
+    assert copy_warmup(copies, M, tuple(top))[:3] == (M - 1,) * 3  # (every forward before the first backward)
+    with pytest.raises(ValueError, match="one per stage"):
+        copy_warmup(copies, M, (1, 2))
+
+
+@pytest.mark.slow  # (over a second: out of the fast tier)
+def test_the_planner_gives_each_stage_of_copies_the_warm_up_it_wants():
+    """VGG-19 on 16 × 1 V100 at 10 Gbps, G 1024: one warm-up depth for every stage of copies either
+    starves the stages whose copies wait on a slow link or runs the others' every forward first; the
+    search's plan of copies is faster than its own layout at every common depth and family, by its
+    stages' own depths."""
+    profile = read_profile_file(ROOT / "dapple_launch" / "profiles" / "vgg-19-pbs-32.txt", 32, device_tflops=125.0)
+    topo = shipped_topology("v100-16x1-10g")
+    limits = Limits(schedules=DEFAULT_SCHEDULES)
+    best = search(profile, topo, 1024, limits, with_baselines=False)[0]
+    assert best.schedule.endswith("_rr") and "depths" in best.extra
+    common = [
+        evaluate_rr(
+            profile,
+            topo,
+            best.layout,
+            best.extra["copies"],
+            best.micro_batch_size,
+            best.num_micro_batches,
+            limits,
+            family,
+            depth,
+        )
+        for family in ("1f1b_rr", "zb_h1_rr")
+        for depth in range(1, limits.max_warmup_depth + 1)
+    ]
+    assert best.iteration_s < 0.97 * min(c.iteration_s for c in common if c is not None and c.fits)
+    assert best.warmup == copy_warmup(best.extra["copies"], best.num_micro_batches, best.extra["depths"])
+    assert "warm-up ×" in best.summary()

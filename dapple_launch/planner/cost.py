@@ -155,7 +155,13 @@ class Costed:
             f"{len(self.layout)} stage{'s' if len(self.layout) > 1 else ''} {ratio}"
             + (f" cut@{cut}" if cut else "")
             + f", {self.num_micro_batches}×{self.micro_batch_size}"
-            + (f", warm-up ×{self.warmup_depth}" if self.warmup_depth > 1 else "")
+            + (
+                f", warm-up ×{':'.join(map(str, self.extra['depths']))}"
+                if "depths" in self.extra
+                else f", warm-up ×{self.warmup_depth}"
+                if self.warmup_depth > 1
+                else ""
+            )
             + (f", {self.schedule}" if self.schedule != "1f1b" else "")
             + (f" copies {':'.join(map(str, self.extra['copies']))}" if "copies" in self.extra else "")
             + (f", recompute {recompute_text(self.layout, self.recompute)}" if any(self.recompute) else "")

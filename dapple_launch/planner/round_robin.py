@@ -108,13 +108,14 @@ def evaluate_rr(
     num_micro_batches: int,
     limits: Limits,
     family: str,
-    depth: int = 1,
+    depth: int | tuple[int, ...] = 1,
     cutoff: float = math.inf,
     memo: dict | None = None,
 ) -> Costed | None:
     """A candidate of copies costed in full by the simulator of its rank orders; None where it is
     slower than `cutoff`: unsimulated where its busiest copy's compute alone passes it, else as
-    soon as the simulation does (simulate_ranks)."""
+    soon as the simulation does (simulate_ranks). `depth`: the warm-up depth of every stage, or one
+    per stage (copy_warmup)."""
     costs = rr_costs(profile, topology, layout, copies, b, memo)
     sets = recompute_sets(layout, limits) if family == "1f1b_rr" else ()
     if sets:  # (Limits refuses recomputation with a split backward)
@@ -140,9 +141,9 @@ def evaluate_rr(
         sim.iteration_s,
         memory,
         capacity,
-        extra={"copies": tuple(copies)},
+        extra={"copies": tuple(copies), **({} if isinstance(depth, int) else {"depths": tuple(depth)})},
         warmup=warmup,
-        warmup_depth=depth,
+        warmup_depth=depth if isinstance(depth, int) else max(depth),
         recompute=sets if any(sets) else (),
     )
 

@@ -37,18 +37,28 @@ def round_robin_constraint(copies: tuple[int, ...], num_micro_batches: int) -> s
     return ""
 
 
-def copy_warmup(copies: tuple[int, ...], num_micro_batches: int, depth: int = 1) -> tuple[int, ...]:
+def copy_warmup(copies: tuple[int, ...], num_micro_batches: int, depth: int | tuple[int, ...] = 1) -> tuple[int, ...]:
     """Stage-level warm-up forwards that keep `depth` × (S - s) micro-batches in flight on each copy
     of stage s (DAPPLE's minimum per copy at depth 1): c_s times that on the stage, capped at M, and
     never fewer than the next stage's (the stage-level order's rule: a stage feeds the next one's
-    warm-up before it waits for a gradient)."""
-    if depth < 1:
-        raise ValueError(f"warm-up depth must be >= 1 (1 = DAPPLE's minimum per copy), got {depth}")
+    warm-up before it waits for a gradient). `depth`: one for every stage, or one per stage (a stage
+    whose copies wait on a slow link wants more in flight than its neighbours)."""
     S, M = len(copies), num_micro_batches
+    depths = (depth,) * S if isinstance(depth, int) else tuple(depth)
+    if len(depths) != S or min(depths) < 1:
+        raise ValueError(
+            f"warm-up depth must be >= 1 (1 = DAPPLE's minimum per copy), one or one per stage ({S}), got {depth}"
+        )
     out = [0] * S
     for s in range(S - 2, -1, -1):
-        out[s] = max(min(M, copies[s] * depth * (S - s)) - 1, out[s + 1], min(S - s - 1, M))
+        out[s] = max(min(M, copies[s] * depths[s] * (S - s)) - 1, out[s + 1], min(S - s - 1, M))
     return tuple(out)
+
+
+def deepest_copy_depth(copies: tuple[int, ...], num_micro_batches: int, stage: int) -> int:
+    """The least depth at which copy_warmup runs every forward of `stage` before its first backward
+    (deeper changes nothing)."""
+    return max(1, -(-num_micro_batches // (copies[stage] * (len(copies) - stage))))
 
 
 def round_robin(
@@ -86,4 +96,4 @@ def rank_of(copies: tuple[int, ...], stage: int, micro_batch: int) -> int:
     return sum(copies[:stage]) + micro_batch % copies[stage]
 
 
-__all__ = ["RR_FAMILIES", "copy_warmup", "rank_of", "round_robin", "round_robin_constraint"]
+__all__ = ["RR_FAMILIES", "copy_warmup", "deepest_copy_depth", "rank_of", "round_robin", "round_robin_constraint"]
