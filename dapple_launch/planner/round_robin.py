@@ -62,6 +62,25 @@ def check_copies(layout: tuple[StageSpec, ...], copies: tuple[int, ...], num_mic
     return round_robin_constraint(tuple(copies), num_micro_batches)
 
 
+def fitted_depths(costs: list, copies: tuple[int, ...], num_micro_batches: int) -> tuple[int, ...]:
+    """Per-stage warm-up depths (copy_warmup) that keep each copy busy through its round trip: the
+    pipeline takes a micro-batch every tau = max_s (F_s + B_s) / c_s (its busiest stage per copy), so
+    a copy of stage s gets one every c_s tau, and the first it starts returns after its round trip
+    R_s = F_s + (its activation's way on, the later stages' round trip, its gradient's way back) + B_s;
+    it keeps ceil(R_s / (c_s tau)) in flight, depth ceil(that / (S - s)). A starting point for the
+    descent over depths, not a plan: the simulator costs it."""
+    S = len(costs)
+    busy = [c.forward_s + c.backward_s + (c.input_s + c.weight_s if c.backward_s == 0 else 0.0) for c in costs]
+    tau = max(x / c for x, c in zip(busy, copies))
+    depths, trip = [1] * S, 0.0
+    for s in range(S - 1, -1, -1):
+        trip = busy[s] + (costs[s].send_activation_s + trip + costs[s + 1].send_gradient_s if s < S - 1 else 0.0)
+        if tau > 0:
+            flight = min(num_micro_batches, math.ceil(trip / (copies[s] * tau)))
+            depths[s] = max(1, math.ceil(flight / (S - s)))
+    return tuple(depths)
+
+
 def rr_costs(
     profile: ModelProfile,
     topology: Topology,

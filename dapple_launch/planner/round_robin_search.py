@@ -4,7 +4,9 @@ Search: from the best plans the exact passes found (their cuts and replica count
 size a copy could help and each warm-up depth, in two tiers (copies that cut the start's busiest
 compute; where the start waits on its transfers, copies that only pipeline them), each followed by a
 local search from its best (a replica moved between two stages, a cut moved by one layer), a move
-whose busiest copy alone cannot win left unsimulated.
+whose busiest copy alone cannot win left unsimulated; a third tier, both tiers' layouts at each stage's
+own depth fitted to its round trip (round_robin.fitted_depths). The winner then descends over its
+stages' own warm-up depths and walks its layouts under them, while either helps.
 Bound over the families, per micro-batch size b, the greater of two: each device runs whole
 copy-micro-batches, so the M micro-batches' work over all layers, each layer at its cheapest copy
 size g (g devices running ceil(b / g) samples each), is shared by at most D devices:
@@ -27,7 +29,7 @@ from ..schedule.round_robin import copy_warmup, deepest_copy_depth, round_robin_
 from .copies_bound import CopiesBound
 from .cost import Costed, Limits, StageSpec, speed_ratio
 from .proposal import Proposal, SearchState
-from .round_robin import RR, canonical_copies, evaluate_rr
+from .round_robin import RR, canonical_copies, evaluate_rr, fitted_depths, rr_costs
 
 START_PLANS = 4  # distinct layouts of the exact passes' best plans the pass starts from
 SLACK = 1.25  # how much slower than the incumbent a start of the local search may be
@@ -476,6 +478,19 @@ def search_round_robin(
                 here, cutoff = c, c.iteration_s
         if here is not None:
             walk(here)
+    # a third tier: both tiers' layouts at the depths that cover each stage's round trip
+    # (fitted_depths), where those differ from stage to stage, walked on their own
+    here, cutoff = None, incumbent * SLACK
+    for least, st, r, b in tiers[0] + tiers[1]:
+        copies = tuple(canonical_copies(x, b) for x in r)
+        layout = contiguous((0, *st), r)
+        fitted = fitted_depths(rr_costs(profile, topology, layout, copies, b, memo), copies, global_batch // b)
+        if least < cutoff and len(set(fitted[:-1])) > 1:
+            c = consider(layout, b, families[-1], (*fitted[:-1], 1), cutoff)
+            if c is not None and c.iteration_s < cutoff:
+                here, cutoff = c, c.iteration_s
+    if here is not None:
+        walk(here)
     if best is not None:  # the winner's other warm-ups and families
         layout = best.layout
         for family in families:
