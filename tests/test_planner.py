@@ -823,3 +823,63 @@ def test_the_baselines_do_not_hide_the_layouts_a_deeper_warmup_wins_with():
     assert with_baselines is not None and without is not None
     assert with_baselines.iteration_s <= without.iteration_s * (1 + 1e-12)
     assert with_baselines.warmup_depth > 1 and with_baselines.iteration_s < 0.035, with_baselines.summary()
+
+
+def test_each_stage_keeps_its_own_warm_up_depth():
+    """deeper_warmup with one depth per stage: the common depth where all agree, a stage deeper only
+    where its own depth (or a later stage's) is, never below the next stage, orders valid for 1F1B
+    and ZB-H1."""
+    from dapple_launch.schedule import build_schedule, validate
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
+    S, M = 6, 40
+    for d in (1, 2, 3):
+        assert deeper_warmup(S, M, (d,) * S) == deeper_warmup(S, M, d)
+    base = deeper_warmup(S, M, 1)
+    for s in range(S - 1):
+        warm = deeper_warmup(S, M, tuple(8 if x == s else 1 for x in range(S)))
+        assert warm[s] > base[s] and warm[s + 1 :] == base[s + 1 :] and all(w >= warm[s] for w in warm[:s])
+        for family in ("1f1b", "zb_h1"):
+            validate(build_schedule(family, S, M, warm))
+    with pytest.raises(ValueError, match="one per stage"):
+        deeper_warmup(S, M, (1, 2))
+
+
+@pytest.mark.slow  # (over a second: out of the fast tier)
+def test_the_stage_before_a_slow_link_gets_its_own_deeper_warm_up():
+    """GNMT-32 on 2 × 8 V100, G 64, sixteen single-device stages at one sample: the eighth stage's
+    activations leave the node over the slow link. One depth for every stage either stalls on that
+    link or keeps every stage deep; the descent over each stage's own depth deepens the stages up
+    to the link and is faster than every common depth, a valid ZB-H1 order whose memory counts what
+    it keeps in flight. Without deeper warm-ups (max_warmup_depth=1) no stage is deepened."""
+    from dapple_launch.planner.polish import stage_depths
+    from dapple_launch.planner.round_robin_search import contiguous
+    from dapple_launch.planner.stage_warmups import StageWarmups
+    from dapple_launch.schedule import build_schedule, validate
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
+    profile = read_profile_file(PROFILES / "gnmt-32-pbs-64-simplified.txt", 64, device_tflops=125.0)
+    topo = _shipped_cluster("v100x16")
+    stops = (2, 7, 13, 18, 24, 30, 37, 40, 43, 47, 51, 55, 59, 63, 65, 67)
+    layout = contiguous((0, *stops), (1,) * 16)
+    limits = Limits(schedule="zb_h1")
+    common = [evaluate(profile, topo, layout, 1, 64, limits, warmup_depth=d) for d in (1, 2, 3, 4)]
+    start = min((c for c in common if c.fits), key=lambda c: c.iteration_s)
+    better, cost = stage_depths(start, profile, topo, 64, limits, math.inf)
+    assert cost > 0 and better.fits and better.iteration_s < 0.99 * start.iteration_s
+    depths = better.extra["depths"]
+    assert len(set(depths[:-1])) > 1 and depths[7] == max(depths)  # (the stage before the link: deepest)
+    assert better.warmup == deeper_warmup(16, 64, depths)
+    validate(build_schedule("zb_h1", 16, 64, better.warmup))
+    assert f"warm-up ×{':'.join(map(str, depths))}" in better.summary()
+    assert better.memory_bytes != start.memory_bytes  # (what it keeps in flight is counted)
+
+    class State:  # (what the proposer reads of the driver's state)
+        def __init__(self, max_depth):
+            self.limits = Limits(schedules=("1f1b", "zb_h1"), max_warmup_depth=max_depth)
+            self.found, self.profile, self.topology, self.global_batch = [start], profile, topo, 64
+            self.stats = type("Stats", (), {"nodes": 0})()
+
+    assert not StageWarmups().wanted(State(1))
+    proposal = StageWarmups().propose(State(4))
+    assert proposal.found and proposal.found[0].iteration_s == better.iteration_s and not proposal.bounds

@@ -820,7 +820,7 @@ def test_planning_every_family_together_finds_what_each_chunked_family_finds_alo
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_six_families(seed):
+def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_six_families(seed, monkeypatch):
     """Small instances: the search over layouts × {1F1B, ZB-H1, interleaved 1F1B and zero bubble, ZB-V,
     Chimera} finds the
     exhaustive optimum (every plain layout at every warm-up, every chunked shape at every cut) and
@@ -847,7 +847,18 @@ def test_the_planner_equals_exhaustive_enumeration_over_layouts_and_all_six_fami
         schedules=("1f1b", "zb_h1", "interleaved_1f1b", "interleaved_zb", "zbv", "chimera"),
         max_warmup_depth=rng.choice([1, 2]),
     )
+    # the enumerated space keeps one warm-up depth for every stage: the driver without the proposer of
+    # each stage's own depth, which may only beat it (checked after)
+    from dapple_launch.planner import search as driver
+    from dapple_launch.planner.stage_warmups import StageWarmups
+
+    everything = search(profile, topo, G, limits)[0]
+    common = tuple(p for p in driver.PROPOSERS if not isinstance(p, StageWarmups))
+    monkeypatch.setattr(driver, "PROPOSERS", common)
     best, _, _, stats = search(profile, topo, G, limits)
+    assert (everything is None) == (best is None)
+    if best is not None:
+        assert everything is not None and everything.iteration_s <= best.iteration_s
     exhaustive = min(brute_force_both(profile, topo, G, limits), _exhaustive_chunked(profile, topo, G, limits))
     if best is None:
         assert exhaustive == math.inf

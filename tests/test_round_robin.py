@@ -433,14 +433,14 @@ def test_each_stage_of_copies_keeps_its_own_warm_up_depth():
 
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_planner_gives_each_stage_of_copies_the_warm_up_it_wants():
-    """VGG-19 on 16 × 1 V100 at 10 Gbps, G 1024: one warm-up depth for every stage of copies either
+    """VGG-19 on 16 × 1 V100 at 10 Gbps, G 256: one warm-up depth for every stage of copies either
     starves the stages whose copies wait on a slow link or runs the others' every forward first; the
     search's plan of copies is faster than its own layout at every common depth and family, by its
     stages' own depths."""
     profile = read_profile_file(ROOT / "dapple_launch" / "profiles" / "vgg-19-pbs-32.txt", 32, device_tflops=125.0)
     topo = shipped_topology("v100-16x1-10g")
     limits = Limits(schedules=DEFAULT_SCHEDULES)
-    best = search(profile, topo, 1024, limits, with_baselines=False)[0]
+    best = search(profile, topo, 256, limits, with_baselines=False)[0]
     assert best.schedule.endswith("_rr") and "depths" in best.extra
     common = [
         evaluate_rr(
@@ -457,7 +457,7 @@ def test_the_planner_gives_each_stage_of_copies_the_warm_up_it_wants():
         for family in ("1f1b_rr", "zb_h1_rr")
         for depth in range(1, limits.max_warmup_depth + 1)
     ]
-    assert best.iteration_s < 0.97 * min(c.iteration_s for c in common if c is not None and c.fits)
+    assert best.iteration_s < 0.98 * min(c.iteration_s for c in common if c is not None and c.fits)
     assert best.warmup == copy_warmup(best.extra["copies"], best.num_micro_batches, best.extra["depths"])
     assert "warm-up ×" in best.summary()
 

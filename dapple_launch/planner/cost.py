@@ -488,7 +488,7 @@ def evaluate(
     micro_batch_size: int,
     num_micro_batches: int,
     limits: Limits,
-    warmup_depth: int = 1,
+    warmup_depth: int | tuple[int, ...] = 1,
     costs: list[StageCosts] | None = None,
     time_unless_fits: bool = True,
     cutoff: float = math.inf,
@@ -498,15 +498,18 @@ def evaluate(
     `costs`: the layout's stage_costs when the caller already has them. `time_unless_fits=False`: a
     candidate over memory is not simulated (its iteration_s is inf), for callers that drop it anyway.
     `cutoff`: a caller that keeps the candidate only if it is at most this fast; one proven slower
-    part-way through the simulation has iteration_s inf (orders_time)."""
+    part-way through the simulation has iteration_s inf (orders_time). `warmup_depth`: one for every
+    stage, or one per stage (schedule.deeper_warmup)."""
     if costs is None:
         costs = stage_costs(profile, topology, layout, micro_batch_size)
     S = len(layout)
     warmup = ()
-    if warmup_depth > 1:
+    depths = None if isinstance(warmup_depth, int) else tuple(warmup_depth)
+    deepest = warmup_depth if isinstance(warmup_depth, int) else max(warmup_depth)  # (the plan's depth)
+    if deepest > 1:
         if limits.schedule not in WARMUP_FAMILIES:
             raise ValueError(
-                f"warm-up depth {warmup_depth} needs a schedule with a warm-up ({sorted(WARMUP_FAMILIES)}), "
+                f"warm-up depth {deepest} needs a schedule with a warm-up ({sorted(WARMUP_FAMILIES)}), "
                 f"not {limits.schedule}"
             )
         warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
@@ -536,8 +539,9 @@ def evaluate(
         memory,
         capacity,
         warmup=warmup,
-        warmup_depth=warmup_depth,
+        warmup_depth=deepest,
         recompute=tuple(sets),
+        extra={} if depths is None else {"depths": depths},  # (the summary shows each stage's)
     )
 
 

@@ -19,10 +19,11 @@ deeper warm-up wants different cuts than DAPPLE's minimal warm-up rewards (GNMT 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
+from ..schedule.one_f_one_b import deeper_warmup
 from .bounds import fresh_node_start
 from .branch import CELLS_PER_NODE
 from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
@@ -173,4 +174,55 @@ def descend(
         best, shape, depth = step, step_shape, step_depth
         if costed >= cost_budget:
             break
+    return best, costed
+
+
+# a stage's own warm-up depths the descent steps along (and the depth that runs every forward first)
+DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def stage_depths(
+    start: Costed,
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    cost_budget: float,
+) -> tuple[Costed, int]:
+    """Steepest descent over the stages' own warm-up depths (schedule.deeper_warmup) from `start`, a
+    1F1B or ZB-H1 plan, its layout and micro-batches kept; (the best, the cost of the candidates
+    costed, as descend counts them). One depth for every stage deepens the stages that need none
+    with the one before a slow link (GNMT-32 on 2 × 8 V100, G 64: 42.2 ms at ×2, 41.5 ms with the
+    eighth stage's copy at ×8 and the fifteenth's at ×1). Each move takes one stage's depth a step
+    along DEPTHS, or to where it runs every forward first."""
+    S, M = len(start.layout), start.num_micro_batches
+    if S < 2 or S * M > WARMUP_MAX_ACTIONS:
+        return start, 0
+    family = replace(limits, schedule=start.schedule)
+    costs = stage_costs(profile, topology, start.layout, start.micro_batch_size)
+    depths = (*start.extra.get("depths", (start.warmup_depth,) * S)[:-1], 1)  # (the last's is never read)
+    tried = {deeper_warmup(S, M, depths)}
+    best, costed = start, 0
+    while costed < cost_budget:
+        step, step_depths = best, depths
+        for s in range(S - 1):
+            top = max(1, -(-M // (S - s)))
+            ladder = sorted({d for d in DEPTHS if d < top} | {top})
+            lower, higher = [d for d in ladder if d < depths[s]], [d for d in ladder if d > depths[s]]
+            for d in sorted({*lower[-1:], *higher[:1], top} - {depths[s]}):
+                new = (*depths[:s], d, *depths[s + 1 :])
+                warmup = deeper_warmup(S, M, new)
+                if warmup in tried:
+                    continue
+                tried.add(warmup)
+                beat = step.iteration_s * (1 - 1e-12)
+                cand = evaluate(
+                    profile, topology, start.layout, start.micro_batch_size, M, family, new, costs, cutoff=beat
+                )
+                costed += -(-S * M // CELLS_PER_NODE)
+                if cand.fits and cand.iteration_s < beat:
+                    step, step_depths = cand, new
+        if step is best:
+            break
+        best, depths = step, step_depths
     return best, costed

@@ -481,7 +481,8 @@ def search_round_robin(
     # a third tier: both tiers' layouts at the depths that cover each stage's round trip
     # (fitted_depths), where those differ from stage to stage, walked on their own
     here, cutoff = None, incumbent * SLACK
-    for least, st, r, b in tiers[0] + tiers[1]:
+    own_depths = limits.max_warmup_depth > 1  # (max_warmup_depth=1: DAPPLE's minimal warm-up only)
+    for least, st, r, b in (tiers[0] + tiers[1]) if own_depths else []:
         copies = tuple(canonical_copies(x, b) for x in r)
         layout = contiguous((0, *st), r)
         fitted = fitted_depths(rr_costs(profile, topology, layout, copies, b, memo), copies, global_batch // b)
@@ -496,7 +497,7 @@ def search_round_robin(
         for family in families:
             for depth in depths:
                 consider(layout, best.micro_batch_size, family, depth, cut)
-        while True:  # the warm-ups the winner wants, then the layouts under them, while either helps
+        while own_depths:  # the warm-ups the winner wants, then the layouts under them, while either helps
             here = best
             walk(deepen(here))
             if best is here or walked >= budget:

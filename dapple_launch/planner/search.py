@@ -3,8 +3,9 @@
 The baselines and an even split are the first incumbent. Then each proposer in PROPOSERS, in turn,
 from what the ones before found (proposal.py): the per-stage one (stage_search.py: cuts, uneven
 replicas, placement, micro-batches, 1F1B warm-ups, by branch and bound), ZB-H1 (zero_bubble_search.py),
-device groups holding several stages (chunked_search.py) and stages of round-robin copies
-(round_robin_search.py). Each hands back its candidates and, per micro-batch size, a bound on what
+device groups holding several stages (chunked_search.py), stages of round-robin copies
+(round_robin_search.py), and each stage's own warm-up for the best 1F1B and ZB-H1 plans
+(stage_warmups.py). Each hands back its candidates and, per micro-batch size, a bound on what
 it did not hand back; the driver keeps one incumbent, one budget (strategy.search_nodes, counted as
 candidates scored) and one proven gap: how far the incumbent can be above the least bound any of
 them left. A node budget, not a clock: the same inputs give the same plan anywhere. Token slices
@@ -38,13 +39,14 @@ from .round_robin import RR
 from .round_robin_search import START_PLANS, Copies, search_round_robin
 from .shapes import micro_batch_sizes
 from .stage_search import StageFamilies
+from .stage_warmups import StageWarmups
 from .zero_bubble_search import ZeroBubble, search_family
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
 
 
 # The proposers, in the order the driver asks them: each starts from what the ones before found.
-PROPOSERS: tuple[Proposer, ...] = (StageFamilies(), ZeroBubble(), DeviceGroups(), Copies())
+PROPOSERS: tuple[Proposer, ...] = (StageFamilies(), ZeroBubble(), DeviceGroups(), Copies(), StageWarmups())
 
 
 class NoFeasiblePlan(ValueError):

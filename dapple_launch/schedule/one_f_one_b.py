@@ -15,16 +15,22 @@ def warmup_depth(stage: int, num_stages: int, num_micro_batches: int) -> int:
     return min(num_stages - stage - 1, num_micro_batches)
 
 
-def deeper_warmup(num_stages: int, num_micro_batches: int, depth: int) -> tuple[int, ...]:
+def deeper_warmup(num_stages: int, num_micro_batches: int, depth: int | tuple[int, ...]) -> tuple[int, ...]:
     """Warm-up forwards per stage when every stage but the last keeps `depth` times DAPPLE's
     in-flight count (S - s) micro-batches: depth 1 is the minimum. Deeper warm-up breaks the
-    steady state's dependency cycles through slow links (cost.py: windows) for more memory."""
-    if depth < 1:
-        raise ValueError(f"warm-up depth must be >= 1 (1 = DAPPLE's minimum), got {depth}")
+    steady state's dependency cycles through slow links (cost.py: windows) for more memory.
+    `depth`: one for every stage, or one per stage (a stage before a slow link wants more in flight
+    than the others), each stage never below the next one's (ZB-H1's orders need it)."""
     S, M = num_stages, num_micro_batches
+    depths = (depth,) * S if isinstance(depth, int) else tuple(depth)
+    if len(depths) != S or min(depths) < 1:
+        raise ValueError(f"warm-up depth must be >= 1 (1 = DAPPLE's minimum), one or one per stage ({S}), got {depth}")
     # (with fewer micro-batches than stages, M warm-up forwards and M - 1 run in the same order;
     # the larger is the form one_f_one_b accepts)
-    return tuple(max(min(M, depth * (S - s)) - 1, warmup_depth(s, S, M)) if s < S - 1 else 0 for s in range(S))
+    out = [0] * S
+    for s in range(S - 2, -1, -1):
+        out[s] = max(min(M, depths[s] * (S - s)) - 1, warmup_depth(s, S, M), out[s + 1])
+    return tuple(out)
 
 
 def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> Schedule:
