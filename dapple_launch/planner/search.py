@@ -335,9 +335,13 @@ def plan(
     if best.schedule == zero_bubble.FAMILY and over is not None:
         how += f"; {best.schedule} is {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
     if best.warmup_depth > 1:
+        depths = best.extra.get("depths")
         how += (
             f"; its ×{best.warmup_depth} warm-up (costed by the simulator) hides transfers that DAPPLE's "
             f"minimal warm-up waits on"
+            if depths is None
+            else f"; each stage's own warm-up depth (×{':'.join(map(str, depths))}, costed by the simulator) "
+            f"hides the transfers that one depth for all stages waits on or pays for in memory"
         )
     plain = [c for c in [best, *runners_up] if c.schedule not in CHUNKED]  # (token slices run stage per group)
     if limits.auto_token_slices and plain and [f for f in requested.allowed() if f not in CHUNKED]:
