@@ -469,27 +469,30 @@ class GroupBound:
 def _order_facts(family: str, groups: int, micro_batches: int, v: int):
     """(per group the stage of its last step where that is the stage's last gradient step, _queues)
     of the shape's rank orders: read once per (family, groups, micro-batches, v)."""
-    orders = rank_orders(family, groups, micro_batches, v).orders
-    last = {
-        g: order[-1].stage
-        for g, order in enumerate(orders)
-        if order and order[-1].kind in (Kind.BACKWARD, Kind.WEIGHT_GRAD)
-    }
+    orders = rank_orders(family, groups, micro_batches, v).encoded_orders  # (shared with the simulator's)
+    gradient = (CODE_OF[Kind.BACKWARD], CODE_OF[Kind.WEIGHT_GRAD])
+    last = {g: order[-1][1] for g, order in enumerate(orders) if order and order[-1][0] in gradient}
     return last, _queues(orders)
 
 
 def _queues(orders) -> dict[int, dict[int, tuple[int, ...]]]:
     """Per group: its steps before the first of its stages' last gradient actions (B, or W under a
-    split backward), counted per stage as (F, B, I, W)."""
+    split backward), counted per stage as (F, B, I, W). `orders`: encoded (kind code, stage,
+    micro-batch), RankSchedule.encoded_orders (a rank walks 2-3 steps per micro-batch and stage:
+    the codes, not the steps' attributes)."""
+    backward, weight = CODE_OF[Kind.BACKWARD], CODE_OF[Kind.WEIGHT_GRAD]
     out = {}
     for g, order in enumerate(orders):
         last = {}
-        for n, step in enumerate(order):
-            if step.kind in (Kind.BACKWARD, Kind.WEIGHT_GRAD):
-                last[step.stage] = n
+        for n, (code, stage, _) in enumerate(order):
+            if code in (backward, weight):
+                last[stage] = n
         counts: dict[int, list[int]] = {}
-        for step in order[: min(last.values(), default=0)]:
-            counts.setdefault(step.stage, [0, 0, 0, 0])[CODE_OF[step.kind]] += 1
+        for code, stage, _ in order[: min(last.values(), default=0)]:
+            tally = counts.get(stage)
+            if tally is None:
+                tally = counts[stage] = [0, 0, 0, 0]
+            tally[code] += 1
         out[g] = {s: tuple(c) for s, c in counts.items()}
     return out
 

@@ -189,40 +189,51 @@ def stage_depths(
     limits: Limits,
     cost_budget: float,
 ) -> tuple[Costed, int]:
-    """Steepest descent over the stages' own warm-up depths (schedule.deeper_warmup) from `start`, a
-    1F1B or ZB-H1 plan, its layout and micro-batches kept; (the best, the cost of the candidates
-    costed, as descend counts them). One depth for every stage deepens the stages that need none
-    with the one before a slow link (GNMT-32 on 2 × 8 V100, G 64: 42.2 ms at ×2, 41.5 ms with the
-    eighth stage's copy at ×8 and the fifteenth's at ×1). Each move takes one stage's depth a step
-    along DEPTHS, or to where it runs every forward first."""
+    """A descent over the stages' own warm-up depths (schedule.deeper_warmup) from `start`, a 1F1B or
+    ZB-H1 plan, its layout and micro-batches kept; (the best, the cost of the candidates costed, as
+    descend counts them). One depth for every stage deepens the stages that need none with the one
+    before a slow link (GNMT-32 on 2 × 8 V100, G 64: 42.2 ms at ×2, 41.5 ms with the eighth stage at
+    ×8 and the fifteenth at ×1). A move takes one stage's depth a step along DEPTHS, or to where it
+    runs every forward first; the stages whose links take longest first (a deeper warm-up hides a
+    link), deeper before shallower, and the first move that is faster is taken: a budget that ends
+    mid-scan has spent it on the likeliest moves."""
     S, M = len(start.layout), start.num_micro_batches
     if S < 2 or S * M > WARMUP_MAX_ACTIONS:
         return start, 0
     family = replace(limits, schedule=start.schedule)
     costs = stage_costs(profile, topology, start.layout, start.micro_batch_size)
+    links = [costs[s].send_activation_s + costs[s + 1].send_gradient_s for s in range(S - 1)]
+    order = sorted(range(S - 1), key=lambda s: (-links[s], s))
     depths = (*start.extra.get("depths", (start.warmup_depth,) * S)[:-1], 1)  # (the last's is never read)
     tried = {deeper_warmup(S, M, depths)}
     best, costed = start, 0
-    while costed < cost_budget:
-        step, step_depths = best, depths
-        for s in range(S - 1):
+
+    def moves():
+        for s in order:
             top = max(1, -(-M // (S - s)))
             ladder = sorted({d for d in DEPTHS if d < top} | {top})
             lower, higher = [d for d in ladder if d < depths[s]], [d for d in ladder if d > depths[s]]
-            for d in sorted({*lower[-1:], *higher[:1], top} - {depths[s]}):
-                new = (*depths[:s], d, *depths[s + 1 :])
-                warmup = deeper_warmup(S, M, new)
-                if warmup in tried:
-                    continue
-                tried.add(warmup)
-                beat = step.iteration_s * (1 - 1e-12)
-                cand = evaluate(
-                    profile, topology, start.layout, start.micro_batch_size, M, family, new, costs, cutoff=beat
-                )
-                costed += -(-S * M // CELLS_PER_NODE)
-                if cand.fits and cand.iteration_s < beat:
-                    step, step_depths = cand, new
-        if step is best:
-            break
-        best, depths = step, step_depths
+            for d in (*higher[:1], top, *lower[-1:]):
+                if d != depths[s]:
+                    yield (*depths[:s], d, *depths[s + 1 :])
+
+    while costed < cost_budget:
+        for new in moves():
+            warmup = deeper_warmup(S, M, new)
+            if warmup in tried:
+                continue
+            tried.add(warmup)
+            beat = best.iteration_s * (1 - 1e-12)
+            if not worth_simulating(profile, start.layout, costs, M, new, family, start.capacity_bytes, beat):
+                costed += 1  # screened out by memory or by its bound (O(S)): no simulation (O(S M))
+                continue
+            cand = evaluate(profile, topology, start.layout, start.micro_batch_size, M, family, new, costs, cutoff=beat)
+            costed += -(-S * M // CELLS_PER_NODE)
+            if cand.fits and cand.iteration_s < beat:
+                best, depths = cand, new
+                break
+            if costed >= cost_budget:
+                return best, costed
+        else:
+            break  # (no move is faster)
     return best, costed

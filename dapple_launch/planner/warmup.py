@@ -174,7 +174,7 @@ def worth_simulating(
     layout: tuple[StageSpec, ...],
     costs: list[StageCosts],
     num_micro_batches: int,
-    depth: int,
+    depth: int | tuple[int, ...],
     limits: Limits,
     capacity_bytes: float,
     beat: float,
@@ -185,7 +185,9 @@ def worth_simulating(
     The bound is the family's: 1F1B's (warmup_bound) or ZB-H1's (split_bound: deferred weight
     gradients let ZB-H1 run below 1F1B's); other families are not screened."""
     warmup = deeper_warmup(len(layout), num_micro_batches, depth)
-    if depth > 1 and max(memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)) > capacity_bytes:
+    if (depth if isinstance(depth, int) else max(depth)) > 1 and max(
+        memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
+    ) > capacity_bytes:
         return False
     bound = {"1f1b": warmup_bound, "zb_h1": split_bound}.get(limits.schedule)
     return bound is None or bound(costs, num_micro_batches, warmup) < beat

@@ -11,6 +11,7 @@ one warm-up forward per hop this is interleaved zero bubble, torch's ScheduleInt
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from .actions import Kind
@@ -36,54 +37,71 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
             return (Kind.FORWARD, a.stage - 1, a.micro_batch) if a.stage > 0 else None
         return (Kind.INPUT_GRAD, a.stage + 1, a.micro_batch) if a.stage < S - 1 else None
 
-    # each given step's input, found once (update asks for it at every claim)
+    # each given step's input, its own key and (an I) the W it leaves, found once: the walk visits
+    # every step and claims each rank's next one again and again
     need_of = [[needs(a) for a in order] for order in base]
-
-    def run_weight(r: int) -> None:
-        out[r].append(pending[r].popleft())
-        clock[r] += 1
+    key_of = [[(a.kind, a.stage, a.micro_batch) for a in order] for order in base]
+    weight_of = [
+        [shared_step(Kind.WEIGHT_GRAD, a.stage, a.micro_batch) if a.kind is Kind.INPUT_GRAD else None for a in order]
+        for order in base
+    ]
+    length = [len(order) for order in base]
 
     # Each rank's claim to run next, (when it could start, rank, when its input is there), kept per
     # rank and recomputed only for the rank that ran and the rank waiting on what it produced: the
-    # same choices as recomputing every rank's claim at every step, without the R-fold walk.
-    claim: list[tuple | None] = [None] * R
+    # same choices as recomputing every rank's claim at every step, without the R-fold walk. The
+    # claims sit in a heap, each rank's newest valid (its version): a claim is (start, rank, version,
+    # input's end), unique up to the version, so a stale one never compares its input's end (None or
+    # an int).
+    claims: list[tuple] = []
+    version = [0] * R
     waiting: dict[tuple[Kind, int, int], int] = {}  # an input not yet produced -> the rank whose next step needs it
+    push, pop = heapq.heappush, heapq.heappop
 
     def update(r: int) -> None:
-        claim[r] = None
-        if pos[r] >= len(base[r]):
+        version[r] += 1
+        k = pos[r]
+        if k >= length[r]:
             return
-        need = need_of[r][pos[r]]
+        need = need_of[r][k]
         at = 0 if need is None else done_at.get(need)
-        if at is None and need is not None:
+        if at is None:
+            assert need is not None  # (an input of no step is there at 0)
             waiting[need] = r
-        if at is not None or pending[r]:
-            claim[r] = (clock[r] if at is None else max(clock[r], min(at, clock[r] + 1)), r, at)
+            if pending[r]:
+                push(claims, (clock[r], r, version[r], None))
+        else:
+            now = clock[r]
+            push(claims, (now if at <= now else min(at, now + 1), r, version[r], at))
 
     for r in range(R):
         update(r)
-    left = sum(map(len, base))  # the given steps not yet placed
+    left = sum(length)  # the given steps not yet placed
     while left:
-        ready = [c for c in claim if c is not None]
-        if not ready:
+        while claims and claims[0][2] != version[claims[0][1]]:
+            pop(claims)  # (stale: its rank ran or was woken since)
+        if not claims:
             raise ValueError(f"schedule {x.name!r}: its forwards and input gradients deadlock")
-        _, r, at = min(ready)
+        _, r, _, at = pop(claims)
         woken = None
         if at is not None and at <= clock[r]:  # its input is there: the given order goes on
-            a = base[r][pos[r]]
-            pos[r] += 1
+            k = pos[r]
+            pos[r] = k + 1
             left -= 1
-            out[r].append(a)
+            out[r].append(base[r][k])
             clock[r] += 1
-            key = (a.kind, a.stage, a.micro_batch)
+            key = key_of[r][k]
             done_at[key] = clock[r]
             woken = waiting.pop(key, None)
-            if a.kind is Kind.INPUT_GRAD:
-                pending[r].append(shared_step(Kind.WEIGHT_GRAD, a.stage, a.micro_batch))
+            w = weight_of[r][k]
+            if w is not None:
+                pending[r].append(w)
                 if len(pending[r]) > cap[r]:
-                    run_weight(r)
+                    out[r].append(pending[r].popleft())
+                    clock[r] += 1
         elif pending[r]:  # it would wait: a held-back W fills the gap
-            run_weight(r)
+            out[r].append(pending[r].popleft())
+            clock[r] += 1
         else:
             assert at is not None  # (a claim without its input waits only with a W to run)
             clock[r] = at
@@ -91,6 +109,5 @@ def fill_with_weights(x: RankSchedule, name: str, cap: list[int] | None = None) 
         if woken is not None and woken != r:
             update(woken)
     for r in range(R):
-        while pending[r]:
-            run_weight(r)
+        out[r].extend(pending[r])
     return RankSchedule(name, S, x.num_micro_batches, tuple(map(tuple, out)), x.placement)
