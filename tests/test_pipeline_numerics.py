@@ -261,6 +261,27 @@ def test_a_deeper_warmup_equals_reference_and_keeps_what_it_planned(tmp_path, re
         assert r["saved_peak"] == in_flight(schedule, r["stage"], S, 8, plan.warmup)
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb_h1"])
+def test_each_stage_s_own_warmup_equals_reference_and_keeps_what_it_planned(tmp_path, schedule):
+    """A plan whose stages keep their own warm-up depths (planner/stage_warmups.py: here the second
+    stage at ×2, the others at ×1, its predecessor raised to match) runs as written: same loss and
+    gradients, each stage keeping what the cost model charges it."""
+    from dataclasses import replace
+
+    from dapple_launch.planner.cost import in_flight
+    from dapple_launch.schedule.one_f_one_b import deeper_warmup
+
+    model = tiny_model()
+    plan = replace(make_plan(model, (1, 1, 1, 1), schedule, 8, 8), warmup=deeper_warmup(4, 8, (1, 2, 1, 1)))
+    assert plan.warmup == (5, 5, 1, 0)  # (no common depth gives it: ×1 is (3, 2, 1, 0), ×2 (7, 5, 3, 0))
+    assert type(plan).from_json(plan.to_json()) == plan
+    results = run_ranks(4, _compare, ("gpt", (1, 1, 1, 1), schedule, 8, 17, plan.to_json()), tmp_path)
+    for r in results:
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["worst_grad_rel"] < 1e-4
+        assert r["saved_peak"] == in_flight(schedule, r["stage"], 4, 8, plan.warmup)
+
+
 def test_ranks_follow_the_planned_devices(tmp_path):
     """Stage 0 placed on device 3 and stage 1 on devices 0..2: rank 3 runs stage 0, ranks 0..2 stage 1
     (ranks follow device ids), and the result still equals the single-process reference."""
