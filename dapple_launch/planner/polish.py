@@ -177,8 +177,15 @@ def descend(
     return best, costed
 
 
-# a stage's own warm-up depths the descent steps along (and the depth that runs every forward first)
+# a stage's own warm-up depths the descents step along (and the depth that runs every forward first)
 DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def depth_steps(at: int, top: int) -> tuple[list[int], list[int]]:
+    """(the depths below `at`, those above it) along DEPTHS up to `top`, the depth at which a stage
+    runs every forward first (deeper changes nothing): a descent steps to the nearest of each."""
+    ladder = sorted({d for d in DEPTHS if d < top} | {top})
+    return [d for d in ladder if d < at], [d for d in ladder if d > at]
 
 
 def stage_depths(
@@ -211,8 +218,7 @@ def stage_depths(
     def moves():
         for s in order:
             top = max(1, -(-M // (S - s)))
-            ladder = sorted({d for d in DEPTHS if d < top} | {top})
-            lower, higher = [d for d in ladder if d < depths[s]], [d for d in ladder if d > depths[s]]
+            lower, higher = depth_steps(depths[s], top)
             for d in (*higher[:1], top, *lower[-1:]):
                 if d != depths[s]:
                     yield (*depths[:s], d, *depths[s + 1 :])

@@ -28,6 +28,7 @@ from ..schedule import SPLIT_BACKWARD
 from ..schedule.round_robin import copy_warmup, deepest_copy_depth, round_robin_constraint
 from .copies_bound import CopiesBound
 from .cost import Costed, Limits, StageSpec, speed_ratio
+from .polish import depth_steps
 from .proposal import Proposal, SearchState
 from .round_robin import RR, canonical_copies, evaluate_rr, fitted_depths, rr_costs
 
@@ -38,7 +39,6 @@ MOVES_SIMULATED = 6  # per step of the local search, the moves the proxy ranks b
 PIPELINED = 8  # of the second tier's layouts, the fewest-compute tried
 TRANSFER_SHARE = 0.1  # of a start's time a stage of it sends for, where copies that cut no compute are tried
 SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greedy share
-DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # a stage's own warm-up depths the descent steps along
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
 
@@ -394,8 +394,9 @@ def search_round_robin(
         whose copies wait on a slow link needs more micro-batches in flight than one depth for all
         gives it without deepening its neighbours too, whose copies then run every forward before a
         backward and send their gradients one after another (VGG-19 on 16 × 1 V100 at 10 Gbps, G 64,
-        copies 8:3:4:1 at b 1: 79.8 ms at the best common depth, 52.9 ms at depths 8:6:1). Each
-        move takes one stage's depth a step along DEPTHS, or to where it runs every forward first."""
+        copies 8:3:4:1 cut@12,14,17 at b 1: 79.8 ms at the best common depth, 60.6 ms at depths
+        2:4:1). Each move takes one stage's depth a step along polish.DEPTHS, or to where it runs
+        every forward first."""
         copies, M, S = here.extra["copies"], here.num_micro_batches, len(here.layout)
         depths = (*here.extra.get("depths", (here.warmup_depth,) * S)[:-1], 1)  # (the last's is never read)
         tried = {here.warmup}
@@ -403,9 +404,8 @@ def search_round_robin(
             step, step_depths = here, depths
             for s in range(S - 1):  # (the last stage runs no warm-up)
                 top = deepest_copy_depth(copies, M, s)
-                ladder = sorted({d for d in DEPTHS if d < top} | {top})
                 at = depths[s]
-                lower, higher = [d for d in ladder if d < at], [d for d in ladder if d > at]
+                lower, higher = depth_steps(at, top)
                 for d in {*lower[-1:], *higher[:1], top} - {at}:
                     new = depths[:s] + (d,) + depths[s + 1 :]
                     warmup = copy_warmup(copies, M, new)
