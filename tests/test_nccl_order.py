@@ -16,8 +16,9 @@ import pytest
 
 from dapple_launch.schedule import build_rank_schedule, build_schedule, from_stages
 from dapple_launch.schedule.nccl import Issue, NcclOrderError, Op, Wait, check, check_lowered, lowered_programs
+from dapple_launch.schedule.one_f_one_b import deeper_warmup
 from dapple_launch.schedule.ranks import forward_only_orders
-from dapple_launch.schedule.round_robin import round_robin
+from dapple_launch.schedule.round_robin import copy_warmup, round_robin
 from dapple_launch.schedule.transfers import lower
 
 
@@ -84,6 +85,9 @@ def _sweep():
             x = from_stages(build_schedule(name, P, M))
             yield f"{name} P{P} M{M}", x, [1] * P
             yield f"{name} P{P} M{M} uneven", x, uneven
+        for name in ("1f1b", "zb_h1"):  # each stage's own warm-up depth (planner/stage_warmups.py)
+            own = deeper_warmup(P, M, tuple(1 + 3 * (s % 2) for s in range(P)))
+            yield f"{name} P{P} M{M} own warm-ups", from_stages(build_schedule(name, P, M, own)), uneven
         for name in ("interleaved_1f1b", "interleaved_zb"):
             for v in (2, 3):
                 try:
@@ -98,6 +102,8 @@ def _sweep():
         if max(copies) <= M:
             yield f"1f1b_rr P{P} M{M}", round_robin("1f1b_rr", copies, M), [1] * sum(copies)
             yield f"zb_h1_rr P{P} M{M}", round_robin("zb_h1_rr", copies, M), [1] * sum(copies)
+            own = copy_warmup(copies, M, tuple(1 + 3 * (s % 2) for s in range(P)))
+            yield f"1f1b_rr P{P} M{M} own warm-ups", round_robin("1f1b_rr", copies, M, own), [1] * sum(copies)
         if M <= 4:
             yield (
                 f"terapipe P{P} M{M}",
