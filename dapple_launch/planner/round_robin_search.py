@@ -1,10 +1,11 @@
 """The search pass over stages of round-robin copies (costed by round_robin.py).
 
-Search: from the best plans the exact passes found (their cuts and replica counts), each micro-batch
-size a copy could help and each warm-up depth, in two tiers (copies that cut the start's busiest
-compute; where the start waits on its transfers, copies that only pipeline them), each followed by a
-local search from its best (a replica moved between two stages, a cut moved by one layer), a move
-whose busiest copy alone cannot win left unsimulated; a third tier, both tiers' layouts at each stage's
+Search: from the best plans the exact passes found (their cuts and replica counts) and layouts of
+2 to 4 stages of even device counts, each micro-batch size a copy could help and each warm-up depth,
+in two tiers (copies that cut the start's busiest compute; where the start waits on its transfers,
+copies that only pipeline them), each followed by a local search from its best at each stage count
+(a replica moved between two stages, a cut moved by one layer), a move whose busiest copy alone
+cannot win left unsimulated; a third tier, both tiers' layouts at each stage's
 own depth fitted to its round trip (round_robin.fitted_depths). The winner then descends over its
 stages' own warm-up depths and walks its layouts under them, while either helps.
 Bound over the families, per micro-batch size b, the greater of two: each device runs whole
@@ -39,6 +40,9 @@ MOVES_SIMULATED = 6  # per step of the local search, the moves the proxy ranks b
 PIPELINED = 8  # of the second tier's layouts, the fewest-compute tried
 TRANSFER_SHARE = 0.1  # of a start's time a stage of it sends for, where copies that cut no compute are tried
 SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greedy share
+STAGE_COUNTS = 4  # starts of 2 to this many stages of even device counts, whatever the exact passes kept
+SPARE = 0.25  # of the budget, for the walks from each tier's best at its other stage counts
+FINISH = 0.25  # of the budget, kept for the winner's finish (its warm-ups, families and own depths)
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
 
@@ -312,6 +316,11 @@ def search_round_robin(
     # micro-batch) step, so 512 devices' 35 stages × 1024 micro-batches cost what 100 small ones do
     budget = max(STEPS_PER_NODE * 1000, limits.search_nodes * STEPS_PER_NODE)
     scored, walked = 0, 0
+    # The tiers may spend all but FINISH of it (the winner's finish gains the most per step: VGG-19
+    # on 16 × 1 V100 at 10 Gbps, G 1024, 356.6 -> 337.3 ms); the walks at other stage counts spend
+    # SPARE on top of it.
+    limit = budget - int(FINISH * budget)
+    spare = int(SPARE * budget)
     bounds = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo)
     best: Costed | None = None
     # the local search walks from the best plan of copies even where it starts slower than the
@@ -331,7 +340,7 @@ def search_round_robin(
         if (
             (all(c == 1 for c in copies) and incumbent < math.inf)
             or round_robin_constraint(copies, M)
-            or walked >= budget
+            or walked >= limit
         ):
             return None
         key = (layout, b, family, depth)
@@ -354,7 +363,7 @@ def search_round_robin(
         re-balanced for the new counts), a cut moved by one layer; the moves the proxy ranks best are
         simulated, and the walk goes on from the best of them while it is faster than where it stands."""
         done = set()
-        while walked < budget:
+        while walked < limit:
             stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
             S, b = len(stops), here.micro_batch_size
             moves = set()
@@ -400,7 +409,7 @@ def search_round_robin(
         copies, M, S = here.extra["copies"], here.num_micro_batches, len(here.layout)
         depths = (*here.extra.get("depths", (here.warmup_depth,) * S)[:-1], 1)  # (the last's is never read)
         tried = {here.warmup}
-        while walked < budget:
+        while walked < limit:
             step, step_depths = here, depths
             for s in range(S - 1):  # (the last stage runs no warm-up)
                 top = deepest_copy_depth(copies, M, s)
@@ -434,6 +443,21 @@ def search_round_robin(
     depths = range(1, limits.max_warmup_depth + 1)
     # copies pay where micro-batches are small against the replica counts: the few smallest sizes
     small = sorted(b for b in sizes if b * START_PLANS <= topology.num_devices)[:SIZES] or sorted(sizes)[:1]
+    # Starts of 2 to STAGE_COUNTS stages, each of even device counts and cuts balanced for them:
+    # which layouts the exact passes kept depends on when their incumbent fell (VGG-19 on 16 × 1
+    # V100 at 10 Gbps, G 1024: with the baselines as the first incumbent, no start of three stages
+    # survived, and the copies' plan was 392.1 ms against 337.3 ms without them), and the walk
+    # never changes a layout's stage count. Each joins the tiers as leniently as the kept starts do.
+    if shapes:
+        D = topology.num_devices
+        floor, transfers = max(x[2] for x in shapes), any(x[3] for x in shapes)
+        for S in range(2, min(D, profile.num_layers, STAGE_COUNTS) + 1):
+            even = tuple(D // S + (k < D % S) for k in range(S))
+            st = balance_cuts(profile, topology, global_batch, even, small[0], memo)
+            key = (st, even)
+            if key not in seen:
+                seen.add(key)
+                shapes.append((*key, floor, transfers))
     # Two tiers of layouts from each start, each searched on its own (its candidates, then a local
     # search from its best): those whose busiest copy computes less than the start's busiest device
     # (a replica count that does not divide the micro-batch, or more replicas than samples); then,
@@ -468,16 +492,25 @@ def search_round_robin(
     tiers[1].sort(key=lambda x: x[0])  # (of the second, the PIPELINED of least compute)
     del tiers[1][PIPELINED:]
     for tier in tiers:
-        here, cutoff = None, incumbent * SLACK
+        heres: dict[int, Costed] = {}  # per stage count, its best of the tier
         for least, st, r, b in tier:
+            cutoff = heres[len(r)].iteration_s if len(r) in heres else incumbent * SLACK
             if least >= cutoff:  # its busiest copy's compute alone reaches the cutoff
                 continue
             # at the deepest warm-up first (copies keep fewer micro-batches in flight each; the winner tries every depth)
             c = consider(contiguous((0, *st), r), b, families[-1], depths[-1], cutoff)
             if c is not None and c.iteration_s < cutoff:
-                here, cutoff = c, c.iteration_s
-        if here is not None:
+                heres[len(r)] = c
+        ranked = sorted(heres.values(), key=lambda c: (c.iteration_s, c.summary()))
+        for here in ranked[:1]:
             walk(here)
+        for here in ranked[1:]:  # the walk keeps its stage count: one from each count's best too
+            if here.iteration_s < cut * SLACK and spare > 0:
+                before, main = walked, limit
+                limit = walked + spare
+                walk(here)
+                spent = walked - before
+                spare, limit, budget = spare - spent, main + spent, budget + spent
     # a third tier: both tiers' layouts at the depths that cover each stage's round trip
     # (fitted_depths), where those differ from stage to stage, walked on their own
     here, cutoff = None, incumbent * SLACK
@@ -492,6 +525,7 @@ def search_round_robin(
                 here, cutoff = c, c.iteration_s
     if here is not None:
         walk(here)
+    limit = budget
     if best is not None:  # the winner's other warm-ups and families
         layout = best.layout
         for family in families:
