@@ -41,7 +41,7 @@ PIPELINED = 8  # of the second tier's layouts, the fewest-compute tried
 TRANSFER_SHARE = 0.1  # of a start's time a stage of it sends for, where copies that cut no compute are tried
 SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greedy share
 STAGE_COUNTS = 4  # starts of 2 to this many stages of even device counts, whatever the exact passes kept
-SPARE = 0.25  # of the budget, for the walks from each tier's best at its other stage counts
+SPARE = 0.125  # of the budget, for the walks from each tier's best at its other stage counts
 FINISH = 0.25  # of the budget, kept for the winner's finish (its warm-ups, families and own depths)
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
