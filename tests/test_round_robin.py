@@ -484,7 +484,7 @@ def test_the_fitted_depths_cover_each_stage_s_round_trip():
 
 
 @pytest.mark.slow  # (over a second: out of the fast tier)
-def test_the_copies_plan_does_not_depend_on_which_exact_plans_survived():
+def test_vgg_19_s_copies_plan_is_the_same_with_and_without_the_baselines():
     """VGG-19 on 16 × 1 V100 at 10 Gbps, G 1024: with the baselines as the first incumbent, the exact
     passes kept no layout of three stages, and the copies' pass, which started only from what they
     kept, planned 15:1 at 392.1 ms against 11:4:1 at 356.1 ms without the baselines. Its own starts of
