@@ -58,10 +58,12 @@ from ..schedule import SPLIT_BACKWARD
 from ..schedule.actions import CODE_OF, Kind
 from .chunked import groups_of, rank_orders
 from .path_bound import (
+    CYCLE_ACTION_CELLS,
     MASK_STAGE_CELLS,
     ORDER_ACTION_CELLS,
     ORDER_ACTION_CELLS_ELSE,
     TABLE_CELLS,
+    cycle_terms,
     least_cut,
     link_terms,
     order_actions,
@@ -439,7 +441,7 @@ class GroupBound:
             climb[3] = lam / lam.sum()
 
     def _paths(self, cap: float, cells: float, warm: dict | None = None, critical: bool = False) -> float:
-        """path_bound.py's over the group runs and link loads of the shape's rank orders, within
+        """path_bound.py's over the group runs, link loads and round trips of the shape's rank orders, within
         `cells` (self.cells counts them). `warm`: per rank orders, the weights that did best on a
         shape before (read and updated)."""
         profile, topology, family, groups, M, v = self._tail_inputs
@@ -450,11 +452,18 @@ class GroupBound:
         links = link_terms(family, self.P, M, self.S) if family != "chimera" else np.zeros((0, self.S, 5))
         if critical:  # (the whole runs and the links: the critical paths found add the rest, a small game)
             runs, whole = runs[whole], whole[whole]
-        terms = np.concatenate([runs, links])
+        cycles = cycle_terms(family, self.P, M, v, self.S)
+        if self.built is None or ("cycles", family, self.P, M, v) not in self.built:  # (counted once a search)
+            if self.built is not None:
+                self.built.add(("cycles", family, self.P, M, v))
+            self.cells += order_actions(family, self.S, M) * CYCLE_ACTION_CELLS
+        terms = np.concatenate([runs, links, cycles])
         key = (family, self.P, M, v)
         start = (warm or {}).get(key)
-        if start is None:  # (each group's whole run: its busy time with fill and drain)
-            start = np.concatenate([whole, np.zeros(len(terms) - len(runs), dtype=bool)]).astype(float)
+        if start is None:  # (each group's whole run: its busy time with fill and drain; the round trips)
+            start = np.concatenate([whole, np.zeros(len(links), dtype=bool), np.ones(len(cycles), dtype=bool)]).astype(
+                float
+            )
         sends = send_tables(profile, topology, family, groups, self.b, self.S)
         tables = lambda s: (*self._kinds(s, groups[self.on[s][0][0]]), sends[s])
         orders = rank_orders(family, self.P, M, v) if critical else None

@@ -1,6 +1,6 @@
 """A bound over a shape's cuts from the paths of its rank orders (group_bound.py's last term).
 
-For one cut, the simulator's iteration is at least the length of any path through its steps. Two
+For one cut, the simulator's iteration is at least the length of any path through its steps. Three
 kinds of path are read from the shape's rank orders, each a sum over stages of what the stage's
 span [i, z) costs, so for any weights the least over cuts is group_bound's programme:
 
@@ -14,6 +14,9 @@ span [i, z) costs, so for any weights the least over cuts is group_bound's progr
 - a link's load: the simulator sends one transfer at a time over the link from one group to
   another, so T >= M × every transfer that crosses it (the activations of the boundaries from g to
   h, the gradients of those from h to g).
+- a stage's round trips (cycle_paths): a rank's forward of it, that micro-batch's way on and its
+  gradient back, then the rank's steps up to its next forward of the stage, and so on: where the
+  order holds too few micro-batches in flight to cover a round trip across slow transfers.
 
 The transfers are priced as the simulator's stage costs price them (cost.stage_costs: latency + the
 cut's bytes over the smaller replica count, at the link's bandwidth); the steps at the simulator's
@@ -78,6 +81,9 @@ TABLE_CELLS = 40_000
 MASK_STAGE_CELLS = 5_000
 ORDER_ACTION_CELLS = {"interleaved_zb": 2600}
 ORDER_ACTION_CELLS_ELSE = 1700
+# and their round trips (cycle_paths), made once for the shapes of one rank orders: about 1 µs an
+# action (measured at P = 8, M = 256-1024), half of it the orders' encoding the simulator shares
+CYCLE_ACTION_CELLS = 400
 
 
 def order_actions(family: str, stages: int, micro_batches: int) -> int:
@@ -164,6 +170,82 @@ def path_terms(family: str, groups: int, micro_batches: int, v: int, stages: int
                 out.append(c)
                 whole.append(i == 0 and j == len(order) - 1)
     return np.array(out).reshape(-1, stages, 5), np.array(whole, dtype=bool)
+
+
+@lru_cache(maxsize=64)
+def cycle_terms(family: str, groups: int, micro_batches: int, v: int, stages: int) -> np.ndarray:
+    """cycle_paths of the shape's rank orders, kept (the shapes of one search share them)."""
+    return cycle_paths(rank_orders(family, groups, micro_batches, v))
+
+
+def cycle_paths(orders: RankSchedule) -> np.ndarray:
+    """(terms, stages, 5): per stage s but the last and per rank holding it, the path of its round
+    trips (Little's law as a path). From s's first forward on the rank, micro-batch m's way on
+    through every later stage (its forwards, the last stage's steps up to m's backward there, its
+    gradient back, each transfer where two stages sit on different ranks) to m's backward (B, or
+    I under a split backward) on s; then the rank's steps in its order up to its next forward of s,
+    whose micro-batch goes round in turn; after the last, the rest of the rank's order. Ahead of
+    the first forward: that micro-batch's way through the stages before s, or the rank's steps
+    before it (two terms). Each step waits for the one before it on the path (its input, or its
+    rank's order), so every cut's simulation lasts at least the path priced at the cut.
+
+    Where transfers are slow against the steps (a deep pipeline across a slow network), the
+    micro-batches the order lets a rank hold cannot cover their round trips, which neither a
+    group's run nor a link's load sees: GNMT-32 on 16 × 1 V100 at 10 Gbps, interleaved zero bubble
+    on 8 groups of 2 at b 16, the programme over runs and links answers 517 ms and with these
+    1003 ms (its balanced cut simulates at 2.8 s)."""
+    S, M = orders.num_stages, orders.num_micro_batches
+    if S < 2:
+        return np.zeros((0, S, 5))
+    steps, at, on = [], np.full((4, S, M), -1, dtype=np.int64), np.full((4, S, M), -1, dtype=np.int64)
+    for r, encoded in enumerate(orders.encoded_orders):  # (kind code, stage, micro-batch) of each step, and where
+        code, stage, mb = np.array(encoded, dtype=np.int64).reshape(-1, 3).T
+        at[code, stage, mb], on[code, stage, mb] = np.arange(len(code)), r
+        steps.append((code, stage, mb))
+    rank = on[0]  # (stage, micro-batch) -> the rank of its forward, where it runs
+    crosses = (rank[:-1] != rank[1:]).astype(float)
+    back = np.where(on[1] >= 0, 1, 2)  # the step carrying m's gradient through stage j: B, or I
+    back_at = np.where(back == 1, at[1], at[2])
+    last = S - 1
+
+    def tally(r: int, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """Rank r's steps in the windows [starts, stops) of its order (disjoint: a path takes a step
+        once), per stage and kind."""
+        code, stage, _ = steps[r]
+        mark = np.zeros(len(code) + 1)
+        np.add.at(mark, starts, 1.0)
+        np.add.at(mark, stops, -1.0)
+        inside = np.cumsum(mark)[:-1]
+        return np.bincount(stage * 4 + code, weights=inside, minlength=S * 4).reshape(S, 4)
+
+    out = []
+    for s in range(last):
+        for r in np.unique(rank[s]).tolist():
+            code, stage, mb = steps[r]
+            forwards = np.flatnonzero((code == 0) & (stage == s))  # r's forwards of s, in its order
+            heres = back_at[s, mb[forwards]]  # each one's gradient step on s
+            nexts = np.searchsorted(forwards, heres, side="right")  # r's next forward of s after it
+            i, taken = 0, [0]
+            while nexts[i] < len(forwards):
+                i = int(nexts[i])
+                taken.append(i)
+            ms = mb[forwards[taken]]
+            c = np.zeros((S, 5))
+            c[:, :4] += tally(r, heres[taken] + 1, np.append(forwards[taken[1:]], len(code)))
+            on_last = rank[last, ms]
+            for q in np.unique(on_last).tolist():  # (Chimera: the last stage on either of two ranks)
+                sel = ms[on_last == q]
+                c[:, :4] += tally(q, at[0, last, sel] + 1, back_at[last, sel])
+            c[s:, 0] += len(ms)
+            c[s:, 1] += (back[s:, ms] == 1).sum(axis=1)
+            c[s:, 2] += (back[s:, ms] == 2).sum(axis=1)
+            c[s:last, SEND] += 2 * crosses[s:, ms].sum(axis=1)  # (each boundary's activation and gradient)
+            fill = c.copy()
+            fill[:s, 0] += 1
+            fill[:s, SEND] += crosses[:s, ms[0]]
+            c[:, :4] += tally(r, np.array([0]), forwards[:1])
+            out += [fill, c]
+    return np.array(out).reshape(-1, S, 5)
 
 
 @lru_cache(maxsize=64)
