@@ -56,6 +56,13 @@ def test_every_generated_order_of_copies_is_valid_and_routes_micro_batches_round
                 # each copy keeps DAPPLE's in-flight count per copy at depth 1 (its share of the stage's)
                 sim = simulate_ranks(x, [StageCosts(1.0, 2.0)] * len(copies), record=False)
                 assert all(p >= 1 for p in sim.peak_in_flight)
+                # the tables round_robin builds with its orders are those its orders give
+                again = RankSchedule(x.name, x.num_stages, x.num_micro_batches, x.orders, x.placement)
+                assert (x.encoded_orders, x.work, x.route_table) == (
+                    again.encoded_orders,
+                    again.work,
+                    again.route_table,
+                )
 
 
 def test_hand_broken_orders_of_copies_are_refused():

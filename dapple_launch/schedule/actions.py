@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 class Kind(str, enum.Enum):
@@ -51,6 +52,13 @@ class Action:
 
     def __str__(self) -> str:
         return f"{self.kind.value}{self.micro_batch}"
+
+
+@lru_cache(maxsize=64)
+def actions_of(kind: Kind, num_micro_batches: int) -> tuple[Action, ...]:
+    """Every micro-batch's action of one kind, shared (an Action is frozen): each stage's order of a
+    generator picks from these rather than making its own."""
+    return tuple(Action(kind, m) for m in range(num_micro_batches))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ bounded by the stage count, not by the micro-batch count as in GPipe.
 
 from __future__ import annotations
 
-from .actions import Action, Kind, Schedule, with_communication
+from .actions import Action, Kind, Schedule, actions_of, with_communication
 
 
 def warmup_depth(stage: int, num_stages: int, num_micro_batches: int) -> int:
@@ -58,19 +58,15 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]
 def compute_orders(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...]) -> list[list[Action]]:
     """Each stage's forwards and backwards in 1F1B order (no communication: with_communication
     adds it; the planner's simulator implies it). `warmup` as one_f_one_b, already validated."""
-    S, M = num_stages, num_micro_batches
-    forward = [Action(Kind.FORWARD, m) for m in range(M)]
-    backward = [Action(Kind.BACKWARD, m) for m in range(M)]
-    compute = []
-    for s in range(S):
-        warm = warmup[s]
-        order = forward[:warm]
-        next_f, next_b = warm, 0
-        while next_f < M:
-            order.append(forward[next_f])
-            next_f += 1
-            order.append(backward[next_b])
-            next_b += 1
-        order += backward[next_b:]
-        compute.append(order)
-    return compute
+    return [stage_order(num_micro_batches, warmup[s]) for s in range(num_stages)]
+
+
+def stage_order(num_micro_batches: int, warm: int) -> list[Action]:
+    """One stage's 1F1B order after `warm` warm-up forwards: all a stage's order depends on."""
+    M = num_micro_batches
+    forward, backward = actions_of(Kind.FORWARD, M), actions_of(Kind.BACKWARD, M)
+    order = list(forward[:warm])
+    for m in range(warm, M):
+        order += (forward[m], backward[m - warm])
+    order += backward[max(0, M - warm) :]
+    return order

@@ -67,6 +67,12 @@ class RankSchedule:
             (a.stage, a.micro_batch): r for r, order in enumerate(self.orders) for a in order if a.kind is Kind.FORWARD
         }
 
+    def with_tables(self, encoded: tuple, work: tuple, route: list[list[int]]) -> RankSchedule:
+        """This schedule with the tables its simulation reads given (encoded_orders, work,
+        route_table), as a generator that built them with its orders: not derived again."""
+        self.__dict__.update(encoded_orders=encoded, work=work, route_table=route)
+        return self
+
     @cached_property
     def encoded_orders(self) -> tuple[tuple[tuple[int, int, int], ...], ...]:
         """orders as (kind code, actions.CODE_OF; stage; micro-batch): what the simulator walks."""

@@ -19,6 +19,10 @@ sum(c[:s]) + k, and a stage's gradients are all-reduced over all its copies' dev
 
 from __future__ import annotations
 
+from collections import Counter
+from functools import lru_cache
+
+from .actions import CODE_OF
 from .ranks import RankSchedule, Step, shared_step
 
 RR_FAMILIES = {"1f1b_rr": "1f1b", "zb_h1_rr": "zb_h1"}  # family -> the stage-level order its copies filter
@@ -66,9 +70,7 @@ def round_robin(
 ) -> RankSchedule:
     """The rank orders of `family` (1f1b_rr or zb_h1_rr) with `copies[s]` copies of stage s; `warmup`:
     the stage-level warm-up forwards (as 1F1B's; default copy_warmup at depth 1)."""
-    from .one_f_one_b import compute_orders as one_f_one_b_orders
     from .zero_bubble import check_warmup
-    from .zero_bubble import compute_orders as zero_bubble_orders
 
     if family not in RR_FAMILIES:
         raise ValueError(f"unknown round-robin family {family!r}; valid: {sorted(RR_FAMILIES)}")
@@ -79,16 +81,41 @@ def round_robin(
     S = len(copies)
     warmup = copy_warmup(copies, M) if not warmup else tuple(warmup)
     check_warmup(family, warmup, S, M, list(copy_warmup(copies, M)))
-    stage_orders = (one_f_one_b_orders if RR_FAMILIES[family] == "1f1b" else zero_bubble_orders)(S, M, warmup)
-    orders, placement, first = [], [], 0
-    for s, (c, order) in enumerate(zip(copies, stage_orders)):
-        per_copy: list[list[Step]] = [[] for _ in range(c)]  # copy k runs micro-batches k, k + c, ...
-        for a in order:
-            per_copy[a.micro_batch % c].append(shared_step(a.kind, s, a.micro_batch))
-        orders.extend(tuple(steps) for steps in per_copy)
+    orders, encoded, work, route, placement, first = [], [], [], [], [], 0
+    for s, c in enumerate(copies):
+        steps, codes, tallies = _copies_of(family, s, M, warmup[s], c)
+        orders += steps
+        encoded += codes
+        work += tallies
+        route.append([first + m % c for m in range(M)])
         placement.append(tuple(range(first, first + c)))
         first += c
-    return RankSchedule(family, len(copies), M, tuple(orders), tuple(placement))
+    schedule = RankSchedule(family, S, M, tuple(orders), tuple(placement))
+    return schedule.with_tables(tuple(encoded), tuple(work), route)
+
+
+@lru_cache(maxsize=4096)
+def _copies_of(family: str, stage: int, num_micro_batches: int, warm: int, copies: int):
+    """Stage `stage`'s order (its family's stage order after `warm` warm-up forwards) among its
+    copies, copy k running micro-batches k, k + c, ... in that order: per copy its steps, their
+    encoding and its work (RankSchedule's tables). A search's candidates differ in a stage or two,
+    so most stages' (copies, warm-up) come again: building and encoding every step anew cost as
+    much as simulating them."""
+    from .one_f_one_b import stage_order as one_f_one_b_order
+    from .zero_bubble import stage_order as zero_bubble_order
+
+    M = num_micro_batches
+    order = one_f_one_b_order(M, warm) if RR_FAMILIES[family] == "1f1b" else zero_bubble_order(stage, M, warm)
+    steps: list[list[Step]] = [[] for _ in range(copies)]
+    codes: list[list[tuple[int, int, int]]] = [[] for _ in range(copies)]
+    for a in order:
+        k = a.micro_batch % copies
+        steps[k].append(shared_step(a.kind, stage, a.micro_batch))
+        codes[k].append((CODE_OF[a.kind], stage, a.micro_batch))
+    work = tuple(
+        tuple((code, stage, n) for code, n in sorted(Counter(code for code, _, _ in copy).items())) for copy in codes
+    )
+    return tuple(map(tuple, steps)), tuple(map(tuple, codes)), work
 
 
 def rank_of(copies: tuple[int, ...], stage: int, micro_batch: int) -> int:

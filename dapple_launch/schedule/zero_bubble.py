@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .actions import Action, Kind, Schedule, with_communication
+from .actions import Action, Kind, Schedule, actions_of, with_communication
 
 
 def zb_h1(num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> Schedule:
@@ -51,29 +51,31 @@ def compute_orders(
     num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None
 ) -> list[list[Action]]:
     S, M = num_stages, num_micro_batches
-    forward = [Action(Kind.FORWARD, m) for m in range(M)]
-    input_grad = [Action(Kind.INPUT_GRAD, m) for m in range(M)]
-    weight_grad = [Action(Kind.WEIGHT_GRAD, m) for m in range(M)]
-    orders = []
-    for s in range(S):
-        warm = min(S - s - 1, M) if warmup is None else warmup[s]
-        order = forward[:warm]
-        pending: deque[int] = deque()
-        next_f, next_i = warm, 0
-        while next_f < M:  # steady: F, I, and the W that has waited s steps
-            order += (forward[next_f], input_grad[next_i])
-            pending.append(next_i)
-            next_f, next_i = next_f + 1, next_i + 1
-            if len(pending) > s:
-                order.append(weight_grad[pending.popleft()])
-        while next_i < M:  # cool-down: a W fills the wait for each next gradient
-            order.append(input_grad[next_i])
-            pending.append(next_i)
-            next_i += 1
+    return [stage_order(s, M, min(S - s - 1, M) if warmup is None else warmup[s]) for s in range(S)]
+
+
+def stage_order(stage: int, num_micro_batches: int, warm: int) -> list[Action]:
+    """Stage `stage`'s ZB-H1 order after `warm` warm-up forwards (it holds back `stage` W's): all a
+    stage's order depends on."""
+    M = num_micro_batches
+    forward, input_grad = actions_of(Kind.FORWARD, M), actions_of(Kind.INPUT_GRAD, M)
+    weight_grad = actions_of(Kind.WEIGHT_GRAD, M)
+    order = list(forward[:warm])
+    pending: deque[int] = deque()
+    next_f, next_i = warm, 0
+    while next_f < M:  # steady: F, I, and the W that has waited s steps
+        order += (forward[next_f], input_grad[next_i])
+        pending.append(next_i)
+        next_f, next_i = next_f + 1, next_i + 1
+        if len(pending) > stage:
             order.append(weight_grad[pending.popleft()])
-        order += [weight_grad[m] for m in pending]
-        orders.append(order)
-    return orders
+    while next_i < M:  # cool-down: a W fills the wait for each next gradient
+        order.append(input_grad[next_i])
+        pending.append(next_i)
+        next_i += 1
+        order.append(weight_grad[pending.popleft()])
+    order += [weight_grad[m] for m in pending]
+    return order
 
 
 def in_flight(stage: int, num_stages: int, num_micro_batches: int, warmup: tuple[int, ...] | None = None) -> int:
