@@ -27,7 +27,7 @@ from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD, StageCosts, zero_bubble
 from ..schedule.gpipe import compute_orders as gpipe_orders
-from ..schedule.one_f_one_b import compute_orders, deeper_warmup
+from ..schedule.one_f_one_b import deeper_warmup, stage_order
 from ..schedule.simulate import encode_orders, orders_time
 from .allreduce import bucket_layers, exposed
 
@@ -554,14 +554,25 @@ def compute_orders_of(schedule: str, num_stages: int, num_micro_batches: int, wa
     orders_time and shared by every layout of that shape: what the simulator walks for every
     candidate. The generators' orders are valid by construction (the tests validate them over
     grids); orders_time refuses a deadlock."""
+    S, M = num_stages, num_micro_batches
     if schedule == "zb_h1":
-        compute = zero_bubble.compute_orders(num_stages, num_micro_batches, warmup or None)
-    elif schedule == "gpipe":
-        compute = gpipe_orders(num_stages, num_micro_batches)
-    elif schedule == "1f1b":
-        compute = compute_orders(
-            num_stages, num_micro_batches, warmup or deeper_warmup(num_stages, num_micro_batches, 1)
-        )
-    else:
-        raise ValueError(f"no stage-order generator for schedule {schedule!r} (device groups: planner/chunked.py)")
-    return encode_orders(compute)
+        warm = warmup or tuple(min(S - s - 1, M) for s in range(S))
+        return tuple(_encoded_stage(schedule, s, M, warm[s]) for s in range(S))
+    if schedule == "1f1b":
+        warm = warmup or deeper_warmup(S, M, 1)
+        return tuple(_encoded_stage(schedule, 0, M, warm[s]) for s in range(S))  # (1F1B's: the same on any stage)
+    if schedule == "gpipe":
+        return encode_orders(gpipe_orders(S, M))
+    raise ValueError(f"no stage-order generator for schedule {schedule!r} (device groups: planner/chunked.py)")
+
+
+@lru_cache(maxsize=4096)
+def _encoded_stage(schedule: str, stage: int, num_micro_batches: int, warm: int) -> tuple[tuple[int, int], ...]:
+    """One stage's order encoded (compute_orders_of): all it depends on is its warm-up and, under
+    ZB-H1, its place (the W's it holds back), so the shapes of a search share most stages' orders."""
+    order = (
+        zero_bubble.stage_order(stage, num_micro_batches, warm)
+        if schedule == "zb_h1"
+        else stage_order(num_micro_batches, warm)
+    )
+    return encode_orders([order])[0]
