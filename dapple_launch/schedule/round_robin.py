@@ -19,7 +19,6 @@ sum(c[:s]) + k, and a stage's gradients are all-reduced over all its copies' dev
 
 from __future__ import annotations
 
-from collections import Counter
 from functools import lru_cache
 
 from .actions import CODE_OF
@@ -101,21 +100,31 @@ def _copies_of(family: str, stage: int, num_micro_batches: int, warm: int, copie
     encoding and its work (RankSchedule's tables). A search's candidates differ in a stage or two,
     so most stages' (copies, warm-up) come again: building and encoding every step anew cost as
     much as simulating them."""
+    made, encoded = _stage_steps(family, stage, num_micro_batches, warm)
+    steps: list[list[Step]] = [[] for _ in range(copies)]
+    codes: list[list[tuple[int, int, int]]] = [[] for _ in range(copies)]
+    for step, code in zip(made, encoded):
+        k = code[2] % copies
+        steps[k].append(step)
+        codes[k].append(code)
+    # (every micro-batch runs each of the order's kinds once, on its copy)
+    kinds = sorted({code for code, _, _ in encoded})
+    runs = [len(range(k, num_micro_batches, copies)) for k in range(copies)]
+    work = tuple(tuple((code, stage, n) for code in kinds) for n in runs)
+    return tuple(map(tuple, steps)), tuple(map(tuple, codes)), work
+
+
+@lru_cache(maxsize=1024)
+def _stage_steps(family: str, stage: int, num_micro_batches: int, warm: int):
+    """The stage's order as steps and as their encoding (kind code, stage, micro-batch), made once
+    for every split of it among copies."""
     from .one_f_one_b import stage_order as one_f_one_b_order
     from .zero_bubble import stage_order as zero_bubble_order
 
     M = num_micro_batches
     order = one_f_one_b_order(M, warm) if RR_FAMILIES[family] == "1f1b" else zero_bubble_order(stage, M, warm)
-    steps: list[list[Step]] = [[] for _ in range(copies)]
-    codes: list[list[tuple[int, int, int]]] = [[] for _ in range(copies)]
-    for a in order:
-        k = a.micro_batch % copies
-        steps[k].append(shared_step(a.kind, stage, a.micro_batch))
-        codes[k].append((CODE_OF[a.kind], stage, a.micro_batch))
-    work = tuple(
-        tuple((code, stage, n) for code, n in sorted(Counter(code for code, _, _ in copy).items())) for copy in codes
-    )
-    return tuple(map(tuple, steps)), tuple(map(tuple, codes)), work
+    made = tuple(shared_step(a.kind, stage, a.micro_batch) for a in order)
+    return made, tuple((CODE_OF[a.kind], stage, a.micro_batch) for a in order)
 
 
 def rank_of(copies: tuple[int, ...], stage: int, micro_batch: int) -> int:
