@@ -566,7 +566,7 @@ def compute_orders_of(schedule: str, num_stages: int, num_micro_batches: int, wa
     raise ValueError(f"no stage-order generator for schedule {schedule!r} (device groups: planner/chunked.py)")
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # (a few hundred a search; each up to M × 3 pairs)
 def _encoded_stage(schedule: str, stage: int, num_micro_batches: int, warm: int) -> tuple[tuple[int, int], ...]:
     """One stage's order encoded (compute_orders_of): all it depends on is its warm-up and, under
     ZB-H1, its place (the W's it holds back), so the shapes of a search share most stages' orders."""

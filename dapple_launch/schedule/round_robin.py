@@ -93,7 +93,7 @@ def round_robin(
     return schedule.with_tables(tuple(encoded), tuple(work), route)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # (a few hundred a search)
 def _copies_of(family: str, stage: int, num_micro_batches: int, warm: int, copies: int):
     """Stage `stage`'s order (its family's stage order after `warm` warm-up forwards) among its
     copies, copy k running micro-batches k, k + c, ... in that order: per copy its steps, their
@@ -114,7 +114,7 @@ def _copies_of(family: str, stage: int, num_micro_batches: int, warm: int, copie
     return tuple(map(tuple, steps)), tuple(map(tuple, codes)), work
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=512)
 def _stage_steps(family: str, stage: int, num_micro_batches: int, warm: int):
     """The stage's order as steps and as their encoding (kind code, stage, micro-batch), made once
     for every split of it among copies."""
