@@ -223,14 +223,20 @@ class GroupBound:
             self.rings[r], self.tail[r] = self._shared(("tail", devices, r, self.b), 2, tail)
 
     def _count_orders(self) -> None:
-        """Count building the shape's rank orders once per search (self.built: the keys built),
-        whether or not a cache of this process holds them, so the count is the same on every run."""
+        """Count building the shape's rank orders once per search."""
+        family = self._tail_inputs[2]
+        self._count_once((), ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE))
+
+    def _count_once(self, what: tuple, per_action: int) -> None:
+        """Count `per_action` cells an action of the shape's rank orders for what is built from them
+        (`what`: () the orders themselves) once per search (self.built: the keys built), whether or
+        not a cache of this process holds it, so the count is the same on every run."""
         _, _, family, groups, M, v = self._tail_inputs
-        key = (family, len(groups), M, v)
+        key = (*what, family, len(groups), M, v)
         if self.built is None or key not in self.built:
             if self.built is not None:
                 self.built.add(key)
-            self.cells += order_actions(family, self.S, M) * ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE)
+            self.cells += order_actions(family, self.S, M) * per_action
 
     def _kinds(self, s: int, r: int) -> tuple[np.ndarray, ...]:
         """Stage s's F, B, I, W over every span on r replicas, as the simulator charges them less its
@@ -453,10 +459,7 @@ class GroupBound:
         if critical:  # (the whole runs and the links: the critical paths found add the rest, a small game)
             runs, whole = runs[whole], whole[whole]
         cycles = cycle_terms(family, self.P, M, v, self.S)
-        if self.built is None or ("cycles", family, self.P, M, v) not in self.built:  # (counted once a search)
-            if self.built is not None:
-                self.built.add(("cycles", family, self.P, M, v))
-            self.cells += order_actions(family, self.S, M) * CYCLE_ACTION_CELLS
+        self._count_once(("cycles",), CYCLE_ACTION_CELLS)
         terms = np.concatenate([runs, links, cycles])
         key = (family, self.P, M, v)
         start = (warm or {}).get(key)
