@@ -14,12 +14,12 @@ from dapple_launch.models import build_model
 from dapple_launch.models.contract import run_layers
 from dapple_launch.models.token_slices import KVCache, TokenSlice, running, supports_slicing
 from dapple_launch.planner import Limits, Plan, fixed_plan
-from dapple_launch.planner.terapipe import dp_objective, dp_slicings
+from dapple_launch.planner.terapipe import dp_objective, dp_slicings, sliced_floor
 from dapple_launch.profile import analytic_profile
 from dapple_launch.runtime.module import PipelineModule
 from dapple_launch.schedule import Action, Kind, ScheduleError, StageCosts, simulate, validate
 from dapple_launch.schedule.actions import with_communication
-from dapple_launch.schedule.terapipe import bounds, slice_scale, terapipe
+from dapple_launch.schedule.terapipe import bounds, slice_scale, terapipe, unit_scales
 
 from .test_pipeline_numerics import make_plan, tiny_model
 
@@ -118,6 +118,63 @@ def test_the_dynamic_programme_equals_exhaustive_enumeration(L, grid, S, M):
                 best = (value, lengths)
     assert got[0] == pytest.approx(best[0], rel=1e-12)
     assert dp_objective(t, got[1], S, M) == pytest.approx(got[0], rel=1e-12)
+
+
+@pytest.mark.fast
+def test_the_sliced_floor_stays_below_the_simulation_and_its_peaks_are_the_simulators():
+    """The planner simulates a sliced candidate only where sliced_floor is under its cutoff, and keeps
+    none whose peak bytes (from the order alone) do not fit: over random stages, costs, shares and
+    slicings the floor is at most the simulation, and the peaks are the simulator's. The floor is
+    not vacuous: in most draws it is at least the busiest stage's work."""
+    import random
+
+    rng = random.Random(7)
+    tight = 0
+    for _ in range(300):
+        S, M = rng.randint(1, 5), rng.randint(1, 6)
+        L = rng.randint(1, 24)
+        cuts = sorted(rng.sample(range(1, L), rng.randint(0, min(4, L - 1)))) if L > 1 else []
+        lengths = tuple(b - a for a, b in zip([0, *cuts], [*cuts, L]))
+        costs = []
+        for _s in range(S):
+            ar = rng.choice([0.0, rng.uniform(0, 3)])
+            costs.append(
+                StageCosts(
+                    rng.uniform(0.1, 2),
+                    rng.uniform(0.1, 4),
+                    send_activation_s=rng.choice([0.0, rng.uniform(0, 2)]),
+                    send_gradient_s=rng.choice([0.0, rng.uniform(0, 2)]),
+                    allreduce_s=ar,
+                    allreduce_after_b_s=rng.choice([None, ar * rng.random()]),
+                    activation_bytes=rng.uniform(1, 100),
+                    recompute_bytes=rng.choice([0.0, rng.uniform(0, 50)]),
+                    workspace_bytes=rng.uniform(0, 20),
+                    action_s=rng.choice([0.0, rng.uniform(0, 0.2)]),
+                )
+            )
+        scales = [
+            unit_scales(
+                slice_scale(
+                    lengths,
+                    rng.random(),
+                    rng.random() / 2,
+                    rng.random() / 2,
+                    fixed=rng.choice([0.0, rng.random() / 3]),
+                    latency_up=rng.random() / 3,
+                    latency_down=rng.random() / 3,
+                ),
+                M,
+            )
+            for _s in range(S)
+        ]
+        sched = terapipe(S, M, lengths)
+        sim = simulate(sched, costs, record=False, scale=scales)
+        floor, peaks = sliced_floor(costs, scales, len(lengths))
+        assert floor <= sim.iteration_s * (1 + 1e-12)
+        assert peaks == pytest.approx(sim.peak_activation_bytes, rel=1e-9)
+        work = max((c.forward_s + c.backward_s) * sum(sc.compute) for c, sc in zip(costs, scales))
+        tight += floor > work * (1 + 1e-9)
+    assert tight > 150
 
 
 def test_a_fixed_plan_with_slices_and_the_planners_choice():

@@ -348,7 +348,9 @@ def plan(
         # TeraPipe on the best layouts found (planner/terapipe.py)
         from .terapipe import improve_with_slices
 
-        sliced = improve_with_slices(plain, profile, topology, global_batch, limits)
+        sliced = improve_with_slices(
+            plain, profile, topology, global_batch, limits, cutoff=best.iteration_s * (1 - SLICE_MIN_GAIN)
+        )
         # a gain within the cost model's error is not worth slicing for: every slice is more actions, more
         # transfers and a key/value cache the estimate prices only roughly
         if sliced is not None and sliced.iteration_s < best.iteration_s * (1 - SLICE_MIN_GAIN):
