@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 from typing import cast
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 
 from .log import get_logger
 from .planner.plan import Plan
@@ -164,9 +166,20 @@ def prepare(cfg: DictConfig, run_dir: Path) -> None:
 
 def write_run_files(cfg: DictConfig, plan: Plan, run_dir: Path) -> Path:
     """plan.json and config.yaml for the user, and this launch's snapshot for its ranks (returned)."""
-    resolved = cast(dict, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-    resolved["plan"] = plan.to_dict()
-    text = OmegaConf.to_yaml(OmegaConf.create(resolved))
+    # The config resolved but for its plan, which goes in as plain data: resolving `${dapple_plan:}`
+    # builds the plan's every action as a config node, and a config made of the whole took as long
+    # again (GPT large on 16 V100s, 13 stages × 64 micro-batches: 3.8 of a dry run's 17 s). Dumped as
+    # OmegaConf.to_yaml dumps, in the config's order: the same text.
+    rest = cast(
+        dict,
+        OmegaConf.to_container(
+            OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "plan"]), resolve=True, enum_to_str=True
+        ),
+    )
+    data = {str(k): json.loads(plan.to_json()) if k == "plan" else rest[k] for k in cfg}
+    text = yaml.dump(
+        data, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=get_omega_conf_dumper()
+    )
     snapshot = run_dir / ".dapple" / f"launch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     try:
         snapshot.mkdir(parents=True, exist_ok=True)
