@@ -298,6 +298,9 @@ def test_every_lower_bound_is_below_every_completion(seed, deep):
     if zb:  # measured split-backward shares: a gradient leaves before its weight gradient is computed
         layers = [replace(x, weight_grad_s=x.backward_s * rng.uniform(0.2, 0.8)) for x in profile.layers]
         profile = chain("rand", layers, batch_size=profile.batch_size)
+    if seed % 2:  # a weight the first and last layers share (a tied embedding), summed after both stages'
+        nbytes = random.Random(1900 + seed).choice([1e6, 1e8, 1e9])
+        profile = replace(profile, tied=(((0, profile.num_layers - 1), nbytes),))
     topo = Topology(
         "t",
         2,
@@ -547,8 +550,10 @@ def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
     compute_end's under that, GPipe and ZB-H1 at every depth; each is at least the table the search
     walks; and the link term lifts compute_end above its definition without it (max over stages of
     a_s + M t_s + AR_s) somewhere."""
-    lifted = 0
-    for seed in range(8):
+    from dapple_launch.planner.branch import BranchAndBound
+
+    lifted = tied = 0
+    for seed in range(12):
         rng = random.Random(700 + seed)
         nodes, per_node = rng.choice([(2, 2), (3, 1), (2, 3), (4, 1)])
         topo = Topology("slow", nodes, per_node, 1e12, 10, rng.choice([1e9, 2e10]), rng.choice([1e7, 1e8, 1e9]))
@@ -556,8 +561,17 @@ def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
         if seed % 2:  # measured split-backward shares (ZB-H1's weight gradients run apart)
             layers = [replace(x, weight_grad_s=x.backward_s * rng.uniform(0.2, 0.8)) for x in profile.layers]
             profile = chain("rand", layers, batch_size=profile.batch_size)
-        lifted += _tables_below_every_plan(profile, topo, rng.choice([8, 12]))
+        G = rng.choice([8, 12])
+        if seed >= 8:  # the first and last layers share a weight (a tied embedding): its sum after both stages'
+            untied = profile
+            profile = replace(profile, tied=(((0, profile.num_layers - 1), rng.choice([1e7, 1e8])),))
+            for b in divisors(G):
+                x, y = (BranchAndBound(p, topo, G, Limits(), b, math.inf).bounds for p in (profile, untied))
+                assert x.links is not None and y.links is not None
+                tied += any(float(t[0, 0]) > float(u[0, 0]) * (1 + 1e-9) for t, u in zip(x.links, y.links))
+        lifted += _tables_below_every_plan(profile, topo, G)
     assert lifted  # the link term binds on some of these slow links (3 of the 8 instances)
+    assert tied  # and a tied weight's sum lifts the proof's tables on some (where more than one stage fits)
 
 
 def _tables_below_every_plan(profile, topo, G) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -218,10 +219,13 @@ def test_the_bound_over_every_cut_of_copies_stays_below_the_simulator_and_above_
     from dapple_launch.planner.copies_bound import CopiesBound
     from dapple_launch.planner.cost import speed_ratio
 
-    checked = above = tight = joined = raised = 0
-    for seed in range(10):
+    checked = above = tight = joined = raised = tied = 0
+    for seed in range(14):
         rng = random.Random(seed)
         profile = random_profile(rng, rng.choice([5, 7, 9]))
+        if seed >= 10:  # a weight the first and last layers share (a tied embedding), summed after both stages'
+            nbytes = random.Random(100 + seed).choice([1e7, 1e8, 1e9])
+            profile = replace(profile, tied=(((0, profile.num_layers - 1), nbytes),))
         topo = Topology(
             "t",
             2,
@@ -266,6 +270,7 @@ def test_the_bound_over_every_cut_of_copies_stays_below_the_simulator_and_above_
                     term = bound.stage_s(st.start, st.stop, st.replicas)
                     assert term <= c.iteration_s * (1 + 1e-9), (seed, family, depth, replicas, cuts, b, st)
                     tight += term > c.iteration_s * 0.8
+                    tied += bool(profile.tied) and S > 1 and st.start == 0 and term > c.iteration_s * 0.8
                 # and each cut between two plain stages (one copy each: every activation over one link)
                 for s in range(len(layout) - 1):
                     if copies[s] == copies[s + 1] == 1:
@@ -280,6 +285,7 @@ def test_the_bound_over_every_cut_of_copies_stays_below_the_simulator_and_above_
             assert bound.bound(cap=value / 2) == value / 2 or value == 0
     assert checked > 150 and min(above, tight, joined) > checked / 8, (checked, above, tight, joined)
     assert raised > 10, raised  # (33 of the 80 draws: the requirement says something)
+    assert tied > 10, tied  # (the first stage's term with its share of the tied weight's sum binds)
 
 
 def test_the_copies_bound_prices_each_cut_s_link_between_the_two_stages_copies():

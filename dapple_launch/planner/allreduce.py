@@ -10,11 +10,26 @@ simulator charges after the action ends is the exposed part E - duration (0 wher
 is done before the action is). The search's closed forms (bounds.py, branch.py) bound it from below
 by one all-reduce of every byte less the action's duration: the buckets start no sooner than the
 action and together cost at least that one all-reduce (each pays its own latency).
+
+A weight several stages hold (a tied embedding: the first and last layer of a GPT or a small
+Llama) is summed after the stages' own buckets, over every device of the stages holding it
+(cost.stage_costs), all of it left after the action. Where no two stages share devices (1F1B, ZB-H1,
+copies), a stage that holds some layers of a tied group but not all adds at least a ring of the
+weight over its devices and one more (tied_ring_s): the proof's bounds count it (bounds.py's link
+tables, copies_bound.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..cluster import ring_allreduce_s
+
+if TYPE_CHECKING:
+    from ..cluster import Topology
 
 BUCKET_BYTES = 25 * 2**20
 
@@ -62,3 +77,18 @@ def overlapped(
         ready.append(done_from[min(i for i in bucket if parameter_bytes[i] > 0)])
         costs.append(allreduce(sum(parameter_bytes[i] for i in bucket)))
     return exposed(ready, costs, elapsed)
+
+
+def tied_ring_s(devices: np.ndarray, nbytes: float, topology: Topology) -> np.ndarray:
+    """A ring all-reduce of `nbytes` over each of `devices` (device counts) on the fastest
+    link a group of that many may get: the network's past a node, else the faster of the two. At
+    most what a tied weight's sum over that many devices or more costs (the ring only grows with
+    its devices)."""
+    (inter_bw, inter_lat), (best_bw, best_lat) = (
+        topology.fastest_allreduce_link(True),
+        topology.fastest_allreduce_link(False),
+    )
+    across = devices > topology.devices_per_node
+    return ring_allreduce_s(
+        devices, nbytes, (np.where(across, inter_bw, best_bw), np.where(across, inter_lat, best_lat))
+    )
