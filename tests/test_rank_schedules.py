@@ -489,6 +489,39 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
     assert checked > 500 and higher > total / 6, (checked, higher, total)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
+def test_a_shapes_bound_counts_a_tied_weight_s_sum_after_the_first_and_last_stages():
+    """A weight layer 0 shares with the last layer (a tied embedding) is summed over both stages'
+    devices after their own all-reduces: the bound over a shape's cuts counts it after the tail of
+    a group whose last step is on the first or the last stage, and stays below the simulated time of
+    every cut tried, for every chunked family; it is higher than without the tie on some shapes."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
+    from dapple_launch.planner.group_bound import GroupBound
+
+    rng = random.Random(5)
+    checked = raised = 0
+    for _ in range(4):
+        topo, untied = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8))
+        profile = replace(untied, tied=(((0, untied.num_layers - 1), rng.choice([1e7, 1e8])),))
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
+        memo: dict = {}
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
+            times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
+            bound = GroupBound(profile, topo, G, family, v, groups, b, times).bound()
+            raised += bound > GroupBound(untied, topo, G, family, v, groups, b, times).bound() * 1.001
+            S = num_stages(family, v, groups)
+            for _ in range(2):
+                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+                c = evaluate_chunked(
+                    profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
+                )
+                assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
+                checked += 1
+    assert checked > 300 and raised > 10, (checked, raised)
+
+
 @pytest.mark.slow  # (several seconds: out of the fast tier)
 def test_the_all_reduce_and_path_terms_of_a_shapes_bound_stay_below_its_best_cut():
     """group_bound's all-reduce terms: a group's last step leaves its stage's all-reduce to finish

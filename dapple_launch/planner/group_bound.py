@@ -56,6 +56,7 @@ from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.actions import CODE_OF, Kind
+from .allreduce import tied_ring_s
 from .chunked import groups_of, rank_orders
 from .path_bound import (
     CYCLE_ACTION_CELLS,
@@ -108,6 +109,18 @@ class GroupBound:
                 self.first.setdefault(g, s)
         self.tables = {} if tables is None else tables
         self.cells = 0
+        # a weight layer 0 shares with layer L - 1 (a tied embedding): the first and the last stage
+        # hold it whatever the cut, so the all-reduce of each leaves at least its sum over both
+        # stages' groups after it (cost.stage_costs; allreduce.tied_ring_s): one group where the last
+        # stage is on the first's (ZB-V's V); Chimera's copies sum it over their down pipeline's
+        # (chunked._over_both_copies keeps what the tie adds there)
+        self.tied_ends = 0.0
+        if self.S > 1:
+            first, last = self.on[0][0][0], self.on[self.S - 1][0][0]
+            devices = groups[first] + (groups[last] if last != first else 0)
+            for layers, nbytes in profile.tied:
+                if devices > 1 and nbytes > 0 and 0 in layers and L - 1 in layers:
+                    self.tied_ends += float(tied_ring_s(np.array([devices]), nbytes, topology)[0])
 
         def spans():
             params = np.asarray(profile._prefix["p"])
@@ -182,7 +195,10 @@ class GroupBound:
         self.last, self.queue = _order_facts(family, len(groups), M, v)
         self._tail_tables()
         assert self.tail is not None
-        self.has_tails = any(bool(np.any(t > 0)) for t in self.tail.values()) and bool(self.last)
+        self.has_tails = (
+            any(bool(np.any(t > 0)) for t in self.tail.values())
+            or (self.tied_ends > 0 and any(s in (0, self.S - 1) for s in self.last.values()))
+        ) and bool(self.last)
 
     def _tail_tables(self) -> None:
         """self.tail and self.rings (_tails), which need no rank orders: a stage's masks read them too.
@@ -284,6 +300,8 @@ class GroupBound:
                 left = (self.tail or {}).get(r) if tails and (self.last or {}).get(g) == s else None
                 if left is not None:
                     cost = cost + left
+                if tails and s in (0, self.S - 1) and (self.last or {}).get(g) == s:
+                    cost = cost + self.tied_ends  # (a tied weight's sum after the stage's own: __init__)
                 terms.append((g, cost))
             out.append(terms)
         return out
