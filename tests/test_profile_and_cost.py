@@ -156,6 +156,23 @@ def test_analytic_profile_counts_real_parameters():
     assert p.layers[1].saved_bytes > p.layers[1].activation_bytes
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
+@pytest.mark.parametrize(
+    "family, preset, precision",
+    [("gpt", "tiny", "32"), ("llama", "tiny", "bf16-mixed"), ("bert", "base", "16-mixed"), ("vgg19", "tiny", "32")],
+)
+def test_the_analytic_trace_of_layers_alike_is_the_trace_of_each(family, preset, precision):
+    """trace_layers traces each kind of layer once (class, parameter shapes, input shapes and
+    dtypes) and gives the others its figures: the same figures as tracing every layer, for
+    decoders and encoders in full and mixed precision, and a network of unlike layers."""
+    from dapple_launch.profile.analytic import trace_layers
+
+    model = build_model(family, preset)
+    each = list(trace_layers(model, 2, precision, alike=False))
+    assert list(trace_layers(model, 2, precision)) == each
+    assert len({figures[1:] for figures in each}) < len(each) or family == "vgg19"
+
+
 def test_profile_json_round_trip():
     p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32)
     assert ModelProfile.from_json(p.to_json()) == p
