@@ -85,13 +85,21 @@ def headline(plan) -> str:
         f"per iteration ({e.samples_per_s:.1f} samples/s)"
     )
     p = plan.proof
-    if p:
+    families = f"{len(p['families'])} famil{'y' if len(p['families']) == 1 else 'ies'}" if p else ""
+    if p and plan.token_slices:  # (the bounds cover the families searched, not token slices)
+        proven = (
+            f"faster than any plan of the {families} searched can be"
+            if p["gap"] == 0
+            else f"within {human_gap(p['gap'])} of the optimum of the {families} searched"
+        )
+        second = f"  {proven}; token slices are not bounded ({p['candidates']} candidates, {p['seconds']:.1f} s)"
+    elif p:
         proven = (
             "optimal under the cost model"
             if p["gap"] == 0
             else f"within {human_gap(p['gap'])} of the optimum under the cost model"
         )
-        second = f"  {proven} over {len(p['families'])} families ({p['candidates']} candidates, {p['seconds']:.1f} s)"
+        second = f"  {proven} over {families} ({p['candidates']} candidates, {p['seconds']:.1f} s)"
     else:
         second = f"  {plan.planner.split(':')[0]} layout, not searched (strategy=auto plans one)"
     beaten = [r for r in plan.runners_up if r.iteration_s > e.iteration_s]
