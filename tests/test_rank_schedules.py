@@ -493,8 +493,9 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
 def test_a_shapes_bound_counts_a_tied_weight_s_sum_after_the_first_and_last_stages():
     """A weight layer 0 shares with the last layer (a tied embedding) is summed over both stages'
     devices after their own all-reduces: the bound over a shape's cuts counts it after the tail of
-    a group whose last step is on the first or the last stage, and stays below the simulated time of
-    every cut tried, for every chunked family; it is higher than without the tie on some shapes."""
+    a group whose last step is on the first or the last stage, and in the all-reduce queue of the
+    groups holding them, and stays below the simulated time of every cut tried, for every chunked
+    family (it fails with the queue's share doubled); it is higher than without the tie on some."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
     from dapple_launch.planner.group_bound import GroupBound

@@ -266,7 +266,8 @@ class GroupBound:
     def _queue_terms(self) -> list[list[tuple[int, np.ndarray]]]:
         """Per stage, per group: a group's all-reduces run one after another on its devices, none
         before its stage's last gradient action starts, so T >= the group's fill + its steps before
-        the first of its stages' last gradient actions (the order says which) + every stage's ring."""
+        the first of its stages' last gradient actions (the order says which) + every stage's ring
+        (and the first and last stages' share of a tied weight's sum: __init__)."""
         out = []
         for s in range(self.S):
             terms = []
@@ -278,6 +279,8 @@ class GroupBound:
                 )
                 if self.first[g] == s:
                     cost = cost + self.fill[:, None]
+                if s in (0, self.S - 1):  # (a tied weight's sum queues after each end stage's own: __init__)
+                    cost = cost + self.tied_ends
                 terms.append((g, cost))
             out.append(terms)
         return out
@@ -331,7 +334,7 @@ class GroupBound:
             yield 1.0, True
         elif not self.drain.any():  # (a split backward: the tail adds to the busy terms, where there is one)
             yield 1.0, False
-        if self.rings:
+        if self.rings or self.tied_ends > 0:
             yield -1.0, False
         if self.all_reduces_may_bind:
             yield 0.0, False
