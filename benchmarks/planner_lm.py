@@ -76,7 +76,7 @@ def row(family: str, preset: str, cluster: str, G: int) -> dict:
         "devices": topology.num_devices,
         "G": G,
         "layers": profile.num_layers,
-        "plan": f"{len(plan.stages)} stages, {plan.num_micro_batches}×{plan.micro_batch_size}, {plan.schedule}",
+        "plan": f"{len(plan.stages)} stage{'s' if len(plan.stages) > 1 else ''}, {plan.num_micro_batches}×{plan.micro_batch_size}, {plan.schedule}",
         "token_slices": list(plan.token_slices),
         "iteration_s": plan.estimate.iteration_s,
         "proven_gap": plan.proof["gap"],
