@@ -2,7 +2,7 @@
 
 Each seed draws a profile (1 to 60 layers; times, activations and weights over orders of
 magnitude; some layers that take no time or hold no weights, one giant layer, split-backward
-shares measured or not), a cluster (1 to 8 nodes of 1 to 8 devices, fast or slow links, roomy or
+shares measured or not, a quarter of them with the first and last layers sharing a weight), a cluster (1 to 8 nodes of 1 to 8 devices, fast or slow links, roomy or
 tight memory), a global batch and a set of schedule families, and plans it on a small budget.
 Each must end one of two ways:
 
@@ -25,6 +25,7 @@ import re
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +120,11 @@ def run_seed(seed: int) -> tuple[str, str]:
     """One seed's draw, planned and checked (check); every tenth planned twice more, compared."""
     rng = random.Random(seed)
     profile, topology = draw_profile(rng), draw_cluster(rng)
+    # a quarter of the profiles share a weight between the first and last layers (a tied embedding),
+    # drawn apart so every seed's other draws stay what they were
+    L, tie = profile.num_layers, random.Random(10**6 + seed)
+    if L > 1 and tie.random() < 0.25:
+        profile = replace(profile, tied=(((0, L - 1), 10 ** tie.uniform(4, 9)),))
     G = rng.choice([1, 2, 3, 8, 16, 24, 64, 128, 256]) * rng.choice([1, topology.num_devices])
     families = tuple(sorted(rng.sample(FAMILIES, rng.randint(1, 4)))) if rng.random() < 0.6 else DEFAULT_SCHEDULES
     limits = Limits(schedules=families, search_nodes=BUDGET, recompute=rng.choice(["none", "none", "auto"]))
