@@ -489,6 +489,31 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
     assert checked > 500 and higher > total / 6, (checked, higher, total)
 
 
+def test_a_tied_weight_is_summed_over_each_device_holding_it_once():
+    """The first and last stages sum a tied weight over their devices after their own all-reduces
+    (runtime/tied.py): under ZB-V both ends sit on the first group, whose ranks hold one shared
+    Parameter, so the sum runs over that group's devices once; under interleaved 1F1B the ends sit
+    on the first and last groups, and it runs over both."""
+    from dapple_launch.planner.chunked import chunked_layout
+    from dapple_launch.planner.cost import stage_costs
+
+    layers = [LayerProfile(f"l{i}", 1e-3, 2e-3, 1e6, 4e6) for i in range(8)]
+    untied = chain("t", layers, batch_size=2)
+    tied = replace(untied, tied=(((0, 7), 4e6),))
+    topo = Topology("t", 2, 4, 16e9, 10, 20e9, 2e9)
+    for family, stops, holders in (
+        ("zbv", [1, 2, 3, 4, 5, 6, 7, 8], (0, 1)),
+        ("interleaved_1f1b", [1, 2, 3, 4, 5, 6, 7, 8], (0, 1, 6, 7)),
+    ):
+        layout = chunked_layout(family, [2, 2, 2, 2], stops, None)
+        assert len(layout) == 8 and sorted(set(layout[0].devices) | set(layout[-1].devices)) == list(holders)
+        with_tie, without = stage_costs(tied, topo, layout, 2), stage_costs(untied, topo, layout, 2)
+        sum_s = topo.allreduce_s(holders, 4e6)
+        for s in (0, 7):
+            assert with_tie[s].allreduce_s - without[s].allreduce_s == pytest.approx(sum_s, rel=1e-12), (family, s)
+        assert all(with_tie[s].allreduce_s == without[s].allreduce_s for s in range(1, 7))
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_shapes_bound_counts_a_tied_weight_s_sum_after_the_first_and_last_stages():
     """A weight layer 0 shares with the last layer (a tied embedding) is summed over both stages'

@@ -389,10 +389,11 @@ def stage_costs(
         )
     for layers, nbytes in profile.tied:
         # A weight several stages hold (a tied embedding): after their own all-reduces, the stages
-        # holding a copy sum its gradient among all their devices (runtime/tied.py).
+        # holding a copy sum its gradient among all their devices (runtime/tied.py), each device once:
+        # a rank holding two of them (ZB-V's first group holds both ends) keeps one shared Parameter
         holders = [s for s, st in enumerate(layout) if any(st.start <= i < st.stop for i in layers)]
         if len(holders) > 1:
-            extra = topology.allreduce_s(tuple(d for s in holders for d in layout[s].devices), nbytes)
+            extra = topology.allreduce_s(tuple(sorted({d for s in holders for d in layout[s].devices})), nbytes)
             for s in holders:  # after the stage's own buckets: it adds to what is left of them
                 c = costs[s]
                 costs[s] = replace(
