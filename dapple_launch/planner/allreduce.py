@@ -15,7 +15,7 @@ A weight several stages hold (a tied embedding: the first and last layer of a GP
 Llama) is summed after the stages' own buckets, over every device of the stages holding it
 (cost.stage_costs), all of it left after the action. Where no two stages share devices (1F1B, ZB-H1,
 copies), a stage that holds some layers of a tied group but not all adds at least a ring of the
-weight over its devices and one more (tied_ring_s): the proof's bounds count it (bounds.py's link
+weight over its devices and one more (tied_floor_s): the proof's bounds count it (bounds.py's link
 tables, copies_bound.py).
 """
 
@@ -30,6 +30,7 @@ from ..cluster import ring_allreduce_s
 
 if TYPE_CHECKING:
     from ..cluster import Topology
+    from ..profile.model_profile import ModelProfile
 
 BUCKET_BYTES = 25 * 2**20
 
@@ -92,3 +93,20 @@ def tied_ring_s(devices: np.ndarray, nbytes: float, topology: Topology) -> np.nd
     return ring_allreduce_s(
         devices, nbytes, (np.where(across, inter_bw, best_bw), np.where(across, inter_lat, best_lat))
     )
+
+
+def tied_floor_s(
+    profile: ModelProfile, start: int, stops: np.ndarray, counts: np.ndarray, topology: Topology
+) -> np.ndarray:
+    """[stop, count]: the least a stage of layers [start, stop) on `count` devices adds after its own
+    all-reduce for the tied weights it shares with a layer outside it, where no other stage shares
+    its devices: per tied group the span splits, a ring over its devices and one more
+    (tied_ring_s)."""
+    out = np.zeros((len(stops), len(counts)))
+    for layers, nbytes in profile.tied:
+        held = np.array(sorted(set(layers)))
+        inside = ((held[None, :] >= start) & (held[None, :] < stops[:, None])).sum(axis=1)
+        split = (inside > 0) & (inside < len(held))
+        if nbytes > 0 and split.any():
+            out = out + np.where(split[:, None], tied_ring_s(counts + 1, nbytes, topology)[None, :], 0.0)
+    return out

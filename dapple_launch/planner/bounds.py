@@ -21,7 +21,7 @@ import numpy as np
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .allreduce import tied_ring_s
+from .allreduce import tied_floor_s
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 follow, whatever the warm-up: t_p + (M + 1) c_p (+ the rest's pass) + AR_p. On a
                 slow network it is what binds (GNMT on 16 × 1 V100 at 10 Gbps: the 1F1B and ZB-H1
                 bounds 43 % under the plan without it). These count a tied weight's sum after the
-                all-reduce of each stage that shares it with a layer outside (allreduce.tied_ring_s:
+                all-reduce of each stage that shares it with a layer outside (allreduce.tied_floor_s:
                 GPT large on 16 × 1 V100 at 10 Gbps, its embedding and head tied: 214 ms each).
     Each table minimises on its own (the least of each is at most what any one completion
     attains), so each is a valid bound.
@@ -160,7 +160,6 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             out.append((R, nxt, lat, bw, slope, fixed, np.ceil(x.micro_batch / R)))
         return out
 
-    ties = [(np.array(sorted(set(layers))), nbytes) for layers, nbytes in p.tied if nbytes > 0]
     every_stop = chunked(max(1, 65536 // (L * D)))
     last_stop = chunked(max(1, 65536 // D)) if x.stage_limit in (1, 2) else every_stop
     for i in range(L - 1, -1, -1):
@@ -245,12 +244,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # gradient down before its weight gradient, so compute_end's way on counts no later stage
             sends = t + (M + 1) * link
             # and, for the proof only too, a weight the stage shares with a layer outside it: summed
-            # after its own all-reduce (allreduce.tied_ring_s)
-            for layers, nbytes in ties:
-                held = ((layers[None, :] >= i) & (layers[None, :] < z[:, None])).sum(axis=1)
-                split = (held > 0) & (held < len(layers))
-                if split.any():
-                    ar = ar + np.where(split[None, :, None], tied_ring_s(R + 1, nbytes, topo)[:, None, None], 0.0)
+            # after its own all-reduce (allreduce.tied_floor_s)
+            if p.tied:
+                ar = ar + tied_floor_s(p, i, z, R, topo).T[:, :, None]
             reach = np.maximum(np.maximum(trip, sends + rest_sum) + ar, forward_in + ahead(reach_l))
             reach_at_l[:w] = np.minimum(reach_at_l[:w], reach.min(axis=(0, 1)))
             computed = np.maximum(np.maximum(M * t, sends) + ar, forward_in + ahead(compute_l))

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
-from .allreduce import tied_ring_s
+from .allreduce import tied_floor_s
 
 BISECTIONS = 30  # halvings of [lo, hi]: within 1e-9 of the relaxation's optimum
 PAIR_DEVICES = 64  # up to this many devices, each cut's link is priced on both stages' counts (D^2 per cut)
@@ -135,7 +135,6 @@ class CopiesBound:
         send[L - 1] = 0.0  # (the last stage sends nothing on)
         # per start i, every stop z > i at once: rows z = i + 1 .. L, columns r = 1 .. D
         rows, joined = [], []  # (joined: over the plain columns only)
-        ties = [(np.array(sorted(set(layers))), nbytes) for layers, nbytes in profile.tied if nbytes > 0]
         plain = np.nonzero(g == r)[0]  # the columns of plain stages (one copy: r divides b)
         other = np.nonzero(g != r)[0]
         for i in range(L):
@@ -151,11 +150,8 @@ class CopiesBound:
             below = ((bf[z - 1] - bf[i]) + (bw[z - 1] - bw[i] - (bf[z - 1] - bf[i])) * per) * speed
             left = np.where(w > 0, ring_allreduce_s(r, w, link), 0.0) - below  # (0 where r = 1)
             exposed = np.maximum(0.0, np.maximum.accumulate(left, axis=0))
-            for layers, nbytes in ties:  # a weight it shares with a layer outside it: summed after (allreduce.py)
-                held = ((layers[None, :] >= i) & (layers[None, :] < z)).sum(axis=1)
-                split = (held > 0) & (held < len(layers))
-                if split.any():
-                    exposed = exposed + np.where(split[:, None], tied_ring_s(r + 1, nbytes, topology)[None, :], 0.0)
+            if profile.tied:  # a weight it shares with a layer outside it: summed after (allreduce.py)
+                exposed = exposed + tied_floor_s(profile, i, z[:, 0], r, topology)
             # no backward before a micro-batch's round trip through layers z .. L - 1, its cut z
             # crossed both ways: not the first one's (all backwards after it), nor the last one's
             # (after all forwards); no forward before the micro-batch has crossed cut i
