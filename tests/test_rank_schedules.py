@@ -392,6 +392,21 @@ def _best_cut_s(profile, topo, G: int, limits: Limits, family: str, v: int, grou
     return min(evaluate_chunked(profile, topo, x, b, G // b, limits, family, v).iteration_s for x in layouts)
 
 
+def _random_cuts_at_or_above(rng, bound, profile, topo, G, limits, family, v, groups, b, cuts: int) -> int:
+    """Simulates `cuts` random cuts of the shape and asserts each at or above `bound`; their count."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import num_stages
+
+    L, S = profile.num_layers, num_stages(family, v, groups)
+    for _ in range(cuts):
+        stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+        c = evaluate_chunked(
+            profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
+        )
+        assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
+    return cuts
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     """shape_bound.shape_bound (the busiest group's work, the busiest link's transfers, each
@@ -410,7 +425,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
         if rng.random() < 0.5:  # every layer's output alike (a transformer's): the least cut is a real one
             out = rng.choice([1e6, 4e7, 2e8])
             profile = replace(profile, layers=tuple(replace(x, activation_bytes=out) for x in profile.layers))
-        G, L = rng.choice([8, 16]), profile.num_layers
+        G = rng.choice([8, 16])
         limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
         for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
             bound = shape_bound(profile, topo, G, groups, b, None, family, v)
@@ -418,14 +433,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                 link_decides += 1
             tail_decides += tail_bound(profile, topo, G, family, groups, b, {}) == bound
             allreduce_decides += allreduce_bound(profile, topo, G, family, v, groups, b, {}) == bound
-            S = num_stages(family, v, groups)
-            for _ in range(3):
-                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
-                c = evaluate_chunked(
-                    profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
-                )
-                assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
-                checked += 1
+            checked += _random_cuts_at_or_above(rng, bound, profile, topo, G, limits, family, v, groups, b, 3)
     assert checked > 500 and min(link_decides, tail_decides, allreduce_decides) > 20, (
         checked,
         link_decides,
@@ -463,15 +471,14 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
     fill, its stages' work and drain, or its forwards and all-reduces, weighted and minimised by a
     programme over cuts) is below the simulated time of every cut of the shape, for every chunked
     family, and decides more than the cut-blind shape bound on a good share of the shapes."""
-    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shape_bound, shapes
+    from dapple_launch.planner.chunked_search import _layer_times, shape_bound, shapes
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(3)
     checked = higher = total = 0
     for _ in range(5):
         topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8))
-        G, L = rng.choice([8, 16]), profile.num_layers
+        G = rng.choice([8, 16])
         limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
         memo: dict = {}
         for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
@@ -479,13 +486,7 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
             bound = GroupBound(profile, topo, G, family, v, groups, b, times).bound()
             total += 1
             higher += bound > shape_bound(profile, topo, G, groups, b, None, family, v) * 1.001
-            S = num_stages(family, v, groups)
-            for _ in range(2):
-                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
-                layout = chunked_layout(family, list(groups), stops, None)
-                c = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v)
-                assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
-                checked += 1
+            checked += _random_cuts_at_or_above(rng, bound, profile, topo, G, limits, family, v, groups, b, 2)
     assert checked > 500 and higher > total / 6, (checked, higher, total)
 
 
@@ -521,8 +522,7 @@ def test_a_shapes_bound_counts_a_tied_weight_s_sum_after_the_first_and_last_stag
     a group whose last step is on the first or the last stage, and in the all-reduce queue of the
     groups holding them, and stays below the simulated time of every cut tried, for every chunked
     family (it fails with the queue's share doubled); it is higher than without the tie on some."""
-    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
+    from dapple_launch.planner.chunked_search import _layer_times, shapes
     from dapple_launch.planner.group_bound import GroupBound
 
     rng = random.Random(5)
@@ -530,21 +530,14 @@ def test_a_shapes_bound_counts_a_tied_weight_s_sum_after_the_first_and_last_stag
     for _ in range(4):
         topo, untied = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8))
         profile = replace(untied, tied=(((0, untied.num_layers - 1), rng.choice([1e7, 1e8])),))
-        G, L = rng.choice([8, 16]), profile.num_layers
+        G = rng.choice([8, 16])
         limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
         memo: dict = {}
         for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4, 8]):
             times = lambda r, b=b: _layer_times(profile, topo, r, b, memo)
             bound = GroupBound(profile, topo, G, family, v, groups, b, times).bound()
             raised += bound > GroupBound(untied, topo, G, family, v, groups, b, times).bound() * 1.001
-            S = num_stages(family, v, groups)
-            for _ in range(2):
-                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
-                c = evaluate_chunked(
-                    profile, topo, chunked_layout(family, list(groups), stops, None), b, G // b, limits, family, v
-                )
-                assert c.iteration_s >= bound * (1 - 1e-9), (family, v, groups, b, stops, c.iteration_s, bound)
-                checked += 1
+            checked += _random_cuts_at_or_above(rng, bound, profile, topo, G, limits, family, v, groups, b, 2)
     assert checked > 300 and raised > 10, (checked, raised)
 
 
