@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dapple_launch.models import build_model  # noqa: E402
-from dapple_launch.plan_config import DEFAULT_SCHEDULES, shipped_topology  # noqa: E402
+from dapple_launch.plan_config import DEFAULT_SCHEDULES, PROFILE_BATCH, shipped_topology, with_ties  # noqa: E402
 from dapple_launch.planner.cost import Limits, speed_ratio  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
 from dapple_launch.planner.score import simulate_costed  # noqa: E402
@@ -231,8 +231,9 @@ def main() -> None:
         summary.update(ceiling_exact=ceiling["lower_bound_exact_s"], ceiling_all=ceiling["lower_bound_s"])
         Path(args.out).write_text(json.dumps(rows, indent=2))
     if not args.skip_scaling:
+        # each analytic profile with its model's tied embedding, as the CLI plans it (plan_config.with_ties)
         model = build_model("bert", "large", num_layers=94)  # embed + 94 blocks + head = 96 layers
-        profile = analytic_profile(model, 2, 312.0, "a100")
+        profile = with_ties(analytic_profile(model, PROFILE_BATCH, 312.0, "a100"), model)
         from dapple_launch.cluster import Topology
 
         for nodes in (64, 128):  # 512 and 1024 A100s
@@ -247,7 +248,10 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(rows, indent=2))
         # model=gpt model.preset=medium (24 x 1024) on the shipped A100 nodes: 64, 512 and 1024 devices
         a100 = topology("a100x64")
-        gpt = analytic_profile(build_model("gpt", "medium"), 2, a100.device_tflops, "a100", precision="bf16-mixed")
+        model = build_model("gpt", "medium")
+        gpt = with_ties(
+            analytic_profile(model, PROFILE_BATCH, a100.device_tflops, "a100", precision="bf16-mixed"), model
+        )
         for nodes in (8, 64, 128):
             cluster = replace(a100, name=f"a100x{nodes * 8}", nodes=nodes)
             r = row("gpt-medium (analytic)", gpt, cluster, 1024, limits)

@@ -336,6 +336,73 @@ def test_the_copies_bound_prices_each_cut_s_link_between_the_two_stages_copies()
     assert checked > 80 and linked >= 5 and raised > bounds / 4, (checked, linked, raised, bounds)
 
 
+def test_the_copies_relaxation_s_own_layout_fits_the_least_t_it_was_seen_to_fit():
+    """CopiesBound.relaxed_layout: the layout the bound's programme that prices every link chose,
+    on random profiles of costly cuts: its stages cover every layer in order, on at most D
+    devices, and every stage's and every link's term is at most the least T the bisection saw fit,
+    which lies just above the bound."""
+    from dataclasses import replace
+
+    from dapple_launch.planner.copies_bound import CopiesBound
+    from dapple_launch.planner.cost import speed_ratio
+
+    found = several = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        base = random_profile(rng, rng.choice([5, 7, 9]))
+        out = rng.choice([2e7, 6e7])
+        profile = replace(base, layers=tuple(replace(x, activation_bytes=out) for x in base.layers))
+        topo = Topology("t", rng.choice([6, 8]), 1, 32e9, 10, 20e9, rng.choice([1e8, 5e8]))
+        limits = Limits()
+        capacity = topo.device_memory_bytes * (1 - limits.memory_headroom)
+        G, b = rng.choice([16, 32]), rng.choice([1, 2])
+        bound = CopiesBound(profile, topo, G, b, speed_ratio(profile, topo), limits.optimizer_factor, capacity)
+        value = bound.bound()
+        layout = bound.relaxed_layout()
+        if layout is None:
+            continue
+        stops, replicas = layout
+        T = bound.fitting
+        assert value <= T <= value * (1 + 1e-6) + 1e-12, (seed, value, T)
+        assert stops[-1] == profile.num_layers and list(stops) == sorted(set(stops)), (seed, stops)
+        assert len(replicas) == len(stops) and sum(replicas) <= topo.num_devices, (seed, replicas)
+        starts = (0, *stops[:-1])
+        for s, (start, stop, r) in enumerate(zip(starts, stops, replicas)):
+            assert bound.stage_s(start, stop, r) <= T * (1 + 1e-12), (seed, s, layout)
+            if s:
+                assert bound.pair_s(start, replicas[s - 1], r) <= T * (1 + 1e-12), (seed, s, layout)
+        found += 1
+        several += len(stops) > 1
+    assert found >= 10 and several >= 5, (found, several)
+
+
+@pytest.mark.slow  # (over a second: out of the fast tier)
+def test_the_search_of_copies_walks_from_the_relaxation_s_own_layout():
+    """VGG-19 on 16 × 1 V100 at 10 Gbps, G 64: the copies bound's own layout at one sample per
+    micro-batch, at its stages' fitted warm-ups, is faster than every plan the tiers of starts and
+    their walks reach (65.7 ms, without it); the search tries it and walks from it, so its plan is
+    at least as fast."""
+    from dapple_launch.planner.copies_bound import CopiesBound
+    from dapple_launch.planner.cost import speed_ratio
+
+    profile = read_profile_file(ROOT / "dapple_launch" / "profiles" / "vgg-19-pbs-32.txt", 32, device_tflops=125.0)
+    profile = replace(
+        profile, layers=tuple(replace(x, parameter_bytes=x.parameter_bytes * 1.048576) for x in profile.layers)
+    )
+    topo, G, b = shipped_topology("v100-16x1-10g"), 64, 1
+    limits = Limits(schedules=DEFAULT_SCHEDULES)
+    capacity = topo.device_memory_bytes * (1 - limits.memory_headroom)
+    bound = CopiesBound(profile, topo, G, b, speed_ratio(profile, topo), limits.optimizer_factor, capacity, True)
+    bound.bound()
+    stops, replicas = bound.relaxed_layout()
+    layout = contiguous((0, *stops), replicas)
+    copies = tuple(canonical_copies(r, b) for r in replicas)
+    fitted = fitted_depths(rr_costs(profile, topo, layout, copies, b, {}), copies, G // b)
+    own = evaluate_rr(profile, topo, layout, copies, b, G // b, limits, "zb_h1_rr", (*fitted[:-1], 1))
+    best = search(profile, topo, G, limits)[0]
+    assert best.iteration_s <= own.iteration_s * (1 + 1e-9), (best.summary(), own.summary())
+
+
 def test_the_copies_bound_counts_the_drain_after_each_stage_s_last_backward():
     """After a stage's last backward (a split one's last I) its gradient still runs back through
     the layers before it: with one or two micro-batches, fast links and small measured weight

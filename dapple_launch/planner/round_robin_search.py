@@ -7,7 +7,9 @@ copies that only pipeline them), each followed by a local search from its best a
 (a replica moved between two stages, a cut moved by one layer), a move whose busiest copy alone
 cannot win left unsimulated; a third tier, both tiers' layouts at each stage's
 own depth fitted to its round trip (round_robin.fitted_depths). The winner then descends over its
-stages' own warm-up depths and walks its layouts under them, while either helps.
+stages' own warm-up depths and walks its layouts under them, while either helps. Last, on top of
+the budget, the bound's own layouts (below: where its stages and links fit, per micro-batch size)
+at their fitted depths, the best of them finished as the winner is.
 Bound over the families, per micro-batch size b, the greater of two: each device runs whole
 copy-micro-batches, so the M micro-batches' work over all layers, each layer at its cheapest copy
 size g (g devices running ceil(b / g) samples each), is shared by at most D devices:
@@ -42,6 +44,7 @@ TRANSFER_SHARE = 0.1  # of a start's time a stage of it sends for, where copies 
 SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greedy share
 STAGE_COUNTS = 4  # starts of 2 to this many stages of even device counts, whatever the exact passes kept
 SPARE = 0.125  # of the budget, for the walks from each tier's best at its other stage counts
+RELAXED = 0.25  # of the budget, on top of it, for the relaxation's own layouts and the finish of their best
 FINISH = 0.25  # of the budget, kept for the winner's finish (its warm-ups, families and own depths)
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
@@ -85,15 +88,18 @@ def layout_bounds(
     sizes: list[int],
     incumbent: float,
     memo: dict,
-) -> dict[int, float]:
+) -> tuple[dict[int, float], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
     """Per micro-batch size, the greater of the compute bound at its granularity and the least
     slowest stage over every cut and device count (copies_bound.py), the latter only up to what
     decides the gap: sizes in increasing compute bound, each only up to the least bound so far
-    (or the incumbent), since a size whose stages cannot fit below it leaves the gap as it is."""
+    (or the incumbent), since a size whose stages cannot fit below it leaves the gap as it is.
+    And per size whose relaxation fit under that, its own layout (CopiesBound.relaxed_layout:
+    stops, device counts), a start for the search."""
     speed = speed_ratio(profile, topology)
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     floor = {b: granularity_bound(profile, topology, global_batch, b, memo) for b in sizes}
     out: dict[int, float] = {}
+    relaxed = {}
     least = incumbent
     for b in sorted(sizes, key=lambda b: (floor[b], b)):
         if floor[b] >= least:
@@ -104,7 +110,10 @@ def layout_bounds(
         )
         out[b] = cut.bound(above=floor[b], cap=least)
         least = min(least, out[b])
-    return out
+        layout = cut.relaxed_layout()
+        if layout is not None:
+            relaxed[b] = layout
+    return out, relaxed
 
 
 class _Loads(dict):
@@ -321,7 +330,7 @@ def search_round_robin(
     # SPARE on top of it.
     limit = budget - int(FINISH * budget)
     spare = int(SPARE * budget)
-    bounds = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo)
+    bounds, relaxed = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo)
     best: Costed | None = None
     # the local search walks from the best plan of copies even where it starts slower than the
     # incumbent (a plain stage's layout is rarely the right one for copies): within SLACK of it
@@ -358,10 +367,11 @@ def search_round_robin(
             best, cut = c, c.iteration_s
         return c
 
-    def walk(here: Costed) -> None:
+    def walk(here: Costed) -> Costed:
         """Local search from `here`: 1 to 3 devices moved between two stages (the cuts kept, or
         re-balanced for the new counts), a cut moved by one layer; the moves the proxy ranks best are
-        simulated, and the walk goes on from the best of them while it is faster than where it stands."""
+        simulated, and the walk goes on from the best of them while it is faster than where it stands;
+        returns where it ends."""
         done = set()
         while walked < limit:
             stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
@@ -395,8 +405,9 @@ def search_round_robin(
                 if c is not None and c.iteration_s < step.iteration_s:
                     step = c
             if step is here:
-                return
+                return here
             here = step
+        return here
 
     def deepen(here: Costed) -> Costed:
         """Steepest descent over the stages' own warm-up depths from `here` (its layout kept): a stage
@@ -536,6 +547,39 @@ def search_round_robin(
             walk(deepen(here))
             if best is here or walked >= budget:
                 break
+    # a fourth tier, after the finish and on top of the budget (RELAXED of it, so that what came
+    # before spends and finds what it did without it): the relaxation's own layouts (copies_bound.py:
+    # where the bound's stages and links fit under its value, a plan of copies near it is
+    # likeliest), each with its devices as the relaxation counts them and re-shared for its cuts,
+    # at its stages' fitted depths and at the deepest; the best of them finished as the winner is
+    # (its families and depths, then its own depths and walks while either helps)
+    budget = walked + int(RELAXED * budget)
+    limit = budget
+    here, cutoff = None, incumbent * SLACK
+    for b, (st, r) in sorted(relaxed.items()):
+        shared = share_devices(profile, topology, global_batch, st, b, memo)
+        for devices in (r, shared) if shared not in (None, r) else (r,):
+            if compute_floor(profile, topology, global_batch, st, devices, b) >= cutoff:
+                continue
+            layout = contiguous((0, *st), devices)
+            copies = tuple(canonical_copies(x, b) for x in devices)
+            fitted = fitted_depths(rr_costs(profile, topology, layout, copies, b, memo), copies, global_batch // b)
+            own = (*fitted[:-1], 1) if len(set(fitted[:-1])) > 1 else fitted[0]
+            for depth in dict.fromkeys((own, depths[-1]) if own_depths else (depths[-1],)):
+                c = consider(layout, b, families[-1], depth, cutoff)
+                if c is not None and c.iteration_s < cutoff:
+                    here, cutoff = c, c.iteration_s
+    if here is not None:
+        for family in families:
+            for depth in depths:
+                c = consider(here.layout, here.micro_batch_size, family, depth, here.iteration_s)
+                if c is not None and c.iteration_s < here.iteration_s:
+                    here = c
+        while walked < budget:
+            there = walk(deepen(here) if own_depths else here)
+            if there is here:
+                break
+            here = there
     return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored
 
 
