@@ -194,6 +194,7 @@ class CopiesBound:
         self.plain_column = {int(x): j for j, x in enumerate(plain)}
         self.L, self.D = L, D
         self.pairs: np.ndarray | None = None  # (made when bound() first needs them: _pair_tables)
+        self.fitting, self.priced_links = math.inf, False  # (bound()'s: what relaxed_layout reads)
         self._pair_inputs = (topology, M, b, cut, trip, drain) if D <= PAIR_DEVICES else None
 
     def _pair_tables(self, topology: Topology, M: int, b: int, cut: np.ndarray, trip: np.ndarray, drain: np.ndarray):
@@ -308,7 +309,7 @@ class CopiesBound:
         programme with its choices kept). Not a plan's time, a start: the search of copies walks from
         it (VGG-19 on 16 × 1 V100 at 10 Gbps, G 64, b 1: 8:2:5:1 cut@12,14,17, 61.6 ms at its stages'
         fitted warm-ups, against 65.7 ms found without it). None where there is none."""
-        if not getattr(self, "priced_links", False) or not math.isfinite(self.fitting) or self.pairs is None:
+        if not self.priced_links or not math.isfinite(self.fitting) or self.pairs is None:
             return None
         L, D, T = self.L, self.D, self.fitting
         counts = np.arange(1, D + 1, dtype=float)
