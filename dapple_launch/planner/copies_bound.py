@@ -265,8 +265,13 @@ class CopiesBound:
         return bool(fewest <= self.D)
 
     def _fits_pairs(self, T: float) -> bool:
-        """fits, with each cut's link between the two stages' device counts: fewest[z, r] = the
-        fewest devices that hold layers 0 .. z - 1 with every term at most T, the last stage on r."""
+        """fits, with each cut's link between the two stages' device counts (_pairs_programme)."""
+        return bool(self._pairs_programme(T)[0][self.L].min() <= self.D)
+
+    def _pairs_programme(self, T: float, keep: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """fewest[z, r - 1] = the fewest devices that hold layers 0 .. z - 1 with every stage's and
+        link's term at most T, the last stage on r; with `keep`, each entry's choice too:
+        parent[z, r - 1] = (the last stage's start, the stage before's r - 1)."""
         assert self.pairs is not None
         L, D = self.L, self.D
         counts = np.arange(1, D + 1, dtype=float)
@@ -275,13 +280,29 @@ class CopiesBound:
         # (every layout, a stage of copies or not: a relaxation of fits' requirement, kept to one
         # programme since its tables cost D^2 per cut; the bisection starts from fits' value)
         fewest = np.full((L + 1, D), np.inf)
+        parent = np.zeros((L + 1, D, 2), dtype=int) if keep else None
+        columns = np.arange(D)
         for z in range(L):
             # the fewest devices before a stage that starts at layer z on r (none before layer 0)
-            before = np.zeros(D) if z == 0 else (fewest[z][:, None] + blocked[z]).min(axis=0)
+            prior = columns * 0
+            if z == 0:
+                before = np.zeros(D)
+            else:
+                through = fewest[z][:, None] + blocked[z]  # [before - 1, after - 1]
+                if parent is None:
+                    before = through.min(axis=0)
+                else:
+                    prior = through.argmin(axis=0)
+                    before = through[prior, columns]
             if not np.isfinite(before).any():
                 continue
-            fewest[z + 1 :] = np.minimum(fewest[z + 1 :], before[None, :] + cost[z, z + 1 :])
-        return bool(fewest[L].min() <= D)
+            total = before[None, :] + cost[z, z + 1 :]  # [stop - z - 1, r - 1]
+            if parent is not None:  # (the first of equal choices kept)
+                better = total < fewest[z + 1 :]
+                parent[z + 1 :, :, 0] = np.where(better, z, parent[z + 1 :, :, 0])
+                parent[z + 1 :, :, 1] = np.where(better, prior[None, :], parent[z + 1 :, :, 1])
+            fewest[z + 1 :] = np.minimum(fewest[z + 1 :], total)
+        return fewest, parent
 
     def bound(self, above: float = 0.0, cap: float = math.inf) -> float:
         """The least T that fits, from below: a T known not to fit (never more than the optimum of
@@ -305,32 +326,15 @@ class CopiesBound:
 
     def relaxed_layout(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """The relaxation's own layout where bound() priced every link and found a T that fits: the
-        cuts (each stage's stop) and device counts that fit it on the fewest devices (_fits_pairs'
-        programme with its choices kept). Not a plan's time, a start: the search of copies walks from
+        cuts (each stage's stop) and device counts that fit it on the fewest devices (_pairs_programme
+        with its choices kept). Not a plan's time, a start: the search of copies walks from
         it (VGG-19 on 16 × 1 V100 at 10 Gbps, G 64, b 1: 8:2:5:1 cut@12,14,17, 61.6 ms at its stages'
         fitted warm-ups, against 65.7 ms found without it). None where there is none."""
         if not self.priced_links or not math.isfinite(self.fitting) or self.pairs is None:
             return None
-        L, D, T = self.L, self.D, self.fitting
-        counts = np.arange(1, D + 1, dtype=float)
-        cost = np.where(self.stage_by_count <= T, counts, np.inf)  # [start, stop, r - 1]
-        blocked = np.where(self.pairs <= T, 0.0, np.inf)  # [cut, before - 1, after - 1]
-        fewest = np.full((L + 1, D), np.inf)
-        parent = np.zeros((L + 1, D, 2), dtype=int)  # [stop, r - 1] -> (start, the stage before's r - 1)
-        for z in range(L):
-            if z == 0:
-                before, prior = np.zeros(D), np.zeros(D, dtype=int)
-            else:
-                through = fewest[z][:, None] + blocked[z]  # [before - 1, after - 1]
-                prior = through.argmin(axis=0)
-                before = through[prior, np.arange(D)]
-            if not np.isfinite(before).any():
-                continue
-            total = before[None, :] + cost[z, z + 1 :]  # [stop - z - 1, r - 1]
-            better = total < fewest[z + 1 :]
-            fewest[z + 1 :] = np.where(better, total, fewest[z + 1 :])
-            parent[z + 1 :, :, 0] = np.where(better, z, parent[z + 1 :, :, 0])
-            parent[z + 1 :, :, 1] = np.where(better, prior[None, :], parent[z + 1 :, :, 1])
+        L, D = self.L, self.D
+        fewest, parent = self._pairs_programme(self.fitting, keep=True)
+        assert parent is not None
         last = int(fewest[L].argmin())
         if fewest[L, last] > D:
             return None
