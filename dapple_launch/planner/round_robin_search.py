@@ -536,17 +536,25 @@ def search_round_robin(
                 here, cutoff = c, c.iteration_s
     if here is not None:
         walk(here)
-    limit = budget
-    if best is not None:  # the winner's other warm-ups and families
-        layout = best.layout
+
+    def finish(here: Costed) -> Costed:
+        """From `here`: its layout under every family and warm-up depth, then the warm-ups its
+        stages want and the layouts under them, while either helps; returns where it ends."""
         for family in families:
             for depth in depths:
-                consider(layout, best.micro_batch_size, family, depth, cut)
-        while own_depths:  # the warm-ups the winner wants, then the layouts under them, while either helps
-            here = best
-            walk(deepen(here))
-            if best is here or walked >= budget:
-                break
+                c = consider(here.layout, here.micro_batch_size, family, depth, here.iteration_s)
+                if c is not None and c.iteration_s < here.iteration_s:
+                    here = c
+        while own_depths:
+            there = walk(deepen(here))
+            if there is here or walked >= budget:
+                return there
+            here = there
+        return here
+
+    limit = budget
+    if best is not None:  # the winner's finish
+        finish(best)
     # a fourth tier, after the finish and on top of the budget (RELAXED of it, so that what came
     # before spends and finds what it did without it): the relaxation's own layouts (copies_bound.py:
     # where the bound's stages and links fit under its value, a plan of copies near it is
@@ -570,16 +578,9 @@ def search_round_robin(
                 if c is not None and c.iteration_s < cutoff:
                     here, cutoff = c, c.iteration_s
     if here is not None:
-        for family in families:
-            for depth in depths:
-                c = consider(here.layout, here.micro_batch_size, family, depth, here.iteration_s)
-                if c is not None and c.iteration_s < here.iteration_s:
-                    here = c
-        while walked < budget:
-            there = walk(deepen(here) if own_depths else here)
-            if there is here:
-                break
-            here = there
+        here = finish(here)
+        if not own_depths:  # (finish walks only under its own depths; unlike the winner, never walked)
+            walk(here)
     return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored
 
 
