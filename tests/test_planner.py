@@ -542,6 +542,29 @@ def test_the_deeper_warmup_tables_hold_the_round_trip_no_warmup_hides():
     assert stronger  # the round trip binds on some of these instances
 
 
+def test_the_least_input_share_holds_for_every_stage_of_a_partly_measured_profile():
+    """The bounds take each stage's I as at least least_input_share of its backward: a stage holding
+    only measured layers splits at its measured share, one holding any unmeasured layer in halves
+    (cost.stage_costs), so a profile measured in part is bounded by the larger of the two W shares."""
+    rng = random.Random(5)
+    layers = random_profile(rng, 6).layers
+    shares = [0.8, None, 0.3, None, 0.6, 0.1]
+    profile = chain(
+        "part",
+        [replace(x, weight_grad_s=None if w is None else x.backward_s * w) for x, w in zip(layers, shares)],
+        batch_size=4,
+    )
+    least = profile.least_input_share()
+    assert least == pytest.approx(0.2)
+    for start in range(6):
+        for stop in range(start + 1, 7):
+            share = profile.weight_share(start, stop)
+            assert 1 - (0.5 if share is None else share) >= least - 1e-12
+    assert profile.weight_share(0, 1) == pytest.approx(0.8)  # (half, as an unmeasured profile's, would not hold)
+    unmeasured = chain("none", [replace(x, weight_grad_s=None) for x in layers], batch_size=4)
+    assert unmeasured.least_input_share() == 0.5
+
+
 def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
     """A stage's outgoing link carries its M activations one after another, the first after one
     forward, and the last one's way on and back follows: the proof's tables (bounds.py: links) hold
@@ -553,6 +576,7 @@ def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
     from dapple_launch.planner.branch import BranchAndBound
 
     lifted = tied = 0
+    drained = [0, 0]  # (reach_end's, compute_end's)
     for seed in range(12):
         rng = random.Random(700 + seed)
         nodes, per_node = rng.choice([(2, 2), (3, 1), (2, 3), (4, 1)])
@@ -569,19 +593,26 @@ def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
                 x, y = (BranchAndBound(p, topo, G, Limits(), b, math.inf).bounds for p in (profile, untied))
                 assert x.links is not None and y.links is not None
                 tied += any(float(t[0, 0]) > float(u[0, 0]) * (1 + 1e-9) for t, u in zip(x.links, y.links))
-        lifted += _tables_below_every_plan(profile, topo, G)
+        more, further = _tables_below_every_plan(profile, topo, G)
+        lifted += more
+        if not profile.tied:  # (the link term alone, as the test counts it, leaves a tied weight's sum out)
+            drained = [a + n for a, n in zip(drained, further)]
     assert lifted  # the link term binds on some of these slow links (3 of the 8 instances)
+    # and the round trips at the input share and the drain lift both tables above the link term
+    # alone (t + (M + 1) c + AR, with the rest's pass for 1F1B) on some
+    assert all(drained)
     assert tied  # and a tied weight's sum lifts the proof's tables on some (where more than one stage fits)
 
 
-def _tables_below_every_plan(profile, topo, G) -> int:
+def _tables_below_every_plan(profile, topo, G) -> tuple[int, list[int]]:
     """Asserts each root table is at most every covered layout's simulated time, per micro-batch
-    size; returns for how many sizes compute_end passes its old definition."""
+    size; returns for how many sizes compute_end passes its old definition, and for how many
+    reach_end and compute_end pass the link term alone (every layout's, at its own costs)."""
     from dapple_launch.planner.branch import BranchAndBound
     from dapple_launch.planner.cost import stage_costs
     from dapple_launch.planner.zero_bubble_search import depths
 
-    lifted = 0
+    lifted, drained = 0, [0, 0]
     for b in divisors(G):
         M = G // b
         x = BranchAndBound(profile, topo, G, Limits(max_warmup_depth=3), b, math.inf)
@@ -590,17 +621,26 @@ def _tables_below_every_plan(profile, topo, G) -> int:
         reach_end, compute_end = (float(t[0, 0]) for t in tables.links)
         walked = (tables.reach_end, tables.compute_end)
         assert all((new >= old).all() for new, old in zip(tables.links, walked))
-        old = math.inf
+        old, link_only = math.inf, [math.inf, math.inf]
         for layout in all_layouts(profile, topo, b, x.max_stages):
             if len(layout) > M:
                 continue
             costs = stage_costs(profile, topo, layout, b)
-            reach, worst = 0.0, 0.0
+            reach, worst, linked = 0.0, 0.0, [0.0, 0.0]
             for s, c in enumerate(costs):
                 ar = topo.allreduce_s(layout[s].devices, profile.span(layout[s].start, layout[s].stop)[3])
-                worst = max(worst, reach + M * (c.forward_s + c.backward_s) + max(0.0, ar - c.backward_s))
+                t = c.forward_s + c.backward_s
+                worst = max(worst, reach + M * t + max(0.0, ar - c.backward_s))
+                rest = sum(d.forward_s + d.backward_s + 2 * d.send_activation_s for d in costs[s + 1 :])
+                sends, left = t + (M + 1) * c.send_activation_s, max(0.0, ar - c.backward_s)
+                trip = t + (M - 1) * max(c.forward_s, c.backward_s) + 2 * c.send_activation_s + rest
+                linked = [
+                    max(linked[0], reach + max(M * t, trip, sends + rest) + left),
+                    max(linked[1], reach + max(M * t, sends) + left),
+                ]
                 reach += c.forward_s + c.send_activation_s
             old = min(old, worst)
+            link_only = [min(a, v) for a, v in zip(link_only, linked)]
             times = {"gpipe": [evaluate(profile, topo, layout, b, M, Limits(schedule="gpipe")).iteration_s]}
             times["1f1b"] = [evaluate(profile, topo, layout, b, M, Limits(schedule="1f1b")).iteration_s] + [
                 evaluate(profile, topo, layout, b, M, Limits(schedule="1f1b"), warmup_depth=d).iteration_s
@@ -614,7 +654,8 @@ def _tables_below_every_plan(profile, topo, G) -> int:
             assert reach_end <= least["1f1b"] * (1 + 1e-12), (b, layout)
             assert compute_end <= min(least.values()) * (1 + 1e-12), (b, layout)
         lifted += compute_end > old * (1 + 1e-9)
-    return lifted
+        drained = [n + (new > v * (1 + 1e-9)) for n, new, v in zip(drained, (reach_end, compute_end), link_only)]
+    return lifted, drained
 
 
 def test_a_deeper_warmup_is_screened_before_it_is_simulated():

@@ -122,6 +122,17 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 bounds 43 % under the plan without it). These count a tied weight's sum after the
                 all-reduce of each stage that shares it with a layer outside (allreduce.tied_floor_s:
                 GPT large on 16 × 1 V100 at 10 Gbps, its embedding and head tied: 214 ms each).
+                And the drain: the micro-batch of stage p's last backward still takes its gradient
+                back through layers 0 .. i - 1 (each at least its backward on the fewest samples a
+                replica runs), beside the all-reduce: the stage's last backward is followed by the
+                greater of the two. Split (compute_end's), what was one backward is two: the last I
+                is followed by the drain at the input share (ModelProfile.least_input_share), the
+                last W by the all-reduce; and the round trips count: no I or W of p before the first
+                micro-batch's gradient is back (F_p + R'_p, then all M of each), the last's after
+                M F_p + R'_p and after its way over the link, where R'_p = 2 c_p + the least sum
+                of F + I + 2 c over the later stages (input_sum: their W may wait). GNMT-32 on
+                16 × 1 V100 at 10 Gbps, G 64, b 1: the ZB-H1 bound 73.9 -> 76.1 ms, 1F1B's 75.2 ->
+                78.3 ms (the plan: 93.5 ms).
     Each table minimises on its own (the least of each is at most what any one completion
     attains), so each is a valid bound.
     """
@@ -135,12 +146,20 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     work = np.asarray(pre["f"]) + np.asarray(pre["b"]) - call
     params, kept, kept_fixed = np.asarray(pre["p"]), np.asarray(pre["m"]), np.asarray(pre["mf"])
     cut = np.asarray((0.0, *p.cut_bytes))  # cut[i]: bytes crossing into a stage that starts at layer i
+    back = p.least_input_share()
+    # drain[i]: the least a gradient takes back through layers 0 .. i - 1 once a stage starting at
+    # layer i has run its backward of it (each layer whole, on the fewest samples any replica runs;
+    # the sends between them left out): the proof's tables end a stage's last backward with it
+    least = math.ceil(x.micro_batch / min(x.micro_batch, D, max(x.replica_choices, default=1)))
+    b_pre, bf_pre = np.asarray(pre["b"]), np.asarray(pre["bf"])
+    layer_b = (bf_pre[1:] - bf_pre[:-1]) + (b_pre[1:] - b_pre[:-1] - (bf_pre[1:] - bf_pre[:-1])) * least / pbs
+    drain = np.concatenate(([0.0], np.cumsum(layer_b * x.speed)))
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
     # (always inf), where a stage that would run past the last device points.
     shape = (L + 1, D + 2)
     bound, pass_sum, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(6))
-    reach_l, compute_l = np.full(shape, np.inf), np.full(shape, np.inf)  # (links)
-    for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l):
+    reach_l, compute_l, input_sum = (np.full(shape, np.inf) for _ in range(3))  # (links)
+    for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l, input_sum):
         table[L, : D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     starts = np.arange(D)
@@ -178,7 +197,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
         sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
-        reach_at_l, compute_at_l = np.full(D, np.inf), np.full(D, np.inf)
+        reach_at_l, compute_at_l, input_at = (np.full(D, np.inf) for _ in range(3))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         for R, nxt, lat, bw, slope, fixed, n_all in last_stop if last_only else every_stop:  # (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
@@ -240,16 +259,33 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             round_at[:w] = np.minimum(round_at[:w], round_trip.min(axis=(0, 1)))
             computed = np.maximum(M * t + ar, forward_in + ahead(compute_end))
             compute_at[:w] = np.minimum(compute_at[:w], computed.min(axis=(0, 1)))
-            # with the stage's outgoing link (the docstring's links); a split backward sends its
-            # gradient down before its weight gradient, so compute_end's way on counts no later stage
+            # with the stage's outgoing link and the drain (the docstring's links)
             sends = t + (M + 1) * link
             # and, for the proof only too, a weight the stage shares with a layer outside it: summed
             # after its own all-reduce (allreduce.tied_floor_s)
             if p.tied:
                 ar = ar + tied_floor_s(p, i, z, R, topo).T[:, :, None]
-            reach = np.maximum(np.maximum(trip, sends + rest_sum) + ar, forward_in + ahead(reach_l))
+            reach = np.maximum(
+                np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i]), forward_in + ahead(reach_l)
+            )
             reach_at_l[:w] = np.minimum(reach_at_l[:w], reach.min(axis=(0, 1)))
-            computed = np.maximum(np.maximum(M * t, sends) + ar, forward_in + ahead(compute_l))
+            # a split backward: the rest's pass counts each later stage's input gradient only (its
+            # W may wait), and the stage's own last W is followed by the all-reduce, its last I by
+            # the drain (at the input share: the first stage's backward is all W, no less)
+            backward = t - forward
+            input_ = back * backward
+            rest_input = ahead(input_sum)
+            input_at[:w] = np.minimum(input_at[:w], (forward + input_ + two_links + rest_input).min(axis=(0, 1)))
+            way = two_links + rest_input  # the first (and the last) micro-batch's round trip from here
+            last = forward + (M + 1) * link + rest_input  # the last activation over the link, on and back
+            last_w = np.maximum(
+                np.maximum(M * t, forward + way + M * backward), np.maximum(M * forward + way, last) + backward
+            )
+            last_i = np.maximum(
+                np.maximum(M * (forward + input_), forward + way + M * input_),
+                np.maximum(M * forward + way, last) + input_,
+            )
+            computed = np.maximum(np.maximum(last_w + ar, last_i + back * drain[i]), forward_in + ahead(compute_l))
             compute_at_l[:w] = np.minimum(compute_at_l[:w], computed.min(axis=(0, 1)))
         fresh = fresh_node_start(starts, k, D)
         s = np.where(best_at[fresh] < best_at, fresh, starts)  # ties: continue on the same node
@@ -262,6 +298,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         compute_end[i, :D] = np.minimum(compute_at, compute_at[fresh])
         reach_l[i, :D] = np.minimum(reach_at_l, reach_at_l[fresh])
         compute_l[i, :D] = np.minimum(compute_at_l, compute_at_l[fresh])
+        input_sum[i, :D] = np.minimum(input_at, input_at[fresh])
     return SuffixBounds(bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l))
 
 

@@ -101,14 +101,11 @@ class CopiesBound:
         least = float(n.min())
         fwd = (ff[1:] - ff[:-1]) + (f[1:] - f[:-1] - (ff[1:] - ff[:-1])) * least / pbs
         self.fill = np.concatenate(([0.0], np.cumsum(fwd))) * speed  # fill[i]: layers 0 .. i - 1
-        # its input gradient's way back through them: a split backward's I, B less its W share (half
-        # where not measured; measured, at least what the layer of largest share leaves)
+        # its input gradient's way back through them: a split backward's I, B less its W share (at
+        # least what the layer of largest share leaves, and a half where any layer is unmeasured:
+        # ModelProfile.least_input_share; a half alone did not hold for a stage of measured layers)
         bwd = (bf[1:] - bf[:-1]) + (bw[1:] - bw[:-1] - (bf[1:] - bf[:-1])) * least / pbs
-        shares = [
-            x.weight_grad_s / x.backward_s for x in profile.layers if x.backward_s > 0 and x.weight_grad_s is not None
-        ]
-        measured = all(x.weight_grad_s is not None for x in profile.layers)
-        back = 1.0 - min(1.0, max(shares, default=1.0)) if measured else 0.5
+        back = profile.least_input_share()
         each = (fwd + back * bwd) * speed
         trip = np.concatenate((np.cumsum(each[::-1])[::-1], [0.0]))  # trip[z]: layers z .. L - 1 and back
         # a gradient's way on back through layers 0 .. i - 1 (drain[i]) once a stage has run its

@@ -234,6 +234,17 @@ class ModelProfile:
         total = sum(x.backward_s for x in layers)
         return min(1.0, sum(x.weight_grad_s or 0.0 for x in layers) / total) if total > 0 else None
 
+    def least_input_share(self) -> float:
+        """The least share of any stage's backward its input gradient (a split backward's I) takes:
+        1 less the largest measured W share of a layer, and a half (the simulator's rule) where some
+        layer's W was not measured (a stage holding it splits its backward in halves)."""
+        shares = [
+            x.weight_grad_s / x.backward_s for x in self.layers if x.backward_s > 0 and x.weight_grad_s is not None
+        ]
+        if any(x.weight_grad_s is None for x in self.layers):
+            shares.append(0.5)
+        return 1.0 - min(1.0, max(shares, default=1.0))
+
     def slice_shares(self, start: int, stop: int) -> tuple[float, float, float]:
         """Layers [start, stop)'s token-slicing shares (LayerProfile.slice_*): compute weighted by
         each layer's time, memory by its saved bytes."""
