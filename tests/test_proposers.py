@@ -32,7 +32,7 @@ def test_the_driver_asks_every_wanted_proposer_and_its_gap_is_the_incumbent_agai
     state, _ = driver.initial_state(profile, topo, G, limits, keep=4, with_baselines=True)
     ran = driver.drive(state)
     names = [type(p).__name__ for p, _ in ran]
-    assert names == ["StageFamilies", "ZeroBubble", "DeviceGroups", "Copies", "StageWarmups"], (
+    assert names == ["StageFamilies", "ZeroBubble", "Copies", "DeviceGroups", "StageWarmups"], (
         names
     )  # all 8 families allowed
     for _, proposal in ran:

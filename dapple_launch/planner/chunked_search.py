@@ -447,6 +447,6 @@ class DeviceGroups:
             min(state.bounds.values(), default=math.inf),
         )
         state.stats.nodes += scored
-        if best is not None:  # what holds without these families, for the statement
+        if best is not None and state.stats.gap_without_chunked is None:  # (the statement's: copies may have set it)
             state.stats.gap_without_chunked = state.gap()
         return Proposal(CHUNKED, [*found, *(c for c in state.prior if c.schedule in CHUNKED)], bounds)

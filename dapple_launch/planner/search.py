@@ -3,13 +3,19 @@
 The baselines and an even split are the first incumbent. Then each proposer in PROPOSERS, in turn,
 from what the ones before found (proposal.py): the per-stage one (stage_search.py: cuts, uneven
 replicas, placement, micro-batches, 1F1B warm-ups, by branch and bound), ZB-H1 (zero_bubble_search.py),
-device groups holding several stages (chunked_search.py), stages of round-robin copies
-(round_robin_search.py), and each stage's own warm-up for the best 1F1B and ZB-H1 plans
+stages of round-robin copies (round_robin_search.py), device groups holding several stages
+(chunked_search.py), and each stage's own warm-up for the best 1F1B and ZB-H1 plans
 (stage_warmups.py). Each hands back its candidates and, per micro-batch size, a bound on what
 it did not hand back; the driver keeps one incumbent, one budget (strategy.search_nodes, counted as
 candidates scored) and one proven gap: how far the incumbent can be above the least bound any of
 them left. A node budget, not a clock: the same inputs give the same plan anywhere. Token slices
 (terapipe.py) and the statement come after, on the plan chosen.
+
+Copies come before device groups for the proof: the bounds over the shapes' cuts that device groups
+compute are counted in cells and only raise a shape up to the least bound the others left (above it
+the gap is the same), so with the copies' bound among those, their cells go further (GNMT-32 on
+16 × 1 V100 at 10 Gbps, G 1024: within 45.9 % -> 26.9 %, the same plan). The 64 rows of the planner
+benchmark plan the same either way.
 """
 
 from __future__ import annotations
@@ -46,7 +52,13 @@ __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_s
 
 
 # The proposers, in the order the driver asks them: each starts from what the ones before found.
-PROPOSERS: tuple[Proposer, ...] = (StageFamilies(), ZeroBubble(), DeviceGroups(), Copies(), StageWarmups())
+PROPOSERS: tuple[Proposer, ...] = (
+    StageFamilies(),
+    ZeroBubble(),
+    Copies(),
+    DeviceGroups(),
+    StageWarmups(),
+)  # (order: module doc)
 
 
 class NoFeasiblePlan(ValueError):
