@@ -90,6 +90,7 @@ class SuffixBounds:
     # proof only: the search walks the tables above (these would change the order of its work, and
     # with a budget that ends first, what it finds)
     links: tuple[np.ndarray, np.ndarray] | None = None  # (reach_end's, compute_end's)
+    links_choice: np.ndarray | None = None  # [i, d] -> (stop, first device, replicas) attaining links[0]
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
@@ -162,6 +163,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l, input_sum):
         table[L, : D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
+    reach_choice = np.zeros((L + 1, D + 1, 3), dtype=int)  # (links[0]'s, as choice is bound's)
     starts = np.arange(D)
     # Replica counts in chunks of at most ~64k cells per array: small clusters take every count in
     # one vectorised step, 512 devices one count at a time (same results, ties to the fewest replicas).
@@ -199,6 +201,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
         reach_at_l, compute_at_l, input_at = (np.full(D, np.inf) for _ in range(3))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
+        reach_stop_at, reach_replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         for R, nxt, lat, bw, slope, fixed, n_all in last_stop if last_only else every_stop:  # (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
             useful = int(np.searchsorted(stage_fixed_all + stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
@@ -268,7 +271,12 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             reach = np.maximum(
                 np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i]), forward_in + ahead(reach_l)
             )
-            reach_at_l[:w] = np.minimum(reach_at_l[:w], reach.min(axis=(0, 1)))
+            flat = reach.reshape(-1, w).argmin(axis=0)
+            cand = reach.reshape(-1, w)[flat, starts[:w]]
+            better = cand < reach_at_l[:w]
+            reach_at_l[:w] = np.where(better, cand, reach_at_l[:w])
+            reach_stop_at[:w] = np.where(better, z[flat % len(z)], reach_stop_at[:w])
+            reach_replicas_at[:w] = np.where(better, R[flat // len(z)], reach_replicas_at[:w])
             # a split backward: the rest's pass counts each later stage's input gradient only (its
             # W may wait), and the stage's own last W is followed by the all-reduce, its last I by
             # the drain (at the input share: the first stage's backward is all W, no less)
@@ -296,10 +304,14 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         reach_end[i, :D] = np.minimum(reach_at, reach_at[fresh])
         round_end[i, :D] = np.minimum(round_at, round_at[fresh])
         compute_end[i, :D] = np.minimum(compute_at, compute_at[fresh])
-        reach_l[i, :D] = np.minimum(reach_at_l, reach_at_l[fresh])
+        s = np.where(reach_at_l[fresh] < reach_at_l, fresh, starts)
+        reach_l[i, :D] = reach_at_l[s]
+        reach_choice[i, :D] = np.stack([reach_stop_at[s], s, reach_replicas_at[s]], axis=1)
         compute_l[i, :D] = np.minimum(compute_at_l, compute_at_l[fresh])
         input_sum[i, :D] = np.minimum(input_at, input_at[fresh])
-    return SuffixBounds(bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l))
+    return SuffixBounds(
+        bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l), reach_choice
+    )
 
 
 def _ahead(lo: int, hi: int, D: int, R: np.ndarray, nxt: np.ndarray):
@@ -332,12 +344,26 @@ def _allreduce_factors(t: Topology, r: int) -> tuple[np.ndarray, np.ndarray]:
 def least_bottleneck_stages(x: SuffixBounds) -> list[tuple[int, int, int, int]] | None:
     """The placement attaining bound[0, 0]: [(first layer, stop, first device, replicas)], or None.
     A strong first incumbent for the search (it is then costed in full)."""
-    if not math.isfinite(x.bottleneck[0, 0]):
+    return _placement(x.bottleneck, x.choice)
+
+
+def least_reach_stages(x: SuffixBounds) -> list[tuple[int, int, int, int]] | None:
+    """The placement attaining the proof's 1F1B table at the root (links[0]): the least of a stage's
+    fill, its M steps or its link's, its round trip, its drain and its all-reduce together, where the
+    bottleneck alone is blind to what a stage's replicas cost (their all-reduce) and what its cuts
+    cost. Another start for the search."""
+    if x.links is None or x.links_choice is None:
         return None
-    L = x.bottleneck.shape[0] - 1
+    return _placement(x.links[0], x.links_choice)
+
+
+def _placement(table: np.ndarray, choice: np.ndarray) -> list[tuple[int, int, int, int]] | None:
+    if not math.isfinite(table[0, 0]):
+        return None
+    L = table.shape[0] - 1
     stages, i, d = [], 0, 0
     while i < L:
-        stop, s, r = (int(v) for v in x.choice[i, d])
+        stop, s, r = (int(v) for v in choice[i, d])
         stages.append((i, stop, s, r))
         i, d = stop, s + r
     return stages

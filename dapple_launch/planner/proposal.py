@@ -46,6 +46,9 @@ class SearchState:
     # one branch and bound per micro-batch size (their tables: bounds.py), made by the per-stage
     # proposer and walked again by ZB-H1's
     searches: list[BranchAndBound] = field(default_factory=list)
+    # its plans are only another search's starts (the copies-only search's 1F1B and ZB-H1 starts): a
+    # proposer that only finishes a plan (table_starts.py) is left out, so the starts stay the same
+    for_starts: bool = False
 
     def best(self) -> Costed | None:
         return min(self.found, key=lambda c: c.iteration_s, default=None)

@@ -4,8 +4,9 @@ The baselines and an even split are the first incumbent. Then each proposer in P
 from what the ones before found (proposal.py): the per-stage one (stage_search.py: cuts, uneven
 replicas, placement, micro-batches, 1F1B warm-ups, by branch and bound), ZB-H1 (zero_bubble_search.py),
 stages of round-robin copies (round_robin_search.py), device groups holding several stages
-(chunked_search.py), and each stage's own warm-up for the best 1F1B and ZB-H1 plans
-(stage_warmups.py). Each hands back its candidates and, per micro-batch size, a bound on what
+(chunked_search.py), each stage's own warm-up for the best 1F1B and ZB-H1 plans
+(stage_warmups.py), and 1F1B and ZB-H1 from the layouts the proof's tables attain (table_starts.py,
+last: nothing depends on it). Each hands back its candidates and, per micro-batch size, a bound on what
 it did not hand back; the driver keeps one incumbent, one budget (strategy.search_nodes, counted as
 candidates scored) and one proven gap: how far the incumbent can be above the least bound any of
 them left. A node budget, not a clock: the same inputs give the same plan anywhere. Token slices
@@ -46,6 +47,7 @@ from .round_robin_search import START_PLANS, Copies, search_round_robin
 from .shapes import micro_batch_sizes
 from .stage_search import StageFamilies
 from .stage_warmups import StageWarmups
+from .table_starts import TableStarts
 from .zero_bubble_search import ZeroBubble, search_family
 
 __all__ = ["NoFeasiblePlan", "plan", "replica_choices", "search", "micro_batch_sizes"]
@@ -58,6 +60,7 @@ PROPOSERS: tuple[Proposer, ...] = (
     Copies(),
     DeviceGroups(),
     StageWarmups(),
+    TableStarts(),
 )  # (order: module doc)
 
 
@@ -102,15 +105,18 @@ def search(
     limits: Limits,
     keep: int = 4,
     with_baselines: bool = True,
+    for_starts: bool = False,
 ) -> tuple[Costed | None, list[Costed], dict[str, Costed | None], SearchStats]:
     """(best, runners-up, baselines, stats). `with_baselines=False`: the search's own space only (a
-    frontier's searches below the first: the baselines were compared once, on the whole card)."""
+    frontier's searches below the first: the baselines were compared once, on the whole card).
+    `for_starts`: its plans are another search's starts (SearchState.for_starts)."""
     t0 = time.perf_counter()
     if not [f for f in limits.allowed() if f not in (*CHUNKED, *RR)] and any(f in RR for f in limits.allowed()):
         return _copies_only(profile, topology, global_batch, limits, keep, t0)
     if not [f for f in limits.allowed() if f not in CHUNKED]:  # chunked families alone
         return _chunked_only(profile, topology, global_batch, limits, keep, t0)
     state, baselines = initial_state(profile, topology, global_batch, limits, keep, with_baselines)
+    state.for_starts = for_starts
     drive(state)
     stats = state.stats
     stats.proven_gap = state.gap()
@@ -249,7 +255,7 @@ def _copies_only(
     rr = [f for f in RR if f in allowed]
     plain = tuple(RR_FAMILIES[f] for f in rr)
     start, runners_up, _, stats = search(
-        profile, topology, global_batch, replace(limits, schedules=plain), START_PLANS, with_baselines=False
+        profile, topology, global_batch, replace(limits, schedules=plain), START_PLANS, False, for_starts=True
     )
     sizes = micro_batch_sizes(global_batch, limits)
     starts = [c for c in [start, *runners_up] if c is not None]

@@ -1,0 +1,87 @@
+"""The proposer of 1F1B and ZB-H1 plans from the proof tables' own layouts, last of all.
+
+Each micro-batch size's 1F1B proof table (bounds.py: links) is a dynamic programme over cuts and
+replica counts, like the least-bottleneck table the per-stage search starts from; the placement
+attaining it (bounds.least_reach_stages) weighs what that one leaves out: the fill, the round trips,
+the stages' all-reduces and their links' loads. With many micro-batches it is often the nearer start
+(GNMT-32 on 16 × 1 V100, G 1024, b 2: 598.8 ms against the least bottleneck's 623.4 ms). Each is
+costed under 1F1B and ZB-H1 at every warm-up depth that fits; from the best few, local search
+(polish.descend), and from the best of those each stage's own depth (polish.stage_depths), on a
+budget of their own. Last, so no other proposer's path depends on it: the plan is never slower than
+without it. Its plans are of the exact families, whose bounds hold whatever the layout: it returns
+no bound of its own."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .bounds import least_reach_stages
+from .branch import CELLS_PER_NODE, replica_choices
+from .cost import Costed, StageSpec, evaluate
+from .polish import descend, shape_of, stage_depths
+from .proposal import Proposal, SearchState
+from .shapes import MIN_MICRO_BATCHES
+from .warmup import WARMUP_MAX_ACTIONS, deeper_depths
+
+FAMILIES = ("1f1b", "zb_h1")
+SHARE = 1 / 8  # of strategy.search_nodes: the descents from the best starts, then the depths
+STARTS = 2  # distinct layouts descended from
+
+
+class TableStarts:
+    def wanted(self, state: SearchState) -> bool:
+        return bool(state.searches) and not state.for_starts and any(f in state.limits.allowed() for f in FAMILIES)
+
+    def propose(self, state: SearchState) -> Proposal:
+        profile, topology, G, limits = state.profile, state.topology, state.global_batch, state.limits
+        families = [f for f in FAMILIES if f in limits.allowed()]
+        incumbent = state.incumbent()
+        costed: list[Costed] = []
+        for x in state.searches:
+            stages = least_reach_stages(x.bounds)
+            if not stages:
+                continue
+            layout = tuple(StageSpec(a, z, tuple(range(s, s + r))) for a, z, s, r in stages)
+            M = G // x.b
+            for family in families:
+                if MIN_MICRO_BATCHES[family](len(layout)) > M or (family == "zb_h1" and len(layout) < 2):
+                    continue
+                deep = len(layout) * M <= WARMUP_MAX_ACTIONS  # (the per-stage searches' limit on deeper warm-ups)
+                for depth in [1, *(d for d, _ in deeper_depths(len(layout), M, limits) if deep)]:
+                    c = evaluate(
+                        profile, topology, layout, x.b, M, replace(limits, schedule=family), warmup_depth=depth
+                    )
+                    state.stats.nodes += -(-len(layout) * M // CELLS_PER_NODE)
+                    if not c.fits:
+                        break  # (deeper keeps more)
+                    costed.append(c)
+        budget = limits.search_nodes * SHARE
+        spent, out, tried = 0.0, [], set()
+        allowed = replica_choices(topology, G)
+        for c in sorted(costed, key=lambda c: (c.iteration_s, c.summary())):
+            if len(tried) == STARTS or spent >= budget:
+                break
+            if c.layout in tried or shape_of(c, topology).layout(topology) != c.layout:
+                continue
+            if any(s.replicas not in allowed for s in c.layout):
+                continue
+            tried.add(c.layout)
+            better, cost = descend(
+                c,
+                profile,
+                topology,
+                G,
+                replace(limits, schedule=c.schedule),
+                allowed,
+                state.sizes,
+                cost_budget=(budget - spent) / (STARTS - len(tried) + 1),
+            )
+            spent += cost
+            out.append(better)
+        best = min(out, key=lambda c: (c.iteration_s, c.summary()), default=None)
+        if best is not None and best.iteration_s < incumbent and spent < budget:
+            deeper, cost = stage_depths(best, profile, topology, G, limits, budget - spent)
+            spent += cost
+            out.append(deeper)
+        state.stats.nodes += int(spent)
+        return Proposal(tuple(families), [c for c in [*costed, *out] if c.fits], {})
