@@ -92,10 +92,10 @@ def test_a_proposer_added_to_the_driver_takes_part_in_the_incumbent_and_the_gap(
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_proof_table_s_own_layout_covers_the_model_and_simulates_no_faster_than_the_table(seed):
-    """bounds.least_reach_stages, TableStarts' start: contiguous stages over every layer on distinct
+    """bounds.least_link_stages, TableStarts' start: contiguous stages over every layer on distinct
     devices, and the 1F1B proof table's value at the root (the least over every layout) at most its
     simulated time at every warm-up depth."""
-    from dapple_launch.planner.bounds import least_reach_stages
+    from dapple_launch.planner.bounds import least_link_stages
     from dapple_launch.planner.branch import BranchAndBound
     from dapple_launch.planner.cost import StageSpec
     from dapple_launch.planner.warmup import deeper_depths
@@ -104,7 +104,7 @@ def test_the_proof_table_s_own_layout_covers_the_model_and_simulates_no_faster_t
     limits = Limits(max_warmup_depth=3)
     for b in (1, 2, 4):
         x = BranchAndBound(profile, topo, G, limits, b, math.inf)
-        stages = least_reach_stages(x.bounds)
+        stages = least_link_stages(x.bounds, 0)
         assert stages is not None and x.bounds.links is not None
         assert stages[0][0] == 0 and stages[-1][1] == profile.num_layers
         assert all(a[1] == c[0] for a, c in zip(stages, stages[1:]))

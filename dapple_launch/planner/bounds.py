@@ -90,7 +90,7 @@ class SuffixBounds:
     # proof only: the search walks the tables above (these would change the order of its work, and
     # with a budget that ends first, what it finds)
     links: tuple[np.ndarray, np.ndarray] | None = None  # (reach_end's, compute_end's)
-    links_choice: np.ndarray | None = None  # [i, d] -> (stop, first device, replicas) attaining links[0]
+    links_choice: np.ndarray | None = None  # [table, i, d] -> (stop, first device, replicas) attaining links[table]
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
@@ -163,7 +163,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l, input_sum):
         table[L, : D + 1] = 0.0
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
-    reach_choice = np.zeros((L + 1, D + 1, 3), dtype=int)  # (links[0]'s, as choice is bound's)
+    # (links' choices, as choice is bound's: [table][i, d] -> stop, first device, replicas)
+    link_choices = np.zeros((2, L + 1, D + 1, 3), dtype=int)
     starts = np.arange(D)
     # Replica counts in chunks of at most ~64k cells per array: small clusters take every count in
     # one vectorised step, 512 devices one count at a time (same results, ties to the fewest replicas).
@@ -201,7 +202,18 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
         reach_at_l, compute_at_l, input_at = (np.full(D, np.inf) for _ in range(3))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
-        reach_stop_at, reach_replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
+        link_stop_at, link_replicas_at = np.zeros((2, D), dtype=int), np.zeros((2, D), dtype=int)
+        link_at = (reach_at_l, compute_at_l)
+
+        def keep_least(table: int, values: np.ndarray) -> None:
+            """link_at[table][:w] lowered to values' least over (replicas, stop), its choice kept."""
+            flat = values.reshape(-1, w).argmin(axis=0)
+            cand = values.reshape(-1, w)[flat, starts[:w]]
+            better = cand < link_at[table][:w]
+            link_at[table][:w] = np.where(better, cand, link_at[table][:w])
+            link_stop_at[table, :w] = np.where(better, z[flat % len(z)], link_stop_at[table, :w])
+            link_replicas_at[table, :w] = np.where(better, R[flat // len(z)], link_replicas_at[table, :w])
+
         for R, nxt, lat, bw, slope, fixed, n_all in last_stop if last_only else every_stop:  # (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
             useful = int(np.searchsorted(stage_fixed_all + stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
@@ -271,12 +283,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             reach = np.maximum(
                 np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i]), forward_in + ahead(reach_l)
             )
-            flat = reach.reshape(-1, w).argmin(axis=0)
-            cand = reach.reshape(-1, w)[flat, starts[:w]]
-            better = cand < reach_at_l[:w]
-            reach_at_l[:w] = np.where(better, cand, reach_at_l[:w])
-            reach_stop_at[:w] = np.where(better, z[flat % len(z)], reach_stop_at[:w])
-            reach_replicas_at[:w] = np.where(better, R[flat // len(z)], reach_replicas_at[:w])
+            keep_least(0, reach)
             # a split backward: the rest's pass counts each later stage's input gradient only (its
             # W may wait), and the stage's own last W is followed by the all-reduce, its last I by
             # the drain (at the input share: the first stage's backward is all W, no less)
@@ -294,7 +301,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 np.maximum(M * forward + way, last) + input_,
             )
             computed = np.maximum(np.maximum(last_w + ar, last_i + back * drain[i]), forward_in + ahead(compute_l))
-            compute_at_l[:w] = np.minimum(compute_at_l[:w], computed.min(axis=(0, 1)))
+            keep_least(1, computed)
         fresh = fresh_node_start(starts, k, D)
         s = np.where(best_at[fresh] < best_at, fresh, starts)  # ties: continue on the same node
         bound[i, :D] = best_at[s]
@@ -304,13 +311,13 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         reach_end[i, :D] = np.minimum(reach_at, reach_at[fresh])
         round_end[i, :D] = np.minimum(round_at, round_at[fresh])
         compute_end[i, :D] = np.minimum(compute_at, compute_at[fresh])
-        s = np.where(reach_at_l[fresh] < reach_at_l, fresh, starts)
-        reach_l[i, :D] = reach_at_l[s]
-        reach_choice[i, :D] = np.stack([reach_stop_at[s], s, reach_replicas_at[s]], axis=1)
-        compute_l[i, :D] = np.minimum(compute_at_l, compute_at_l[fresh])
+        for table, (out, at) in enumerate(zip((reach_l, compute_l), link_at)):
+            s = np.where(at[fresh] < at, fresh, starts)
+            out[i, :D] = at[s]
+            link_choices[table, i, :D] = np.stack([link_stop_at[table][s], s, link_replicas_at[table][s]], axis=1)
         input_sum[i, :D] = np.minimum(input_at, input_at[fresh])
     return SuffixBounds(
-        bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l), reach_choice
+        bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l), link_choices
     )
 
 
@@ -347,14 +354,14 @@ def least_bottleneck_stages(x: SuffixBounds) -> list[tuple[int, int, int, int]] 
     return _placement(x.bottleneck, x.choice)
 
 
-def least_reach_stages(x: SuffixBounds) -> list[tuple[int, int, int, int]] | None:
-    """The placement attaining the proof's 1F1B table at the root (links[0]): the least of a stage's
-    fill, its M steps or its link's, its round trip, its drain and its all-reduce together, where the
-    bottleneck alone is blind to what a stage's replicas cost (their all-reduce) and what its cuts
-    cost. Another start for the search."""
+def least_link_stages(x: SuffixBounds, table: int) -> list[tuple[int, int, int, int]] | None:
+    """The placement attaining the proof's table `table` at the root (links: 0 1F1B's, 1 ZB-H1's and
+    any schedule's): the least of a stage's fill, its M steps or its link's, its round trips, its
+    drain and its all-reduce together, where the bottleneck alone is blind to what a stage's replicas
+    cost (their all-reduce) and what its cuts cost. Another start for the search."""
     if x.links is None or x.links_choice is None:
         return None
-    return _placement(x.links[0], x.links_choice)
+    return _placement(x.links[table], x.links_choice[table])
 
 
 def _placement(table: np.ndarray, choice: np.ndarray) -> list[tuple[int, int, int, int]] | None:

@@ -2,7 +2,7 @@
 
 Each micro-batch size's 1F1B proof table (bounds.py: links) is a dynamic programme over cuts and
 replica counts, like the least-bottleneck table the per-stage search starts from; the placement
-attaining it (bounds.least_reach_stages) weighs what that one leaves out: the fill, the round trips,
+attaining it (bounds.least_link_stages) weighs what that one leaves out: the fill, the round trips,
 the stages' all-reduces and their links' loads. With many micro-batches it is often the nearer start
 (GNMT-32 on 16 × 1 V100, G 1024, b 2: 598.8 ms against the least bottleneck's 623.4 ms). Each is
 costed under 1F1B and ZB-H1 at every warm-up depth that fits; from the best few, local search
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .bounds import least_reach_stages
+from .bounds import least_link_stages
 from .branch import CELLS_PER_NODE, replica_choices
 from .cost import Costed, StageSpec, evaluate
 from .polish import descend, shape_of, stage_depths
@@ -37,11 +37,15 @@ class TableStarts:
         families = [f for f in FAMILIES if f in limits.allowed()]
         incumbent = state.incumbent()
         costed: list[Costed] = []
-        for x in state.searches:
-            stages = least_reach_stages(x.bounds)
+        seen = set()
+        for x, table in ((x, table) for x in state.searches for table in (0, 1)):
+            stages = least_link_stages(x.bounds, table)
             if not stages:
                 continue
             layout = tuple(StageSpec(a, z, tuple(range(s, s + r))) for a, z, s, r in stages)
+            if (layout, x.b) in seen:
+                continue
+            seen.add((layout, x.b))
             M = G // x.b
             for family in families:
                 if MIN_MICRO_BATCHES[family](len(layout)) > M or (family == "zb_h1" and len(layout) < 2):
