@@ -287,19 +287,16 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # a split backward: the rest's pass counts each later stage's input gradient only (its
             # W may wait), and the stage's own last W is followed by the all-reduce, its last I by
             # the drain (at the input share: the first stage's backward is all W, no less)
-            backward = t - forward
+            backward = t - forward  # (these (replicas, stop, 1): the full arrays are the links')
             input_ = back * backward
-            rest_input = ahead(input_sum)
-            input_at[:w] = np.minimum(input_at[:w], (forward + input_ + two_links + rest_input).min(axis=(0, 1)))
-            way = two_links + rest_input  # the first (and the last) micro-batch's round trip from here
-            last = forward + (M + 1) * link + rest_input  # the last activation over the link, on and back
-            last_w = np.maximum(
-                np.maximum(M * t, forward + way + M * backward), np.maximum(M * forward + way, last) + backward
-            )
-            last_i = np.maximum(
-                np.maximum(M * (forward + input_), forward + way + M * input_),
-                np.maximum(M * forward + way, last) + input_,
-            )
+            way = two_links + ahead(input_sum)  # the first (and the last) micro-batch's round trip from here
+            input_at[:w] = np.minimum(input_at[:w], ((forward + input_) + way).min(axis=(0, 1)))
+            # the first micro-batch's gradient is back after its forward here and its round trip; the
+            # last's after all M forwards here, or its activation's way over the link, then its trip
+            first = forward + way
+            last = way + np.maximum(M * forward, forward + (M - 1) * link)
+            last_w = np.maximum(np.maximum(M * t, first + M * backward), last + backward)
+            last_i = np.maximum(np.maximum(M * (forward + input_), first + M * input_), last + input_)
             computed = np.maximum(np.maximum(last_w + ar, last_i + back * drain[i]), forward_in + ahead(compute_l))
             keep_least(1, computed)
         fresh = fresh_node_start(starts, k, D)
@@ -371,6 +368,8 @@ def _placement(table: np.ndarray, choice: np.ndarray) -> list[tuple[int, int, in
     stages, i, d = [], 0, 0
     while i < L:
         stop, s, r = (int(v) for v in choice[i, d])
+        if stop <= i:  # (no choice kept there: a table whose value was never reached)
+            return None
         stages.append((i, stop, s, r))
         i, d = stop, s + r
     return stages
