@@ -1,13 +1,14 @@
 """The proposer of 1F1B and ZB-H1 plans from the proof tables' own layouts, last of all.
 
-Each micro-batch size's 1F1B proof table (bounds.py: links) is a dynamic programme over cuts and
-replica counts, like the least-bottleneck table the per-stage search starts from; the placement
-attaining it (bounds.least_link_stages) weighs what that one leaves out: the fill, the round trips,
-the stages' all-reduces and their links' loads. With many micro-batches it is often the nearer start
-(GNMT-32 on 16 × 1 V100, G 1024, b 2: 598.8 ms against the least bottleneck's 623.4 ms). Each is
-costed under 1F1B and ZB-H1 at every warm-up depth that fits; from the best few, local search
+Each micro-batch size's two proof tables (bounds.py: links, 1F1B's and ZB-H1's) are dynamic
+programmes over cuts and replica counts, like the least-bottleneck table the per-stage search starts
+from; the placement attaining each (bounds.least_link_stages) weighs what that one leaves out: the
+fill, the round trips, the drain, the stages' all-reduces and their links' loads. Where the links
+are slow it is the nearer start (GNMT-32 on 16 × 1 V100 at 10 Gbps, G 64: 8 single-device stages
+under ZB-H1, 86.2 ms, where the proposers before reach 93.5 ms on 16). Each distinct layout is
+costed under 1F1B and ZB-H1 at every warm-up depth that fits; from the best two, local search
 (polish.descend), and from the best of those each stage's own depth (polish.stage_depths), on a
-budget of their own. Last, so no other proposer's path depends on it: the plan is never slower than
+budget of their own (SHARE). Last, so no other proposer's path depends on it: the plan is never slower than
 without it. Its plans are of the exact families, whose bounds hold whatever the layout: it returns
 no bound of its own."""
 
