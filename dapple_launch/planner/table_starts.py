@@ -22,7 +22,7 @@ from .cost import Costed, StageSpec, evaluate
 from .polish import descend, shape_of, stage_depths
 from .proposal import Proposal, SearchState
 from .shapes import MIN_MICRO_BATCHES
-from .warmup import WARMUP_MAX_ACTIONS, deeper_depths
+from .warmup import depths
 
 FAMILIES = ("1f1b", "zb_h1")
 SHARE = 1 / 8  # of strategy.search_nodes: the descents from the best starts, then the depths
@@ -51,8 +51,7 @@ class TableStarts:
             for family in families:
                 if MIN_MICRO_BATCHES[family](len(layout)) > M or (family == "zb_h1" and len(layout) < 2):
                     continue
-                deep = len(layout) * M <= WARMUP_MAX_ACTIONS  # (the per-stage searches' limit on deeper warm-ups)
-                for depth in [1, *(d for d, _ in deeper_depths(len(layout), M, limits) if deep)]:
+                for depth, _ in depths(len(layout), M, limits):
                     c = evaluate(
                         profile, topology, layout, x.b, M, replace(limits, schedule=family), warmup_depth=depth
                     )

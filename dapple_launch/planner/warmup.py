@@ -111,6 +111,17 @@ def deeper_depths(num_stages: int, num_micro_batches: int, limits: Limits) -> li
     return out
 
 
+def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
+    """(depth, warm-up) for depth 1 (the minimal warm-up, ()) and, where the orders are small enough
+    to deepen (WARMUP_MAX_ACTIONS), deeper_depths' up to max_warmup_depth."""
+    deeper = (
+        deeper_depths(num_stages, num_micro_batches, limits)
+        if num_stages * num_micro_batches <= WARMUP_MAX_ACTIONS
+        else []
+    )
+    return [(1, ()), *deeper]
+
+
 def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: Topology, limits: Limits) -> list[Costed]:
     """Layouts found so far again with deeper warm-ups: a strong incumbent for the exact pass
     (deep_sweep), found in a few simulations. Two kinds are worth it: the few fastest under the

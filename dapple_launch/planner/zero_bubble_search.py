@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING, cast
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule.one_f_one_b import deeper_warmup
 from .branch import _EMPTY, CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep, replica_choices
 from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
 from .proposal import Proposal, SearchState, proven_gap
 from .shapes import MIN_MICRO_BATCHES, micro_batch_sizes
-from .warmup import WARMUP_MAX_ACTIONS, DeepWarmupSearch
+from .warmup import DeepWarmupSearch, depths
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,21 +53,6 @@ def least_stages(limits: Limits) -> int:
     """On one stage ZB-H1 runs each micro-batch's I and W back to back: 1F1B's time and memory, so
     where 1F1B is allowed too its one-stage plans are left to it."""
     return 2 if "1f1b" in limits.allowed() else 1
-
-
-def depths(num_stages: int, num_micro_batches: int, limits: Limits) -> list[tuple[int, tuple[int, ...]]]:
-    """(depth, warm-up) for depth 1 (the minimal warm-up, ()) up to max_warmup_depth, each distinct."""
-    out: list[tuple[int, tuple[int, ...]]] = [(1, ())]
-    previous = deeper_warmup(num_stages, num_micro_batches, 1)
-    for depth in range(2, limits.max_warmup_depth + 1):
-        if num_stages * num_micro_batches > WARMUP_MAX_ACTIONS:
-            break
-        warmup = deeper_warmup(num_stages, num_micro_batches, depth)
-        if warmup == previous:
-            break
-        out.append((depth, warmup))
-        previous = warmup
-    return out
 
 
 def starts(
