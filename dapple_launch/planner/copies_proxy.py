@@ -108,6 +108,7 @@ def proxy(
     b: int,
     memo: dict,
 ) -> float:
+    """The layout's slowest stage's load (_contiguous_loads), all-reduce included: what ranks moves."""
     return max(_contiguous_loads(profile, topology, global_batch // b, b, stops, replicas, memo))
 
 
