@@ -565,6 +565,17 @@ def test_the_least_input_share_holds_for_every_stage_of_a_partly_measured_profil
     assert unmeasured.least_input_share() == 0.5
 
 
+def test_each_layer_s_seconds_are_its_span_s_seconds():
+    """The bounds' per-layer times (ModelProfile.layer_seconds: the fill, the round trips, the drain)
+    are seconds() of each layer alone, at whole and fractional sample counts."""
+    profile = random_profile(random.Random(11), 9)
+    for samples in (1, 3, 2.5, profile.batch_size, 2 * profile.batch_size):
+        forward, backward = profile.layer_seconds(samples)
+        assert len(forward) == len(backward) == profile.num_layers
+        for l in range(profile.num_layers):
+            assert (forward[l], backward[l]) == pytest.approx(profile.seconds(l, l + 1, samples), rel=1e-12)
+
+
 def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
     """A stage's outgoing link carries its M activations one after another, the first after one
     forward, and the last one's way on and back follows: the proof's tables (bounds.py: links) hold

@@ -152,9 +152,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     # layer i has run its backward of it (each layer whole, on the fewest samples any replica runs;
     # the sends between them left out): the proof's tables end a stage's last backward with it
     least = math.ceil(x.micro_batch / min(x.micro_batch, D, max(x.replica_choices, default=1)))
-    b_pre, bf_pre = np.asarray(pre["b"]), np.asarray(pre["bf"])
-    layer_b = (bf_pre[1:] - bf_pre[:-1]) + (b_pre[1:] - b_pre[:-1] - (bf_pre[1:] - bf_pre[:-1])) * least / pbs
-    drain = np.concatenate(([0.0], np.cumsum(layer_b * x.speed)))
+    drain = np.concatenate(([0.0], np.cumsum(np.asarray(p.layer_seconds(least)[1]) * x.speed)))
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
     # (always inf), where a stage that would run past the last device points.
     shape = (L + 1, D + 2)

@@ -99,12 +99,11 @@ class CopiesBound:
         n = b // g
         # micro-batch 0's forward through layer l at its fastest: the fewest samples per device
         least = float(n.min())
-        fwd = (ff[1:] - ff[:-1]) + (f[1:] - f[:-1] - (ff[1:] - ff[:-1])) * least / pbs
+        fwd, bwd = map(np.asarray, profile.layer_seconds(least))
         self.fill = np.concatenate(([0.0], np.cumsum(fwd))) * speed  # fill[i]: layers 0 .. i - 1
         # its input gradient's way back through them: a split backward's I, B less its W share (at
         # least what the layer of largest share leaves, and a half where any layer is unmeasured:
         # ModelProfile.least_input_share; a half alone did not hold for a stage of measured layers)
-        bwd = (bf[1:] - bf[:-1]) + (bw[1:] - bw[:-1] - (bf[1:] - bf[:-1])) * least / pbs
         back = profile.least_input_share()
         each = (fwd + back * bwd) * speed
         trip = np.concatenate((np.cumsum(each[::-1])[::-1], [0.0]))  # trip[z]: layers z .. L - 1 and back

@@ -226,6 +226,20 @@ class ModelProfile:
         f, b = p["f"][stop] - p["f"][start], p["b"][stop] - p["b"][start]
         return ff + (f - ff) * n, bf + (b - bf) * n
 
+    def layer_seconds(self, samples: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Each layer's (forward, backward) seconds on `samples` samples: seconds(l, l + 1, samples)
+        layer by layer, the fixed part and the rest taken from the prefix sums as the bounds' tables
+        take them (the same floats wherever a bound reads a layer alone)."""
+        p, pbs = self._prefix, self.batch_size
+
+        def each(fixed: tuple[float, ...], total: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(
+                (fixed[l + 1] - fixed[l]) + (total[l + 1] - total[l] - (fixed[l + 1] - fixed[l])) * samples / pbs
+                for l in range(self.num_layers)
+            )
+
+        return each(p["ff"], p["f"]), each(p["bf"], p["b"])
+
     def weight_share(self, start: int, stop: int) -> float | None:
         """W's share of the backward of layers [start, stop) when every one was measured split, else None."""
         layers = self.layers[start:stop]
