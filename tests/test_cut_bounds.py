@@ -3,6 +3,7 @@ and the spans it masks out, proven against the simulator of the rank orders, the
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -80,3 +81,49 @@ def test_a_shapes_bound_is_the_same_on_the_searchs_shared_tables_and_counts_only
                 fewer += again_found.cells < again_own.cells
             compared += 1
     assert compared > 40 and fewer > compared / 2, (compared, fewer)
+
+
+def test_a_shape_whose_groups_cannot_hold_the_model_has_no_cut_that_fits():
+    """chunked_search.holds_model leaves out a shape only where no cut of it fits memory: every
+    device of a group holds its stages' weights and optimizer state, and micro-batch 0's
+    activations on every stage at once. On random profiles and devices of a few sizes around what
+    the model needs, each shape it leaves out is simulated at every cut, and none fits; some are
+    left out, and some it keeps fit nowhere (the check is necessary, not sufficient)."""
+    from dataclasses import replace
+
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import holds_model, num_stages, shapes
+
+    rng = random.Random(41)
+    left_out = kept_unfit = 0
+    for _ in range(4):
+        topo, profile = _random_cluster_and_profile(rng)
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=CHUNKED)
+        need = profile.span(0, L)[3] * limits.optimizer_factor + profile.kept_bytes(0, L, 1)
+        roomy = replace(topo, device_memory_bytes=need * 10)  # (every shape passes: all of them enumerated)
+        for scale in (0.2, 0.35, 0.6):
+            small = replace(topo, device_memory_bytes=need * scale / (1 - limits.memory_headroom))
+            for family, v, groups, b in shapes(profile, roomy, G, limits, [1, 2, 4, 8]):
+                S = num_stages(family, v, groups)
+                if math.comb(L - 1, S - 1) > 30:
+                    continue
+                fits = [
+                    evaluate_chunked(
+                        profile,
+                        small,
+                        chunked_layout(family, list(groups), [*cut, L], None),
+                        b,
+                        G // b,
+                        limits,
+                        family,
+                        v,
+                    ).fits
+                    for cut in itertools.combinations(range(1, L), S - 1)
+                ]
+                if not holds_model(profile, small, limits, family, groups, b):
+                    assert not any(fits), (family, v, groups, b, scale)
+                    left_out += 1
+                else:
+                    kept_unfit += not any(fits)
+    assert left_out > 20 and kept_unfit > 0, (left_out, kept_unfit)
