@@ -84,7 +84,7 @@ def test_a_shapes_bound_is_the_same_on_the_searchs_shared_tables_and_counts_only
 
 
 def test_a_shape_whose_groups_cannot_hold_the_model_has_no_cut_that_fits():
-    """chunked_search.holds_model leaves out a shape only where no cut of it fits memory: every
+    """shape_memory.holds_model leaves out a shape only where no cut of it fits memory: every
     device of a group holds its stages' weights and optimizer state, and micro-batch 0's
     activations on every stage at once. On random profiles and devices of a few sizes around what
     the model needs, each shape it leaves out is simulated at every cut, and none fits; some are
@@ -92,7 +92,8 @@ def test_a_shape_whose_groups_cannot_hold_the_model_has_no_cut_that_fits():
     from dataclasses import replace
 
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import holds_model, num_stages, shapes
+    from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.shape_memory import holds_model
 
     rng = random.Random(41)
     left_out = kept_unfit = 0
@@ -121,9 +122,50 @@ def test_a_shape_whose_groups_cannot_hold_the_model_has_no_cut_that_fits():
                     ).fits
                     for cut in itertools.combinations(range(1, L), S - 1)
                 ]
-                if not holds_model(profile, small, limits, family, groups, b):
+                if not holds_model(profile, small, G, limits, family, v, groups, b):
                     assert not any(fits), (family, v, groups, b, scale)
                     left_out += 1
                 else:
                     kept_unfit += not any(fits)
     assert left_out > 20 and kept_unfit > 0, (left_out, kept_unfit)
+
+
+def test_each_group_holds_the_forwards_in_flight_at_the_first_backward():
+    """shape_memory.forwards_held: when the first backward starts, each group holds n_s forwards of
+    each stage on it, none freed. On random shapes and cuts, each group's simulated memory is at
+    least its stages' weights and optimizer state plus Σ n_s × the stage's activations, and the
+    least over cuts (least_weighted_cut) is at most what any simulated cut's stages hold."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, group_of
+    from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.shape_memory import _kept, forwards_held, least_weighted_cut
+
+    rng = random.Random(43)
+    checked = deep = 0
+    for _ in range(3):
+        topo, profile = _random_cluster_and_profile(rng)
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=CHUNKED)
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4]):
+            if family == "chimera" or rng.random() < 0.5:
+                continue
+            P, M, S = len(groups), G // b, num_stages(family, v, groups)
+            counts = forwards_held(family, P, M, v)
+            deep += max(counts) > 1
+            samples = math.ceil(b / max(groups))
+            layer = [_kept(profile, l, samples) for l in range(L)]
+            least = least_weighted_cut(layer, counts)
+            for _ in range(2):
+                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+                layout = chunked_layout(family, list(groups), stops, None)
+                c = evaluate_chunked(profile, topo, layout, b, M, limits, family, v)
+                held = [0.0] * P
+                for s, st in enumerate(layout):
+                    g = group_of(family, s, P)
+                    held[g] += profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+                    held[g] += counts[s] * profile.kept_bytes(st.start, st.stop, math.ceil(b / groups[g]))
+                for s in range(S):
+                    assert c.memory_bytes[s] >= held[group_of(family, s, P)] * (1 - 1e-9), (family, v, groups, b, stops)
+                spans = zip((0, *stops[:-1]), stops)
+                assert least <= sum(n * sum(layer[i:z]) for n, (i, z) in zip(counts, spans)) * (1 + 1e-9)
+                checked += 1
+    assert checked > 50 and deep > 10, (checked, deep)

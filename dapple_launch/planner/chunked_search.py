@@ -52,6 +52,7 @@ from .group_bound import GroupBound, weight_share_table
 from .path_bound import CRITICAL_ACTION_CELLS, ORDER_ACTION_CELLS, ORDER_ACTION_CELLS_ELSE, SHAPE_CELLS, order_actions
 from .proposal import Proposal, SearchState
 from .shape_bound import _layer_times, num_stages, shape_bound
+from .shape_memory import holds_model
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
@@ -125,29 +126,9 @@ def shapes(profile: ModelProfile, topology: Topology, global_batch: int, limits:
                     for b in sizes:
                         M = global_batch // b
                         if runs_micro_batches(family, groups, b, M) and holds_model(
-                            profile, topology, limits, family, groups, b
+                            profile, topology, global_batch, limits, family, v, groups, b
                         ):
                             yield family, v, groups, b
-
-
-def holds_model(
-    profile: ModelProfile, topology: Topology, limits: Limits, family: str, groups: tuple[int, ...], b: int
-) -> bool:
-    """Whether the groups' devices together can hold what every cut of the shape puts on them: each
-    device of a group holds every stage on the group whole, weights and optimizer state
-    (chunked.evaluate_chunked's memory; Chimera's stages sit on two groups each), and just before
-    the last stage's first backward every stage still holds micro-batch 0's activations (none of its
-    backwards can have run), each at least at the samples a device of the largest group runs
-    (without recomputation: "full" and "selective" shrink them; "auto" recomputes no stage of a
-    group). A shape that holds more than the groups' capacity fits no cut: no plan of it is
-    admissible, so it is neither searched nor left open (Llama 3 70B's shape on 1024 A100s of
-    80 GB: at least 16 groups, where shapes of 4 had left every plan within 50.7 %)."""
-    L = profile.num_layers
-    held = profile.span(0, L)[3] * limits.optimizer_factor * (2 if family == "chimera" else 1)
-    if limits.recompute not in ("full", "selective"):
-        held += profile.kept_bytes(0, L, math.ceil(b / max(groups)))
-    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
-    return held <= len(groups) * capacity * (1 + 1e-12)
 
 
 def runs_micro_batches(family: str, groups: tuple[int, ...], b: int, M: int) -> bool:
