@@ -5,6 +5,7 @@ the fewest layers that fit; the pipelined runs equal the single-process referenc
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -300,3 +301,79 @@ def test_the_planners_prefix_shortcut_equals_the_general_count():
                 marks = range(a, a + k)
                 assert (kept, extra) == pytest.approx(profile.recompute_bytes(a, z, marks, 3), rel=1e-12)
                 assert again == pytest.approx(profile.recompute_seconds(a, z, marks, 3), rel=1e-12)
+
+
+def test_a_plan_started_from_a_recomputing_one_is_costed_with_its_own_recomputation():
+    """ZB-H1 on the layouts found so far (zero_bubble_search.starts) and 1F1B at deeper warm-ups
+    (warmup.deepen_best_layouts) start from plans that may recompute: each costs its layout afresh
+    with its own recomputation (none for ZB-H1; what its warm-up needs under "auto"), never the start's
+    recomputed costs under a recomputation it does not state. On a card that holds the two-stage
+    layout under ZB-H1 only if its layers are recomputed, ZB-H1 from a 1F1B plan recomputing every
+    layer does not fit, and the deeper 1F1B warm-ups state what they recompute. (A ZB-H1 plan once
+    took a 1F1B plan's recomputed costs and ran without recomputing: 58 GB a device estimated for
+    hundreds held.)"""
+    from dapple_launch.planner.cost import StageSpec, evaluate, memory_per_device, recomputed_costs, stage_costs
+    from dapple_launch.planner.warmup import deepen_best_layouts
+    from dapple_launch.planner.zero_bubble_search import starts
+
+    model = build_model("gpt", "tiny", num_layers=8, hidden=64, heads=2, seq_len=512, vocab_size=64)
+    roomy = Topology("roomy", 1, 2, 64e9, 1.0, 1e9, 1e9, device_kind="cpu")
+    profile = analytic_profile(model, 2, roomy.device_tflops, "cpu")
+    layout = (StageSpec(0, 5, (0,)), StageSpec(5, 10, (1,)))
+    G, b = 16, 2
+    full = evaluate(profile, roomy, layout, b, G // b, Limits(memory_headroom=0.0, recompute="full"))
+    bare = stage_costs(profile, roomy, layout, b)
+    zb = Limits(memory_headroom=0.0, schedule="zb_h1")
+    recomputed_need = max(memory_per_device(profile, layout, full.costs, G // b, zb))
+    bare_need = max(memory_per_device(profile, layout, bare, G // b, zb))
+    assert recomputed_need < bare_need
+    card = Topology("card", 1, 2, (recomputed_need + bare_need) / 2, 1.0, 1e9, 1e9, device_kind="cpu")
+    start = evaluate(profile, card, layout, b, G // b, Limits(memory_headroom=0.0, recompute="full"))
+    assert start.recompute and start.fits
+    auto = Limits(memory_headroom=0.0, schedules=("1f1b", "zb_h1"), recompute="auto")
+    zero_bubble = starts(profile, card, G, auto, [start])
+    assert all(not c.fits for c in zero_bubble if c.layout == layout), [c.summary() for c in zero_bubble]
+    deeper = deepen_best_layouts([start], profile, card, replace(auto, schedule="1f1b"))
+    for c in [*zero_bubble, *deeper]:
+        fresh = stage_costs(profile, card, c.layout, c.micro_batch_size)
+        if c.recompute:
+            fresh = recomputed_costs(profile, card, c.layout, fresh, c.micro_batch_size, c.recompute)
+        assert c.costs == fresh, (c.summary(), c.recompute)
+        assert not (c.schedule == "zb_h1" and c.recompute)
+
+
+@pytest.mark.slow  # (a few seconds: out of the fast tier)
+def test_every_candidate_is_costed_with_the_recomputation_it_states():
+    """A candidate's stage costs are its layout's with its own recomputed layers and no others, and
+    its memory is what they keep, so the plan runs what was costed: on a card where many 1F1B plans
+    fit only by recomputing, every candidate of 1F1B, GPipe and ZB-H1 the whole search found has
+    the costs and memory of its layout, recomputation and warm-up costed afresh (a recomputed
+    stage's memory once left out a layer's workspace), and ZB-H1 recomputes nothing."""
+    from dapple_launch.planner.cost import memory_per_device, recomputed_costs, stage_costs
+    from dapple_launch.planner.search import drive, initial_state, smallest_memory_need
+
+    model = build_model("gpt", "tiny", num_layers=8, hidden=64, heads=2, seq_len=256, vocab_size=64)
+    probe = Topology("probe", 1, 4, 64e9, 1.0, 1e9, 1e9, device_kind="cpu")
+    profile = analytic_profile(model, 2, probe.device_tflops, "cpu")
+    base = Limits(memory_headroom=0.0, schedules=("1f1b", "zb_h1"))
+    tight = smallest_memory_need(profile, probe, base)[0] * 1.1  # (1F1B recomputes; some ZB-H1 fits)
+    topo = Topology("small", 1, 4, tight, 1.0, 1e9, 1e9, device_kind="cpu")
+    limits = Limits(memory_headroom=0.0, schedules=("1f1b", "zb_h1"), recompute="auto")
+    state, _ = initial_state(profile, topo, 16, limits, 4, False)
+    drive(state)
+    checked, recomputed, zero_bubble = 0, 0, 0
+    for c in state.found:
+        if c.schedule not in ("1f1b", "gpipe", "zb_h1"):
+            continue
+        fresh = stage_costs(profile, topo, c.layout, c.micro_batch_size)
+        if c.recompute:
+            fresh = recomputed_costs(profile, topo, c.layout, fresh, c.micro_batch_size, c.recompute)
+        assert c.costs == fresh, (c.summary(), c.recompute)
+        family = Limits(memory_headroom=0.0, schedule=c.schedule)
+        memory = memory_per_device(profile, c.layout, fresh, c.num_micro_batches, family, c.warmup)
+        assert c.memory_bytes == pytest.approx(memory, rel=1e-12), c.summary()
+        checked += 1
+        recomputed += bool(c.recompute)
+        zero_bubble += c.schedule == "zb_h1"
+        assert not (c.schedule == "zb_h1" and c.recompute)
+    assert checked > 5 and recomputed and zero_bubble, (checked, recomputed, zero_bubble)

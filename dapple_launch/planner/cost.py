@@ -313,7 +313,7 @@ def fit_by_recomputation(
         best = (
             tuple(range(st.start, st.start + k)),
             (kept, extra, again * speed_ratio(profile, topology)),
-            params + count * kept + extra,
+            params + count * kept + extra + costs[s].workspace_bytes,  # (memory_per_device's, as need's)
         )
         marks, (kept, extra, again), m = best
         best = (
@@ -324,6 +324,16 @@ def fit_by_recomputation(
         if best[2] < memory[s]:
             sets[s], costs[s], memory[s] = best
     return tuple(sets) if any(sets) else (), costs, memory
+
+
+def bare_costs(c: Costed, profile: ModelProfile, topology: Topology) -> list[StageCosts]:
+    """c's stage costs before any recomputation: what evaluate's `costs` takes, since evaluate
+    applies the limits' recomputation itself. A candidate's own costs carry its recomputed layers'
+    savings, which a family that recomputes none would not have (ZB-H1 from a 1F1B plan that
+    recomputed to fit: Llama 3 70B's shape on 1024 A100s was planned ZB-H1 at 58 GB a device with
+    none of its layers recomputed, where it keeps 32 micro-batches of 8 GB), and which a 1F1B warm-up
+    of its own must fit anew."""
+    return list(c.costs) if not c.recompute else stage_costs(profile, topology, c.layout, c.micro_batch_size)
 
 
 def send_s(profile: ModelProfile, topology: Topology, st: StageSpec, nxt: StageSpec, micro_batch_size: int) -> float:

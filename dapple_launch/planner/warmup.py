@@ -38,7 +38,7 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep
-from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
+from .cost import Costed, Limits, StageSpec, bare_costs, evaluate, memory_per_device, stage_costs
 from .shapes import MIN_MICRO_BATCHES
 
 # Deeper warm-ups: bounded work per candidate (S M at most WARMUP_MAX_ACTIONS simulated; each
@@ -158,7 +158,7 @@ def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: To
                 c.num_micro_batches,
                 limits,
                 warmup_depth=depth,
-                costs=c.costs,
+                costs=bare_costs(c, profile, topology),
                 cutoff=best * (1 + 1e-9),
             )
             if cand.iteration_s < best * (1 - 1e-9):

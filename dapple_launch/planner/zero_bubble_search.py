@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, cast
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .branch import _EMPTY, CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep, replica_choices
-from .cost import Costed, Limits, StageSpec, evaluate, memory_per_device, stage_costs
+from .cost import Costed, Limits, StageSpec, bare_costs, evaluate, memory_per_device, stage_costs
 from .polish import descend, shape_of
 from .proposal import Proposal, SearchState, proven_gap
 from .shapes import MIN_MICRO_BATCHES, micro_batch_sizes
@@ -68,6 +68,7 @@ def starts(
         if key in seen or len(c.layout) < least or c.num_micro_batches < MIN_MICRO_BATCHES[FAMILY](len(c.layout)):
             continue
         seen.add(key)
+        bare = bare_costs(c, profile, topology)
         for depth, _ in depths(len(c.layout), c.num_micro_batches, limits):
             z = evaluate(
                 profile,
@@ -77,7 +78,7 @@ def starts(
                 c.num_micro_batches,
                 fam,
                 warmup_depth=depth,
-                costs=c.costs,
+                costs=bare,
             )
             if not z.fits:
                 break  # deeper keeps more
