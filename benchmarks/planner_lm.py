@@ -26,7 +26,7 @@ from dapple_launch.cli import compose  # noqa: E402
 from dapple_launch.planner import search as search_module  # noqa: E402
 from dapple_launch.planner import terapipe  # noqa: E402
 
-# (model, preset, cluster, global batch): presets from small to 8B, on the shipped clusters, at
+# (model, preset, cluster, global batch[, nodes]): presets from small to 70B, on the shipped clusters, at
 # global batches from a few micro-batches per stage (where slices pay) to many
 CASES = [
     ("gpt", "small", "v100x16", 16),
@@ -42,11 +42,15 @@ CASES = [
     ("llama", "1b", "a100x64", 128),
     ("llama", "8b", "h100x8", 64),
     ("llama", "8b", "a100x64", 256),
+    # Llama 3 70B on 32 and 128 nodes of 8 A100s: memory decides which layouts and families fit
+    ("llama", "70b", "a100x64", 256, 32),
+    ("llama", "70b", "a100x64", 1024, 128),
 ]
 
 
-def row(family: str, preset: str, cluster: str, G: int) -> dict:
-    cfg = compose([f"model={family}", f"model.preset={preset}", f"cluster={cluster}", f"global_batch_size={G}"])
+def row(family: str, preset: str, cluster: str, G: int, nodes: int | None = None) -> dict:
+    overrides = [f"model={family}", f"model.preset={preset}", f"cluster={cluster}", f"global_batch_size={G}"]
+    cfg = compose(overrides + ([f"cluster.nodes={nodes}"] if nodes else []))
     precision = plan_config.run_precision(cfg)
     topology = plan_config.topology_from_config(cfg.cluster, precision)
     profile = plan_config.profile_from_config(cfg, topology)
@@ -72,7 +76,7 @@ def row(family: str, preset: str, cluster: str, G: int) -> dict:
     assert plan.proof is not None
     return {
         "model": f"{family} {preset}",
-        "cluster": cluster,
+        "cluster": cluster if not nodes else f"{cluster}, {nodes} nodes",
         "devices": topology.num_devices,
         "G": G,
         "layers": profile.num_layers,

@@ -377,3 +377,31 @@ def test_every_candidate_is_costed_with_the_recomputation_it_states():
         zero_bubble += c.schedule == "zb_h1"
         assert not (c.schedule == "zb_h1" and c.recompute)
     assert checked > 5 and recomputed and zero_bubble, (checked, recomputed, zero_bubble)
+
+
+@pytest.mark.slow  # (about ten seconds: out of the fast tier)
+def test_llama_70b_on_1024_a100s_is_planned_with_the_recomputation_its_plan_runs():
+    """The model users train at the scale they train it (model=llama model.preset=70b on 128 nodes
+    of 8 A100s, G 1024, as the CLI plans it): the plan fits the card, and each stage's costs are its
+    layers' with the recompute_layers plan.json lists and no others. (It was once ZB-H1 at 58 GB a
+    device, costed with a 1F1B plan's recomputation and listing none.)"""
+    from dapple_launch import plan_config
+    from dapple_launch.cli import compose
+    from dapple_launch.planner.cost import StageSpec, recomputed_costs, stage_costs
+    from dapple_launch.planner.search import plan as search_plan
+
+    cfg = compose(["model=llama", "model.preset=70b", "cluster=a100x64", "cluster.nodes=128", "global_batch_size=1024"])
+    topology = plan_config.topology_from_config(cfg.cluster, plan_config.run_precision(cfg))
+    profile = plan_config.profile_from_config(cfg, topology)
+    limits = plan_config.limits_from_config(cfg.strategy, plan_config.slicing_seq_len(cfg))
+    p = search_plan(profile, topology, 1024, limits)
+    assert max(p.estimate.peak_memory_bytes) <= topology.device_memory_bytes * (1 - limits.memory_headroom)
+    layout = tuple(StageSpec(st.layers[0], st.layers[1], tuple(st.devices)) for st in p.stages)
+    sets = tuple(tuple(st.recompute_layers) for st in p.stages)
+    fresh = stage_costs(profile, topology, layout, p.micro_batch_size)
+    if any(sets):
+        fresh = recomputed_costs(profile, topology, layout, fresh, p.micro_batch_size, sets)
+    for s, (stated, costed) in enumerate(zip(p.estimate.stage_costs, fresh)):
+        assert stated["activation_bytes"] == pytest.approx(costed.activation_bytes, rel=1e-9), (s, p.schedule, sets[s])
+        assert stated["backward_s"] == pytest.approx(costed.backward_s, rel=1e-9), (s, p.schedule, sets[s])
+    assert 0 <= p.proof["gap"] < 1

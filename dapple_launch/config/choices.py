@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # the functional API makes these at run time; a checker sees 
     Precision: TypeAlias = Choice
 else:
     ModelName = choice("ModelName", "gpt", "bert", "vgg19", "from_profile", "custom", "hf", "llama")
-    LlamaPreset = choice("LlamaPreset", "tiny", "1b", "8b")
+    LlamaPreset = choice("LlamaPreset", "tiny", "1b", "8b", "70b")
     HFInit = choice("HFInit", "pretrained", "random")
     GPTPreset = choice("GPTPreset", "tiny", "small", "medium", "large", "xl")
     BERTPreset = choice("BERTPreset", "tiny", "base", "large", "48")

@@ -41,9 +41,10 @@ class LlamaShape:
 
 LLAMA_PRESETS = {
     "tiny": LlamaShape(4, 64, 4, 2, 176, 64, 256, rope_theta=10_000.0, tie_embeddings=True),
-    # Llama 3.2 1B and Llama 3 8B, shaped for planning (sequence length 2048 and 4096)
+    # Llama 3.2 1B, Llama 3 8B and 70B, shaped for planning (sequence length 2048, 4096 and 4096)
     "1b": LlamaShape(16, 2048, 32, 8, 8192, 2048, 128_256, tie_embeddings=True),
     "8b": LlamaShape(32, 4096, 32, 8, 14_336, 4096, 128_256),
+    "70b": LlamaShape(80, 8192, 64, 8, 28_672, 4096, 128_256),
 }
 
 
