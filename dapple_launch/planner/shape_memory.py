@@ -19,9 +19,10 @@ least one. A shape whose groups' capacities sum to less fits no cut: no plan of 
 so the search neither scores nor bounds it.
 
 Without recomputation only: "full" and "selective" shrink a stage's activations (there the weights
-alone count); "auto" recomputes no stage of a group (cost.recompute_sets). The orders are built
-only where the activations could decide it (their most, M per stage, passes the capacity): small
-models on large devices never build them.
+alone count); "auto" recomputes no stage of a group (cost.recompute_sets). The orders are read
+only where the activations could decide it (held at twice the stage count, the most orders keep,
+they pass the capacity) and the orders are short (ORDER_ACTIONS_READ); elsewhere micro-batch m*
+alone counts, which only weakens the check: small models on large devices never build them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ from functools import lru_cache
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .chunked import rank_orders
+from ..schedule import build_rank_schedule
 from .cost import Limits
+
+# the most actions a shape's rank orders may have for holds_model to build and read them (about
+# 10 µs an action: a fuzzed profile of 60 layers on 32 devices at G 8192 built 160 orders of up to
+# 1.5 M actions, 26 s, before this cap, and 95 of up to 30 k, 2.6 s, at that cap); skipping a
+# shape's orders only weakens the check (Llama 3 70B's 32 groups on 1024 A100s: 6 k actions)
+ORDER_ACTIONS_READ = 8_000
 
 
 def holds_model(
@@ -56,8 +63,11 @@ def holds_model(
     layer = [_kept(profile, l, samples) for l in range(L)]
     if held + sum(layer) > capacity:  # (micro-batch m* alone on every stage)
         return False
-    if family == "chimera" or held + M * sum(layer) <= capacity:
-        return True  # (no count of forwards in flight can decide it)
+    S = 2 * P if family == "zbv" else v * P
+    if family == "chimera" or held + min(M, 2 * S) * sum(layer) <= capacity:
+        return True  # (no count the orders are likely to hold can decide it: not worth reading them)
+    if S * M * 3 > ORDER_ACTIONS_READ:
+        return True  # (orders too long to build for this: the check stays necessary, weaker)
     counts = forwards_held(family, P, M, v)
     return held + least_weighted_cut(layer, counts) <= capacity
 
@@ -67,7 +77,7 @@ def forwards_held(family: str, groups: int, micro_batches: int, v: int) -> tuple
     """Per stage, n_s: the forwards of it its group has run, none freed, when the first backward
     starts (the docstring); 1 each where the orders say otherwise than the argument needs (a
     backward before some group's last forward of m*: orders the validator would refuse)."""
-    schedule = rank_orders(family, groups, micro_batches, v)
+    schedule = build_rank_schedule(family, groups, micro_batches, v)  # (not the search's cache: kept for it)
     S, orders = schedule.num_stages, schedule.encoded_orders
     last = [step for order in orders for step in order if step[0] in (1, 2) and step[1] == S - 1]
     fallback = (1,) * S
