@@ -137,7 +137,7 @@ def test_each_group_holds_the_forwards_in_flight_at_the_first_backward():
     least over cuts (least_weighted_cut) is at most what any simulated cut's stages hold."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, group_of
     from dapple_launch.planner.chunked_search import num_stages, shapes
-    from dapple_launch.planner.shape_memory import _kept, forwards_held, least_weighted_cut
+    from dapple_launch.planner.shape_memory import forwards_held, least_weighted_cut
 
     rng = random.Random(43)
     checked = deep = 0
@@ -152,7 +152,7 @@ def test_each_group_holds_the_forwards_in_flight_at_the_first_backward():
             counts = forwards_held(family, P, M, v)
             deep += max(counts) > 1
             samples = math.ceil(b / max(groups))
-            layer = [_kept(profile, l, samples) for l in range(L)]
+            layer = [profile.layer_bytes(l, samples) for l in range(L)]
             least = least_weighted_cut(layer, counts)
             for _ in range(2):
                 stops = [*sorted(rng.sample(range(1, L), S - 1)), L]

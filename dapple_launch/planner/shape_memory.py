@@ -12,8 +12,8 @@ which have run. So, at that moment, the groups together hold at least
     the model's weights and optimizer state (twice under Chimera) + Σ_s n_s kept_s,
 
 with n_s the forwards of stage s so held (1 under Chimera, whose micro-batches take either of two
-pipelines) and kept_s what one micro-batch leaves on the stage (ModelProfile.kept_bytes, the input
-it received left out), at the samples a device of the largest group runs. The cut is open, so the
+pipelines) and kept_s what one micro-batch leaves on the stage (ModelProfile.layer_bytes of its
+layers, the input it received left out), at the samples a device of the largest group runs. The cut is open, so the
 bound takes the least of Σ_s n_s kept_s over every cut: a programme over the layers, each stage at
 least one. A shape whose groups' capacities sum to less fits no cut: no plan of it is admissible,
 so the search neither scores nor bounds it.
@@ -60,7 +60,7 @@ def holds_model(
     if limits.recompute in ("full", "selective"):
         return held <= capacity
     samples = math.ceil(b / max(groups))
-    layer = [_kept(profile, l, samples) for l in range(L)]
+    layer = [profile.layer_bytes(l, samples) for l in range(L)]  # (each stage's input left out)
     if held + sum(layer) > capacity:  # (micro-batch m* alone on every stage)
         return False
     S = 2 * P if family == "zbv" else v * P
@@ -113,9 +113,3 @@ def least_weighted_cut(layer: list[float], counts: tuple[int, ...]) -> float:
             new[z] = lowest + n * prefix[z]
         best = new
     return best[L]
-
-
-def _kept(profile: ModelProfile, layer: int, samples: float) -> float:
-    """What one micro-batch of `samples` leaves on the layer (kept_bytes less the stage's input)."""
-    received = profile.cut_bytes[layer - 1] * samples / profile.batch_size if layer > 0 else 0.0
-    return profile.kept_bytes(layer, layer + 1, samples) - received
