@@ -506,7 +506,8 @@ def evaluate(
 ) -> Costed:
     """A candidate costed in full: its time by the simulator of the schedule's compute orders (the one
     cost path; the branch and bound's closed forms only bound it from below, branch.py).
-    `costs`: the layout's stage_costs when the caller already has them. `time_unless_fits=False`: a
+    `costs`: the layout's stage_costs when the caller already has them, before any recomputation
+    (a candidate's own carry its recomputed layers: bare_costs gives them bare). `time_unless_fits=False`: a
     candidate over memory is not simulated (its iteration_s is inf), for callers that drop it anyway.
     `cutoff`: a caller that keeps the candidate only if it is at most this fast; one proven slower
     part-way through the simulation has iteration_s inf (orders_time). `warmup_depth`: one for every

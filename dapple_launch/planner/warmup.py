@@ -147,6 +147,7 @@ def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: To
     out, incumbent = [], min((c.iteration_s for c in found), default=math.inf)
     for c, depths in chosen:
         best = c.iteration_s if c.schedule == "1f1b" else math.inf
+        bare = bare_costs(c, profile, topology)  # (once per layout: each depth fits its own recomputation)
         for depth, warmup in depths:
             if warmup_bound(c.costs, c.num_micro_batches, warmup) >= min(best, incumbent):
                 continue  # cannot beat what is known: not worth a simulation
@@ -158,7 +159,7 @@ def deepen_best_layouts(found: list[Costed], profile: ModelProfile, topology: To
                 c.num_micro_batches,
                 limits,
                 warmup_depth=depth,
-                costs=bare_costs(c, profile, topology),
+                costs=bare,
                 cutoff=best * (1 + 1e-9),
             )
             if cand.iteration_s < best * (1 - 1e-9):
