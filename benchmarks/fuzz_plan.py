@@ -8,8 +8,9 @@ Each must end one of two ways:
 
 - a plan: its proof's gap in [0, 1); every device's estimated peak within its memory; plan.json's
   `orders` accepted by the rank validator (NCCL's rules) and, re-simulated from plan.json's stage
-  costs alone, the plan's own simulated time; the same plan again from the same inputs (every
-  tenth seed);
+  costs alone, the plan's own simulated time; for one stage a device (1F1B, GPipe, ZB-H1), those
+  stage costs and that memory the layout's own with the recomputation it lists, costed afresh; the
+  same plan again from the same inputs (every tenth seed);
 - a refusal: a ValueError of one line (the rule, the numbers, the fix), never another exception.
 
     python benchmarks/fuzz_plan.py [--seeds 1200] [--out benchmarks/results/fuzz_plan.json]
@@ -33,7 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.plan_config import DEFAULT_SCHEDULES  # noqa: E402
-from dapple_launch.planner.cost import Limits  # noqa: E402
+from dapple_launch.planner.cost import (  # noqa: E402
+    Limits,
+    StageSpec,
+    memory_per_device,
+    recomputed_costs,
+    stage_costs,
+)
 from dapple_launch.planner.search import plan  # noqa: E402
 from dapple_launch.profile import LayerProfile, chain  # noqa: E402
 from dapple_launch.schedule import StageCosts  # noqa: E402
@@ -113,7 +120,35 @@ def check(profile, topology: Topology, G: int, limits: Limits) -> tuple[str, str
         again = simulate_ranks(ranks, costs).iteration_s
         want = d["estimate"]["simulated_iteration_s"]
         assert math.isclose(again, want, rel_tol=1e-9), (again, want)
+    if p.schedule in FRESH and not p.token_slices:
+        costed_afresh(profile, topology, p, limits)
     return "planned", p.schedule
+
+
+FRESH = ("1f1b", "gpipe", "zb_h1")  # one stage a device: their costs come from the layout alone
+
+
+def costed_afresh(profile, topology: Topology, p, limits: Limits) -> None:
+    """The plan's stage costs and memory are its layout's with the recomputation it lists, costed
+    afresh: what the runtime will run is what was costed (a plan started from a recomputing one once
+    kept its savings and listed none)."""
+    layout = tuple(StageSpec(st.layers[0], st.layers[1], tuple(st.devices)) for st in p.stages)
+    sets = tuple(tuple(st.recompute_layers) for st in p.stages)
+    fresh = stage_costs(profile, topology, layout, p.micro_batch_size)
+    if any(sets):
+        fresh = recomputed_costs(profile, topology, layout, fresh, p.micro_batch_size, sets)
+    for s, (stated, costed) in enumerate(zip(p.estimate.stage_costs, fresh)):
+        # (auto recomputation sums a stage's kept bytes in another order: equal to rounding)
+        pairs = {k: (v, getattr(costed, k)) for k, v in stated.items()}
+        wrong = {k: vw for k, vw in pairs.items() if vw[0] != vw[1] and not math.isclose(*vw, rel_tol=1e-9)}
+        assert not wrong, ("stage costs", s, p.schedule, sets[s], wrong)
+    family = replace(limits, schedule=p.schedule, recompute="none")
+    memory = memory_per_device(profile, layout, fresh, p.num_micro_batches, family, p.warmup)
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(memory, p.estimate.peak_memory_bytes)), (
+        "memory",
+        memory,
+        p.estimate.peak_memory_bytes,
+    )
 
 
 def run_seed(seed: int) -> tuple[str, str]:
