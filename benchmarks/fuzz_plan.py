@@ -8,7 +8,8 @@ Each must end one of two ways:
 
 - a plan: its proof's gap in [0, 1); every device's estimated peak within its memory; plan.json's
   `orders` accepted by the rank validator (NCCL's rules) and, re-simulated from plan.json's stage
-  costs alone, the plan's own simulated time; for one stage a device (1F1B, GPipe, ZB-H1), those
+  costs alone, the plan's own simulated time, and no device holding more (its stages' weights and
+  the most activations the orders keep at once) than the plan's memory says; for one stage a device (1F1B, GPipe, ZB-H1), those
   stage costs and that memory the layout's own with the recomputation it lists, costed afresh; the
   same plan again from the same inputs (every tenth seed);
 - a refusal: a ValueError of one line (the rule, the numbers, the fix), never another exception.
@@ -117,9 +118,21 @@ def check(profile, topology: Topology, G: int, limits: Limits) -> tuple[str, str
     validate_ranks(ranks)
     if not d["estimate"]["slice_shares"]:  # (token slices: their costs scale per slice; tests cover them)
         costs = [StageCosts(**c) for c in d["estimate"]["stage_costs"]]
-        again = simulate_ranks(ranks, costs).iteration_s
+        sim = simulate_ranks(ranks, costs)
         want = d["estimate"]["simulated_iteration_s"]
-        assert math.isclose(again, want, rel_tol=1e-9), (again, want)
+        assert math.isclose(sim.iteration_s, want, rel_tol=1e-9), (sim.iteration_s, want)
+        # what each device holds when plan.json's orders run: its stages' weights and optimizer
+        # state, and the most activations the simulated orders keep at once; the plan's memory is
+        # no less (it is what fits was judged on)
+        held = [
+            sum(profile.span(*p.stages[s].layers)[3] for s in range(len(p.stages)) if g in placement[s])
+            * limits.optimizer_factor
+            + peak
+            for g, peak in enumerate(sim.peak_activation_bytes)
+        ]
+        for s, stated in enumerate(p.estimate.peak_memory_bytes):
+            most = max(held[g] for g in placement[s])
+            assert stated >= most * (1 - 1e-9), ("memory under what the orders hold", s, stated, most)
     if p.schedule in FRESH and not p.token_slices:
         costed_afresh(profile, topology, p, limits)
     return "planned", p.schedule
