@@ -9,9 +9,10 @@ Each must end one of two ways:
 - a plan: its proof's gap in [0, 1); every device's estimated peak within its memory; plan.json's
   `orders` accepted by the rank validator (NCCL's rules) and, re-simulated from plan.json's stage
   costs alone, the plan's own simulated time, and no device holding more (its stages' weights and
-  the most activations the orders keep at once) than the plan's memory says; for one stage a device (1F1B, GPipe, ZB-H1), those
-  stage costs and that memory the layout's own with the recomputation it lists, costed afresh; the
-  same plan again from the same inputs (every tenth seed);
+  the most activations the orders keep at once) than the plan's memory says; for one stage a
+  device (1F1B, GPipe, ZB-H1), those stage costs and that memory the layout's own with the
+  recomputation it lists, costed afresh; the same plan again from the same inputs (every tenth
+  seed);
 - a refusal: a ValueError of one line (the rule, the numbers, the fix), never another exception.
 
     python benchmarks/fuzz_plan.py [--seeds 1200] [--out benchmarks/results/fuzz_plan.json]
