@@ -857,7 +857,8 @@ def test_a_larger_budget_never_returns_a_slower_plan_than_the_default(model, clu
 def test_the_first_seeds_of_the_plan_fuzz_end_in_a_sound_plan_or_a_one_line_refusal():
     """benchmarks/fuzz_plan.py's checks (1,200 seeds there) on its first 30 seeds: random and
     extreme profiles × clusters × batches × schedule sets each end in a plan whose proof, memory,
-    plan.json orders (validated, re-simulated) hold, or in a one-line ValueError."""
+    plan.json orders (validated, re-simulated, holding no more than the plan's memory says) and
+    stage costs (costed afresh with the recomputation it lists) hold, or in a one-line ValueError."""
     from benchmarks.fuzz_plan import run_seed
 
     outcomes = [run_seed(seed)[0] for seed in range(30)]
