@@ -9,7 +9,9 @@ least: this stage's share of the activation over the fastest link the placement 
 network when the stage spans nodes or the next stage must start on another node, else NVLink).
 The warm-up, the other side's replica count, all-reduces and a stage limit above two are left out, so the
 bound never exceeds the bottleneck of a real completion. One dynamic programme per micro-batch
-size, vectorised over cut points and device positions.
+size, vectorised over cut points and device positions; each row computes only the positions a
+search can reach it at (no fewer devices than stages within the cap take to hold the layers before
+it: _first_starts) and from which the rest has a completion.
 """
 
 from __future__ import annotations
@@ -158,8 +160,13 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     shape = (L + 1, D + 2)
     bound, pass_sum, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(6))
     reach_l, compute_l, input_sum = (np.full(shape, np.inf) for _ in range(3))  # (links)
-    for table in (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l, input_sum):
+    tables = (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l, input_sum)
+    for table in tables:
         table[L, : D + 1] = 0.0
+    # [i]: the last column finite in any table's row i (-1: none): a stage whose next free device
+    # lies past it leaves layers i .. L - 1 no completion
+    last_finite = np.full(L + 1, -1)
+    last_finite[L] = D
     choice = np.zeros((L + 1, D + 1, 3), dtype=int)
     # (links' choices, as choice is bound's: [table][i, d] -> stop, first device, replicas)
     link_choices = np.zeros((2, L + 1, D + 1, 3), dtype=int)
@@ -182,6 +189,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
 
     every_stop = chunked(max(1, 65536 // (L * D)))
     last_stop = chunked(max(1, 65536 // D)) if x.stage_limit in (1, 2) else every_stop
+    # (one replica count a chunk: _first_starts holds)
+    exact = len(every_stop) == len(replicas)
+    lowest = _first_starts(x, replicas, call, work, params) if exact else np.zeros(L + 1, dtype=int)
     for i in range(L - 1, -1, -1):
         last_only = x.stage_limit == 1 or (x.stage_limit == 2 and i > 0)
         z_all = np.arange(L, L + 1) if last_only else np.arange(i + 1, L + 1)
@@ -204,25 +214,30 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         link_at = (reach_at_l, compute_at_l)
 
         def keep_least(table: int, values: np.ndarray) -> None:
-            """link_at[table][:w] lowered to values' least over (replicas, stop), its choice kept."""
-            flat = values.reshape(-1, w).argmin(axis=0)
-            cand = values.reshape(-1, w)[flat, starts[:w]]
-            better = cand < link_at[table][:w]
-            link_at[table][:w] = np.where(better, cand, link_at[table][:w])
-            link_stop_at[table, :w] = np.where(better, z[flat % len(z)], link_stop_at[table, :w])
-            link_replicas_at[table, :w] = np.where(better, R[flat // len(z)], link_replicas_at[table, :w])
+            """link_at[table][a:w] lowered to values' least over (replicas, stop), its choice kept."""
+            flat = values.reshape(-1, w - a).argmin(axis=0)
+            cand = values.reshape(-1, w - a)[flat, starts[: w - a]]
+            better = cand < link_at[table][a:w]
+            link_at[table][a:w] = np.where(better, cand, link_at[table][a:w])
+            link_stop_at[table, a:w] = np.where(better, z[flat % len(z)], link_stop_at[table, a:w])
+            link_replicas_at[table, a:w] = np.where(better, R[flat // len(z)], link_replicas_at[table, a:w])
 
         for R, nxt, lat, bw, slope, fixed, n_all in last_stop if last_only else every_stop:  # (replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
             useful = int(np.searchsorted(stage_fixed_all + stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
             if useful == 0:
                 continue
-            # starts past D - min(R) leave no device for any of the chunk's counts: their completions
-            # are inf, so only the first w starts are computed (half the cells at 512 devices)
-            w = D - int(R[0]) + 1
+            # starts past D - min(R) leave no device for any of the chunk's counts, and starts whose
+            # stage ends past every useful stop's last finite column leave the rest no completion:
+            # their completions are inf in every table, so only the first w starts are computed (half
+            # the cells at 512 devices; of the rest, 12-17 % at 1024, BERT-96 at b 256 and 512)
+            w = min(D, int(last_finite[z_all[0] : z_all[0] + useful].max())) - int(R[0]) + 1
+            a = int(lowest[i])  # (no search reaches layer i on fewer devices)
+            if w <= a:
+                continue
             z, n = z_all[:useful], n_all
-            ahead = _ahead(int(z[0]), int(z[0]) + useful, D, R, nxt[:, :w])  # (stops z are consecutive)
-            lat, bw, slope, fixed = lat[:, :w], bw[:, :w], slope[:, :w], fixed[:, :w]
+            ahead = _ahead(int(z[0]), int(z[0]) + useful, R, nxt[:, a:w], a)  # (stops z are consecutive)
+            lat, bw, slope, fixed = lat[:, a:w], bw[:, a:w], slope[:, a:w], fixed[:, a:w]
             stage_work, stage_fwd = stage_work_all[:useful], stage_fwd_all[:useful]
             stage_fixed, stage_fwd_fixed = stage_fixed_all[:useful], stage_fwd_fixed_all[:useful]
             stage_param_bytes, stage_params = stage_param_bytes_all[:useful], stage_params_all[:useful]
@@ -239,17 +254,17 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 (z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0
             )
             rest = ahead(bound)  # the completion from device s + r on
-            value = np.maximum(np.maximum(t, link), rest).reshape(-1, w)
+            value = np.maximum(np.maximum(t, link), rest).reshape(-1, w - a)
             flat = value.argmin(axis=0)
-            cand = value[flat, starts[:w]]
-            better = cand < best_at[:w]
-            best_at[:w] = np.where(better, cand, best_at[:w])
-            stop_at[:w] = np.where(better, z[flat % len(z)], stop_at[:w])
-            replicas_at[:w] = np.where(better, R[flat // len(z)], replicas_at[:w])
+            cand = value[flat, starts[: w - a]]
+            better = cand < best_at[a:w]
+            best_at[a:w] = np.where(better, cand, best_at[a:w])
+            stop_at[a:w] = np.where(better, z[flat % len(z)], stop_at[a:w])
+            replicas_at[a:w] = np.where(better, R[flat // len(z)], replicas_at[a:w])
             two_links = 2 * link
             per_pass = t + two_links
             rest_sum = ahead(pass_sum)
-            sum_at[:w] = np.minimum(sum_at[:w], (per_pass + rest_sum).min(axis=(0, 1)))
+            sum_at[a:w] = np.minimum(sum_at[a:w], (per_pass + rest_sum).min(axis=(0, 1)))
             forward = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None]
             # what is left of the all-reduce after the last backward, whose buckets it may overlap
             # (planner/allreduce.py): at least one all-reduce of every byte less that backward
@@ -262,16 +277,16 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             )
             forward_in = forward + link
             end = np.maximum(M * t + two_links + ar + rest_sum, forward_in + ahead(stage_end))
-            end_at[:w] = np.minimum(end_at[:w], end.min(axis=(0, 1)))
+            end_at[a:w] = np.minimum(end_at[a:w], end.min(axis=(0, 1)))
             slow_side = (M - 1) * np.maximum(forward, t - forward) if M > 1 else 0.0  # (0 × inf is nan)
             # the first micro-batch's round trip and the rest's steps, before the last backward leaves
             trip = np.maximum(M * t, t + slow_side + two_links + rest_sum)
             reach = np.maximum(trip + ar, forward_in + ahead(reach_end))
-            reach_at[:w] = np.minimum(reach_at[:w], reach.min(axis=(0, 1)))
+            reach_at[a:w] = np.minimum(reach_at[a:w], reach.min(axis=(0, 1)))
             round_trip = np.maximum(trip, per_pass + ahead(round_end))
-            round_at[:w] = np.minimum(round_at[:w], round_trip.min(axis=(0, 1)))
+            round_at[a:w] = np.minimum(round_at[a:w], round_trip.min(axis=(0, 1)))
             computed = np.maximum(M * t + ar, forward_in + ahead(compute_end))
-            compute_at[:w] = np.minimum(compute_at[:w], computed.min(axis=(0, 1)))
+            compute_at[a:w] = np.minimum(compute_at[a:w], computed.min(axis=(0, 1)))
             # with the stage's outgoing link and the drain (the docstring's links)
             sends = t + (M + 1) * link
             # and, for the proof only too, a weight the stage shares with a layer outside it: summed
@@ -288,7 +303,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             backward = t - forward  # (these (replicas, stop, 1): the full arrays are the links')
             input_ = back * backward
             way = two_links + ahead(input_sum)  # the first (and the last) micro-batch's round trip from here
-            input_at[:w] = np.minimum(input_at[:w], ((forward + input_) + way).min(axis=(0, 1)))
+            input_at[a:w] = np.minimum(input_at[a:w], ((forward + input_) + way).min(axis=(0, 1)))
             # the first micro-batch's gradient is back after its forward here and its round trip; the
             # last's after all M forwards here, or its activation's way over the link, then its trip
             first = forward + way
@@ -311,21 +326,49 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             out[i, :D] = at[s]
             link_choices[table, i, :D] = np.stack([link_stop_at[table][s], s, link_replicas_at[table][s]], axis=1)
         input_sum[i, :D] = np.minimum(input_at, input_at[fresh])
+        last_finite[i] = max(_last_finite(table[i, :D]) for table in tables)
     return SuffixBounds(
         bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l), link_choices
     )
 
 
-def _ahead(lo: int, hi: int, D: int, R: np.ndarray, nxt: np.ndarray):
+def _first_starts(x: BoundInputs, replicas: list[int], call, work, params) -> np.ndarray:
+    """[i]: the fewest devices any stages holding layers 0 .. i - 1 take, each within memory (its
+    parameters alone) and no slower than the stage time cap (a hair above it): no search reaches
+    layer i at an earlier free device, so the tables start row i's stages there. Exact where each
+    chunk is one replica count (a stage over the cap is then in no table): every cell from there on
+    reads only cells from there on, so the tables agree with the full ones wherever they are read."""
+    p, L = x.profile, x.profile.num_layers
+    cap = x.stage_time_cap * (1 + 1e-9)
+    R = np.asarray(replicas)
+    n = np.ceil(x.micro_batch / R)[:, None]
+    fewest = np.full(L + 1, np.inf)
+    fewest[0] = 0.0
+    for j in range(L):
+        z = np.arange(j + 1, L + 1)
+        t = (call[z] - call[j]) * x.speed + (work[z] - work[j]) * x.speed / p.batch_size * n  # (R, stops)
+        fits = (t <= cap) & ((params[z] - params[j]) * x.optimizer_factor <= x.capacity_bytes)[None, :]
+        least = np.where(fits, R[:, None], np.inf).min(axis=0)  # each stop's fewest replicas
+        fewest[j + 1 :] = np.minimum(fewest[j + 1 :], fewest[j] + least)
+    return np.where(np.isfinite(fewest), np.minimum(fewest, x.topology.num_devices), x.topology.num_devices).astype(int)
+
+
+def _last_finite(row: np.ndarray) -> int:
+    finite = np.flatnonzero(np.isfinite(row))
+    return int(finite[-1]) if finite.size else -1
+
+
+def _ahead(lo: int, hi: int, R: np.ndarray, nxt: np.ndarray, first: int):
     """table -> table[z, nxt[r, s]] laid out (replicas, stop, start) for stops z in [lo, hi) and the
-    starts nxt covers: the completion after a stage of R[r] replicas starting at device s. One
-    replica count (512 devices take them one at a time) is a shifted slice: a view, not a gather."""
+    starts nxt covers (first, first + 1, ...): the completion after a stage of R[r] replicas starting
+    at device s. One replica count (512 devices take them one at a time) is a shifted slice: a view,
+    not a gather."""
     if len(R) > 1:
         return lambda table: table[lo:hi][:, nxt].transpose(1, 0, 2)
-    r, w = int(R[0]), nxt.shape[1]  # starts 0..w - 1 = D - r: device s + r is free (at most D)
+    r, w = int(R[0]), nxt.shape[1]  # starts first .. first + w - 1: device s + r is free (at most D)
 
     def shifted(table):
-        return table[lo:hi, r : r + w][None]  # a view: read only
+        return table[lo:hi, first + r : first + r + w][None]  # a view: read only
 
     return shifted
 
