@@ -190,7 +190,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     every_stop = chunked(max(1, 65536 // (L * D)))
     last_stop = chunked(max(1, 65536 // D)) if x.stage_limit in (1, 2) else every_stop
     # (one replica count a chunk: _first_starts holds)
-    exact = len(every_stop) == len(replicas)
+    exact = bool(replicas) and len(every_stop) == len(replicas)
     lowest = _first_starts(x, replicas, call, work, params) if exact else np.zeros(L + 1, dtype=int)
     for i in range(L - 1, -1, -1):
         last_only = x.stage_limit == 1 or (x.stage_limit == 2 and i > 0)
