@@ -967,7 +967,8 @@ def test_the_tables_start_each_row_where_a_search_first_reaches_it(monkeypatch):
     any stages within the stage time cap and memory take to hold layers 0 .. i - 1. The searches
     read no cell before that (each of their reads is checked), so the plan and its proof are those
     of the full tables (the starts all computed), and the tables agree with them wherever they are
-    computed. (BERT-96 on 1024 A100: 19.0 -> 15.1 s of planning, the same plan.)"""
+    computed. (BERT-96 on 1024 A100: 19.0 -> 15.1 s of planning, the same plan.) Not where the best
+    plan so far is of a family not allowed: a later pass then searches under a slower incumbent."""
     import numpy as np
 
     from dapple_launch.models import build_model
@@ -979,7 +980,7 @@ def test_the_tables_start_each_row_where_a_search_first_reaches_it(monkeypatch):
     profile = analytic_profile(build_model("bert", "large", num_layers=64), 8, 312.0, "a100")
     topo = Topology("a100x512", 64, 8, 80 * 2**30, 312.0, 300e9, 25e9, 3e-6, 8e-6)
     assert profile.num_layers * topo.num_devices > 32768  # (one replica count a chunk)
-    limits = Limits(schedules=("1f1b", "zb_h1"), search_nodes=4_000)
+    limits = Limits(schedules=("1f1b", "zb_h1", "gpipe"), search_nodes=4_000)  # (the baselines' families)
     first = bounds._first_starts
     lowest, reads = {}, []
 
@@ -1005,3 +1006,10 @@ def test_the_tables_start_each_row_where_a_search_first_reaches_it(monkeypatch):
     full, _, _, full_proof = search(profile, topo, 512, limits)
     assert full.summary() == windowed.summary() and full.iteration_s == windowed.iteration_s
     assert full_proof.proven_gap == proof.proven_gap
+
+    # where a plan of a family not allowed is the best so far (ZB-H1 alone: the 1F1B and GPipe
+    # baselines), the ZB-H1 pass searches under a slower incumbent than the tables': no window
+    monkeypatch.setattr(bounds, "_first_starts", recorded)
+    lowest.clear()
+    search(profile, topo, 512, replace(limits, schedules=("zb_h1",)))
+    assert not lowest

@@ -47,6 +47,11 @@ class BoundInputs:
     # placed before them), and row 0 takes two: exact there, at a fraction of the work (with one or
     # two micro-batches, 512 devices' largest sizes cost most of the planning otherwise).
     stage_limit: int = 0
+    # every search that reads these tables cuts a stage slower than stage_time_cap (it searches under
+    # an incumbent no slower than theirs): each row then needs only the starts such stages can reach
+    # (_first_starts). Not where a faster plan of a family not allowed set the cap (ZB-H1 alone, with
+    # a 1F1B baseline the best so far: its pass searches under its own, slower incumbent)
+    read_under_cap: bool = False
 
 
 def fresh_node_start(d, devices_per_node: int, devices: int):
@@ -190,7 +195,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     every_stop = chunked(max(1, 65536 // (L * D)))
     last_stop = chunked(max(1, 65536 // D)) if x.stage_limit in (1, 2) else every_stop
     # (one replica count a chunk: _first_starts holds)
-    exact = bool(replicas) and len(every_stop) == len(replicas)
+    exact = x.read_under_cap and bool(replicas) and len(every_stop) == len(replicas)
     lowest = _first_starts(x, replicas, call, work, params) if exact else np.zeros(L + 1, dtype=int)
     for i in range(L - 1, -1, -1):
         last_only = x.stage_limit == 1 or (x.stage_limit == 2 and i > 0)

@@ -75,7 +75,10 @@ class BranchAndBound:
         incumbent: float,
         node_budget: float = math.inf,
         gap: float = 0.0,
+        read_under_cap: bool = False,
     ):
+        """`read_under_cap`: every search of these tables (this one's passes, ZB-H1's over them) runs
+        under an incumbent no slower than `incumbent` (bounds.BoundInputs)."""
         self.p, self.t, self.G, self.limits, self.b = profile, topology, global_batch, limits, b
         self.M = global_batch // b
         self.L, self.D = profile.num_layers, topology.num_devices
@@ -120,6 +123,7 @@ class BranchAndBound:
             stage_time_cap=incumbent / self.M,
             activations_may_shrink=limits.recompute == "auto",
             stage_limit=self.max_stages,
+            read_under_cap=read_under_cap,
         )
         self.bounds = suffix_bound(self.bound_inputs)  # tables [next layer, first free device]
         self.suffix = self.bounds.bottleneck

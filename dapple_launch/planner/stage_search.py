@@ -49,8 +49,13 @@ class StageFamilies:
         # least-bottleneck placement is costed up front, then the best few starts are improved by
         # local search: a strong incumbent before any branching.
         incumbent = state.incumbent()  # only stages that could beat it are bounded
+        # every later pass over these tables (ZB-H1's too) searches under the best plan of an allowed
+        # family found by then: where that is the incumbent already, none reads what they leave out
+        allowed = limits.allowed()
+        under = min((c.iteration_s for c in state.found if c.schedule in allowed), default=math.inf) <= incumbent
         searches = [
-            BranchAndBound(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), math.inf) for b in sizes
+            BranchAndBound(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), math.inf, 0.0, under)
+            for b in sizes
         ]
         searches.sort(key=lambda x: (x.root_bound(), -x.b))
         state.searches = searches
