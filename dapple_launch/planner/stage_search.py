@@ -54,7 +54,7 @@ class StageFamilies:
         allowed = limits.allowed()
         under = min((c.iteration_s for c in state.found if c.schedule in allowed), default=math.inf) <= incumbent
         searches = [
-            BranchAndBound(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), math.inf, 0.0, under)
+            BranchAndBound(profile, topology, global_batch, limits, b, incumbent * (1 + 1e-9), read_under_cap=under)
             for b in sizes
         ]
         searches.sort(key=lambda x: (x.root_bound(), -x.b))
