@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -117,6 +118,11 @@ def test_the_proof_table_s_own_layout_covers_the_model_and_simulates_no_faster_t
         for depth in [1, *(d for d, _ in deeper_depths(len(layout), M, limits))]:
             c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=depth)
             assert float(x.bounds.links[0][0, 0]) <= c.iteration_s * (1 + 1e-12)
+            # the any-schedule table (TableStarts orders and stops its sizes by it) under both families
+            assert float(x.bounds.links[1][0, 0]) <= c.iteration_s * (1 + 1e-12)
+        if len(layout) >= 2:
+            zb = evaluate(profile, topo, layout, b, M, replace(limits, schedule="zb_h1"))
+            assert float(x.bounds.links[1][0, 0]) <= zb.iteration_s * (1 + 1e-12)
 
 
 @pytest.mark.slow  # (over a second: out of the fast tier)
@@ -141,3 +147,41 @@ def test_the_proof_table_s_own_layout_finishes_what_the_searches_before_left(mon
     monkeypatch.setattr(driver, "PROPOSERS", driver.PROPOSERS[:-1])
     without = driver.search(profile, topo, G, limits)[0]
     assert with_it.iteration_s < without.iteration_s * (1 - 0.05), (with_it.summary(), without.summary())
+
+
+@pytest.mark.slow  # (3 s: out of the fast tier)
+def test_table_starts_leaves_uncosted_only_sizes_whose_bound_passes_what_it_keeps(monkeypatch):
+    """A batch of many divisors (G 720 on 12 devices: 30 sizes): TableStarts costs each size's table
+    layouts in increasing bound and stops once the bound passes its second start and the search's
+    fifth plan. The plan, its runners-up, the proof and every start it descends from are those of
+    costing every size; fewer candidates are costed."""
+    from dapple_launch.planner import table_starts
+
+    rng = random.Random(4)
+    profile = random_profile(rng, 14)
+    topo = Topology("t", 3, 4, 16e9, 10.0, 100e9, 10e9)
+    G, limits = 720, Limits(schedules=DEFAULT_SCHEDULES)
+    evaluated = []
+    real = table_starts.evaluate
+
+    def counted(*args, **kw):
+        evaluated.append(args[3])  # (the micro-batch size)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(table_starts, "evaluate", counted)
+    starts = []
+    real_descend = table_starts.descend
+    monkeypatch.setattr(
+        table_starts, "descend", lambda c, *a, **kw: (starts.append(c.summary()), real_descend(c, *a, **kw))[1]
+    )
+    stopped = driver.search(profile, topo, G, limits)
+    stopped_work, stopped_starts = len(evaluated), list(starts)
+    evaluated.clear(), starts.clear()
+    monkeypatch.setattr(table_starts, "_needed", lambda *a: math.inf)
+    every = driver.search(profile, topo, G, limits)
+    assert stopped_starts == starts and starts
+    best, runners, _, stats = stopped
+    assert best.summary() == every[0].summary() and best.iteration_s == every[0].iteration_s
+    assert [c.summary() for c in runners] == [c.summary() for c in every[1]]
+    assert stats.proven_gap == every[3].proven_gap
+    assert stopped_work < len(evaluated) / 2, (stopped_work, len(evaluated))

@@ -49,6 +49,7 @@ class SearchState:
     # its plans are only another search's starts (the copies-only search's 1F1B and ZB-H1 starts): a
     # proposer that only finishes a plan (table_starts.py) is left out, so the starts stay the same
     for_starts: bool = False
+    keep: int = 4  # the runners-up the search returns beside its plan
 
     def best(self) -> Costed | None:
         return min(self.found, key=lambda c: c.iteration_s, default=None)

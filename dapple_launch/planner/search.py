@@ -141,7 +141,7 @@ def initial_state(
 ) -> tuple[SearchState, dict[str, Costed | None]]:
     """The driver's state before any proposer: the baselines and an even split as the first
     candidates (and, under a budget above the default, the default budget's plans); the baselines."""
-    state = SearchState(profile, topology, global_batch, limits, micro_batch_sizes(global_batch, limits))
+    state = SearchState(profile, topology, global_batch, limits, micro_batch_sizes(global_batch, limits), keep=keep)
     baselines = all_baselines(profile, topology, global_batch, limits) if with_baselines else {}
     start = balanced_uniform(profile, topology, global_batch, limits)
     state.prior = _default_budget_plans(profile, topology, global_batch, limits, keep, state.stats)

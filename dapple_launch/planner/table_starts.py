@@ -6,7 +6,8 @@ from; the placement attaining each (bounds.least_link_stages) weighs what that o
 fill, the round trips, the drain, the stages' all-reduces and their links' loads. Where the links
 are slow it is the nearer start (GNMT-32 on 16 × 1 V100 at 10 Gbps, G 64: 8 single-device stages
 under ZB-H1, 86.2 ms, where the proposers before reach 93.5 ms on 16). Each distinct layout is
-costed under 1F1B and ZB-H1 at every warm-up depth that fits; from the best two, local search
+costed under 1F1B and ZB-H1 at every warm-up depth that fits, sizes in increasing bound until one's
+passes every candidate that could still matter (_needed); from the best two, local search
 (polish.descend), and from the best of those each stage's own depth (polish.stage_depths), on a
 budget of their own (SHARE). Last, so no other proposer's path depends on it: the plan is never slower than
 without it. Its plans are of the exact families, whose bounds hold whatever the layout: it returns
@@ -14,6 +15,7 @@ no bound of its own."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from .bounds import least_link_stages
@@ -39,7 +41,15 @@ class TableStarts:
         incumbent = state.incumbent()
         costed: list[Costed] = []
         seen = set()
-        for x, table in ((x, table) for x in state.searches for table in (0, 1)):
+        # Sizes in increasing proof bound (any schedule's table: no layout of that size, this one
+        # included, is faster under either family). Only the best STARTS layouts are descended from
+        # and only the search's best few plans are kept (state.keep runners-up), so once a size's
+        # bound passes both, none of its candidates or those after it could be either: they are not
+        # costed (a divisor-rich batch has dozens of sizes, each costed at every warm-up depth).
+        sized = sorted(state.searches, key=lambda x: (_least(x), -x.b))
+        for x, table in ((x, table) for x in sized for table in (0, 1)):
+            if _least(x) > _needed(costed, state, topology) * (1 + 1e-9):
+                break
             stages = least_link_stages(x.bounds, table)
             if not stages:
                 continue
@@ -61,13 +71,10 @@ class TableStarts:
                     costed.append(c)
         budget = limits.search_nodes * SHARE
         spent, out, tried = 0.0, [], set()
-        allowed = replica_choices(topology, G)
         for c in sorted(costed, key=lambda c: (c.iteration_s, c.summary())):
             if len(tried) == STARTS or spent >= budget:
                 break
-            if c.layout in tried or shape_of(c, topology).layout(topology) != c.layout:
-                continue
-            if any(s.replicas not in allowed for s in c.layout):
+            if c.layout in tried or not _startable(c, state, topology):
                 continue
             tried.add(c.layout)
             better, cost = descend(
@@ -76,7 +83,7 @@ class TableStarts:
                 topology,
                 G,
                 replace(limits, schedule=c.schedule),
-                allowed,
+                replica_choices(topology, G),
                 state.sizes,
                 cost_budget=(budget - spent) / (STARTS - len(tried) + 1),
             )
@@ -89,3 +96,33 @@ class TableStarts:
             out.append(deeper)
         state.stats.nodes += int(spent)
         return Proposal(tuple(families), [c for c in [*costed, *out] if c.fits], {})
+
+
+def _least(x) -> float:
+    """No 1F1B or ZB-H1 plan of x's micro-batch size is faster (x.bounds.links: compute_end's, valid
+    for any schedule; at a layout of the table itself, so whatever incumbent the tables were cut by)."""
+    return float(x.bounds.links[1][0, 0]) if x.bounds.links is not None else 0.0
+
+
+def _needed(costed: list[Costed], state: SearchState, topology) -> float:
+    """The time a candidate must beat to matter: the slower of the STARTS-th best layout that local
+    search may start from and the (keep + 1)-th best distinct plan the search returns; inf while
+    either has fewer."""
+    starts = sorted(
+        {
+            c.layout: c.iteration_s
+            for c in sorted(costed, key=lambda c: -c.iteration_s)
+            if _startable(c, state, topology)
+        }.values()
+    )
+    plans = sorted({c.summary(): c.iteration_s for c in [*state.found, *costed] if c.fits}.values())
+    if len(starts) < STARTS or len(plans) < state.keep + 1:
+        return math.inf
+    return max(starts[STARTS - 1], plans[state.keep])
+
+
+def _startable(c: Costed, state: SearchState, topology) -> bool:
+    """A layout local search can start from: of the search's own space (its shape places it so, its
+    replica counts allowed)."""
+    allowed = replica_choices(topology, state.global_batch)
+    return shape_of(c, topology).layout(topology) == c.layout and all(s.replicas in allowed for s in c.layout)
