@@ -331,7 +331,10 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             out[i, :D] = at[s]
             link_choices[table, i, :D] = np.stack([link_stop_at[table][s], s, link_replicas_at[table][s]], axis=1)
         input_sum[i, :D] = np.minimum(input_at, input_at[fresh])
-        last_finite[i] = max(_last_finite(table[i, :D]) for table in tables)
+        finite = np.isfinite(bound[i, :D])  # (the row's cells once, not a search of each table)
+        for table in tables[1:]:
+            finite |= np.isfinite(table[i, :D])
+        last_finite[i] = _last_finite(finite)
     return SuffixBounds(
         bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l), link_choices
     )
@@ -358,9 +361,10 @@ def _first_starts(x: BoundInputs, replicas: list[int], call, work, params) -> np
     return np.where(np.isfinite(fewest), np.minimum(fewest, x.topology.num_devices), x.topology.num_devices).astype(int)
 
 
-def _last_finite(row: np.ndarray) -> int:
-    finite = np.flatnonzero(np.isfinite(row))
-    return int(finite[-1]) if finite.size else -1
+def _last_finite(finite: np.ndarray) -> int:
+    """The last index where `finite` holds, -1 where it holds nowhere."""
+    at = np.flatnonzero(finite)
+    return int(at[-1]) if at.size else -1
 
 
 def _ahead(lo: int, hi: int, R: np.ndarray, nxt: np.ndarray, first: int):
