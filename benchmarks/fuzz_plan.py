@@ -36,13 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.plan_config import DEFAULT_SCHEDULES  # noqa: E402
-from dapple_launch.planner.cost import (  # noqa: E402
-    Limits,
-    StageSpec,
-    memory_per_device,
-    recomputed_costs,
-    stage_costs,
-)
+from dapple_launch.planner.cost import StageSpec, memory_per_device, recomputed_costs, stage_costs  # noqa: E402
+from dapple_launch.planner.limits import Limits  # noqa: E402
 from dapple_launch.planner.search import plan  # noqa: E402
 from dapple_launch.profile import LayerProfile, chain  # noqa: E402
 from dapple_launch.schedule import StageCosts  # noqa: E402

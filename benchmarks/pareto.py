@@ -27,8 +27,8 @@ from benchmarks.planner import PROFILES, load_profile  # noqa: E402
 from dapple_launch.models import build_model  # noqa: E402
 from dapple_launch.plan_config import shipped_topology  # noqa: E402
 from dapple_launch.planner.baselines import all_baselines  # noqa: E402
-from dapple_launch.planner.cost import Limits  # noqa: E402
 from dapple_launch.planner.frontier import device_seconds_per_sample, plan_choice, sub_cluster  # noqa: E402
+from dapple_launch.planner.limits import Limits  # noqa: E402
 from dapple_launch.planner.search import NoFeasiblePlan, plan  # noqa: E402
 from dapple_launch.profile import analytic_profile  # noqa: E402
 

@@ -29,8 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from dapple_launch.models import build_model  # noqa: E402
 from dapple_launch.plan_config import DEFAULT_SCHEDULES, PROFILE_BATCH, shipped_topology, with_ties  # noqa: E402
-from dapple_launch.planner.cost import Limits, speed_ratio  # noqa: E402
+from dapple_launch.planner.cost import speed_ratio  # noqa: E402
 from dapple_launch.planner.explain import human_gap  # noqa: E402
+from dapple_launch.planner.limits import Limits  # noqa: E402
 from dapple_launch.planner.score import simulate_costed  # noqa: E402
 from dapple_launch.planner.search import search  # noqa: E402
 from dapple_launch.planner.torch_style import torch_style_baselines  # noqa: E402

@@ -148,7 +148,7 @@ def test_the_bound_with_critical_paths_stays_below_a_shapes_best_cut_and_raises_
 def _gap(name: str, cluster: str, G: int) -> float:
     from benchmarks.planner import load_profile, topology
     from dapple_launch.plan_config import DEFAULT_SCHEDULES
-    from dapple_launch.planner.cost import Limits
+    from dapple_launch.planner.limits import Limits
     from dapple_launch.planner.search import search
 
     files = {"gnmt-32": ("gnmt-32-pbs-64-simplified.txt", 64, 1.0), "amoeba-36": ("amoeba-36-pbs-1.txt", 1, 1.0)}
@@ -188,7 +188,7 @@ def test_round_trips_lift_a_shape_whose_transfers_are_slow_against_its_steps(mon
     from dapple_launch.planner.baselines import balanced_boundaries
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import _group_bound
-    from dapple_launch.planner.cost import Limits
+    from dapple_launch.planner.limits import Limits
 
     profile, cluster = load_profile("gnmt-32-pbs-64-simplified.txt", 64, 1.0), topology("v100-16x1-10g")
     shape = ("interleaved_zb", 2, (2,) * 8, 16)

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from dapple_launch.planner.cost import Limits
+from dapple_launch.planner.limits import Limits
 
 from .test_rank_schedules import _random_cluster_and_profile, _small_chunked_shapes
 

@@ -20,7 +20,7 @@ import torch
 from dapple_launch.cluster import Topology
 from dapple_launch.models import build_model
 from dapple_launch.models.contract import as_tuple, build_layer, call_layer, carry_of
-from dapple_launch.planner.cost import Limits
+from dapple_launch.planner.limits import Limits
 from dapple_launch.planner.search import plan
 from dapple_launch.profile.analytic import analytic_profile, autocast
 from dapple_launch.profile.live_bytes import LiveBytes

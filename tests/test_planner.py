@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dapple_launch.cluster import Topology
-from dapple_launch.planner.cost import Limits, StageSpec, evaluate
+from dapple_launch.planner.cost import StageSpec, evaluate
+from dapple_launch.planner.limits import Limits
 from dapple_launch.planner.search import NoFeasiblePlan, plan, replica_choices, search
 from dapple_launch.planner.shapes import MIN_MICRO_BATCHES, divisors
 from dapple_launch.planner.warmup import deeper_depths

@@ -13,7 +13,8 @@ import pytest
 from dapple_launch.cluster import Topology
 from dapple_launch.plan_config import DEFAULT_SCHEDULES
 from dapple_launch.planner import search as driver
-from dapple_launch.planner.cost import Limits, evaluate
+from dapple_launch.planner.cost import evaluate
+from dapple_launch.planner.limits import Limits
 from dapple_launch.planner.proposal import Proposal, SearchState, proven_gap
 
 from .test_planner import random_profile

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from dapple_launch.cluster import Topology
-from dapple_launch.planner.cost import Limits
+from dapple_launch.planner.limits import Limits
 from dapple_launch.planner.search import plan
 from dapple_launch.profile import LayerProfile, chain
 from dapple_launch.schedule import Kind, ScheduleError, StageCosts, build_rank_schedule, build_schedule, simulate

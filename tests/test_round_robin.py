@@ -16,7 +16,7 @@ import pytest
 from dapple_launch.cluster import Topology
 from dapple_launch.plan_config import DEFAULT_SCHEDULES, shipped_topology
 from dapple_launch.planner.copies_proxy import _load_table, _Loads, balance_cuts, compute_floor, proxy
-from dapple_launch.planner.cost import Limits
+from dapple_launch.planner.limits import Limits
 from dapple_launch.planner.round_robin import canonical_copies, check_copies, evaluate_rr, fitted_depths, rr_costs
 from dapple_launch.planner.round_robin_search import contiguous, granularity_bound
 from dapple_launch.planner.search import search

@@ -11,7 +11,7 @@ import pytest
 
 from dapple_launch.cluster import Topology
 from dapple_launch.planner import Plan
-from dapple_launch.planner.cost import Limits
+from dapple_launch.planner.limits import Limits
 from dapple_launch.planner.search import plan
 from dapple_launch.schedule import (
     Action,

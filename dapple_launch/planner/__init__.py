@@ -1,8 +1,9 @@
 """The planner: pure functions (ModelProfile, Topology, global batch, limits) -> Plan."""
 
 from .build import to_plan
-from .cost import Costed, Limits, StageSpec, evaluate
+from .cost import Costed, StageSpec, evaluate
 from .fixed import fixed_plan
+from .limits import Limits
 from .plan import Estimate, Plan, RunnerUp, StagePlan
 
 __all__ = [

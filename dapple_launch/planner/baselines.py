@@ -10,7 +10,8 @@ from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import replica_choices
-from .cost import Costed, Limits, StageSpec, evaluate, send_s, speed_ratio, stage_costs
+from .cost import Costed, StageSpec, evaluate, send_s, speed_ratio, stage_costs
+from .limits import Limits
 from .shapes import divisors
 from .warmup import warmup_bound
 

@@ -31,7 +31,8 @@ from typing import NamedTuple
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .bounds import BoundInputs, least_bottleneck_stages, stage_starts, suffix_bound
-from .cost import Costed, Limits, StageSpec, evaluate, speed_ratio
+from .cost import Costed, StageSpec, evaluate, speed_ratio
+from .limits import Limits
 from .shapes import MIN_MICRO_BATCHES
 
 # A simulated candidate (every leaf: cost.evaluate walks its S M compute actions) counts as

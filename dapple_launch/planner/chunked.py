@@ -26,7 +26,8 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule, busiest_rank_s, simulate_ranks
 from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
-from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, stage_allreduce, stage_costs
+from .cost import Costed, StageSpec, recompute_sets, recomputed_costs, stage_allreduce, stage_costs
+from .limits import Limits
 
 CHUNKED = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
 INTERLEAVED = ("interleaved_1f1b", "interleaved_zb")  # v stages per group, s on group s mod P

@@ -47,8 +47,9 @@ from .chunked import (
     group_of,
     rank_orders,
 )
-from .cost import Costed, Limits
+from .cost import Costed
 from .group_bound import GroupBound, weight_share_table
+from .limits import Limits
 from .path_bound import CRITICAL_ACTION_CELLS, ORDER_ACTION_CELLS, ORDER_ACTION_CELLS_ELSE, SHAPE_CELLS, order_actions
 from .proposal import Proposal, SearchState
 from .shape_bound import _layer_times, num_stages, shape_bound

@@ -20,8 +20,9 @@ from .chunked import (
     group_of,
     group_replicas,
 )
-from .cost import Limits, StageSpec, evaluate
+from .cost import StageSpec, evaluate
 from .explain import human_bytes
+from .limits import Limits
 from .plan import Plan
 from .round_robin import RR, canonical_copies, check_copies, evaluate_rr
 from .shapes import MIN_MICRO_BATCHES

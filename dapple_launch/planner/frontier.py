@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from .cost import Limits
 from .explain import human_bytes, human_seconds, recomputed_per_stage
+from .limits import Limits
 from .plan import Plan
 from .search import NoFeasiblePlan, plan
 

@@ -26,7 +26,8 @@ from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
 from .bounds import fresh_node_start
 from .branch import CELLS_PER_NODE
-from .cost import Costed, Limits, StageSpec, evaluate, stage_costs
+from .cost import Costed, StageSpec, evaluate, stage_costs
+from .limits import Limits
 from .shapes import MIN_MICRO_BATCHES
 from .warmup import WARMUP_MAX_ACTIONS, worth_simulating
 

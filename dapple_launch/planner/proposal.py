@@ -18,7 +18,8 @@ from typing import Protocol
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .branch import BranchAndBound, SearchStats
-from .cost import Costed, Limits
+from .cost import Costed
+from .limits import Limits
 
 
 @dataclass

@@ -25,7 +25,8 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import simulate_ranks
 from ..schedule.round_robin import RR_FAMILIES, copy_warmup, round_robin, round_robin_constraint
-from .cost import Costed, Limits, StageSpec, recompute_sets, recomputed_costs, stage_allreduce, stage_costs
+from .cost import Costed, StageSpec, recompute_sets, recomputed_costs, stage_allreduce, stage_costs
+from .limits import Limits
 
 RR = tuple(RR_FAMILIES)
 

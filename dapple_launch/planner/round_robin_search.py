@@ -31,7 +31,8 @@ from ..schedule import SPLIT_BACKWARD
 from ..schedule.round_robin import copy_warmup, deepest_copy_depth, round_robin_constraint
 from .copies_bound import CopiesBound
 from .copies_proxy import balance_cuts, compute_floor, proxy, share_devices
-from .cost import Costed, Limits, StageSpec, speed_ratio
+from .cost import Costed, StageSpec, speed_ratio
+from .limits import Limits
 from .polish import depth_steps
 from .proposal import Proposal, SearchState
 from .round_robin import RR, canonical_copies, evaluate_rr, fitted_depths, rr_costs

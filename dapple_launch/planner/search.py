@@ -38,8 +38,9 @@ from .branch import SearchStats, replica_choices
 from .build import to_plan
 from .chunked import CHUNKED
 from .chunked_search import DeviceGroups, search_chunked
-from .cost import Costed, Limits, StageSpec, evaluate
+from .cost import Costed, StageSpec, evaluate
 from .explain import human_bytes, human_gap
+from .limits import Limits
 from .plan import Plan
 from .proposal import Proposal, Proposer, SearchState, proven_gap
 from .round_robin import RR

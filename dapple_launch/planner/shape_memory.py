@@ -33,7 +33,7 @@ from functools import lru_cache
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule
-from .cost import Limits
+from .limits import Limits
 
 # the most actions a shape's rank orders may have for holds_model to build and read them (about
 # 10 µs an action: a fuzzed profile of 60 layers on 32 devices at G 8192 built 160 orders of up to

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .cost import Limits
+from .limits import Limits
 
 MIN_MICRO_BATCHES = {
     "1f1b": lambda stages: stages,

@@ -24,7 +24,8 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import build_schedule, simulate
 from ..schedule.simulate import program
 from ..schedule.terapipe import slice_scale, unit_scales
-from .cost import Costed, Limits, StageSpec, speed_ratio, stage_costs
+from .cost import Costed, StageSpec, speed_ratio, stage_costs
+from .limits import Limits
 from .shapes import divisors
 
 SIMULATED_SLICINGS = 2  # of the DP's candidates (one per t_max), how many the simulator costs

@@ -17,7 +17,8 @@ from ..profile.model_profile import ModelProfile
 from .baselines import even_stops, even_uniform, fastest
 from .chunked import chunked_layout, evaluate_chunked
 from .chunked_search import runs_micro_batches
-from .cost import Costed, Limits
+from .cost import Costed
+from .limits import Limits
 from .shapes import divisors
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # stages per rank a user of the interleaved schedules would try

@@ -38,7 +38,8 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import StageCosts
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep
-from .cost import Costed, Limits, StageSpec, bare_costs, evaluate, memory_per_device, stage_costs
+from .cost import Costed, StageSpec, bare_costs, evaluate, memory_per_device, stage_costs
+from .limits import Limits
 from .shapes import MIN_MICRO_BATCHES
 
 # Deeper warm-ups: bounded work per candidate (S M at most WARMUP_MAX_ACTIONS simulated; each

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, cast
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .branch import _EMPTY, CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep, replica_choices
-from .cost import Costed, Limits, StageSpec, bare_costs, evaluate, memory_per_device, stage_costs
+from .cost import Costed, StageSpec, bare_costs, evaluate, memory_per_device, stage_costs
+from .limits import Limits
 from .polish import descend, shape_of
 from .proposal import Proposal, SearchState, proven_gap
 from .shapes import MIN_MICRO_BATCHES, micro_batch_sizes
