@@ -19,9 +19,7 @@ safetensors files and export writes them back (export.py).
 from __future__ import annotations
 
 import copy
-import json
 import threading
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .contract import LayerSpec, PipelineModel
+from .weight_files import WeightFiles, weight_files
 
 
 def _transformers():
@@ -401,44 +400,6 @@ class HFHead(nn.Module):
         )
 
 
-class WeightFiles:
-    """The safetensors of a model directory, read tensor by tensor (a rank reads its stage's only)."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path).expanduser()
-        index = self.path / "model.safetensors.index.json"
-        if index.is_file():
-            self.where = {k: self.path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
-        else:
-            files = sorted(self.path.glob("*.safetensors"))
-            if not files:
-                raise ValueError(
-                    f"{self.path}: no *.safetensors weights (model.init=random starts from the family's "
-                    f"own initialisation instead)"
-                )
-            from safetensors import safe_open
-
-            self.where = {}
-            for f in files:
-                with safe_open(str(f), framework="pt") as h:
-                    self.where.update({k: f for k in h.keys()})  # noqa: SIM118 - a safetensors handle, not a dict
-
-    def shapes(self) -> dict[str, tuple]:
-        from safetensors import safe_open
-
-        out = {}
-        for f in sorted(set(self.where.values())):
-            with safe_open(str(f), framework="pt") as h:
-                out.update({k: tuple(h.get_slice(k).get_shape()) for k in h.keys()})  # noqa: SIM118 - (as above)
-        return out
-
-    def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(str(self.where[name]), framework="pt") as h:
-            return h.get_tensor(name)
-
-
 class HFCausalLM(PipelineModel):
     """A Hugging Face causal LM: layers = [embed, decoder 0 … n-1, norm + head]."""
 
@@ -523,7 +484,7 @@ class HFCausalLM(PipelineModel):
     def _load(self, position: int, module: nn.Module) -> nn.Module:
         if self.init != "pretrained" or any(_shapes_only(p) for p in module.parameters()):
             return module  # random: the family's own initialisation; meta: shapes only (profiling)
-        files = _weight_files(self.path)
+        files = weight_files(self.path)
         with torch.no_grad():
             for name, tensor in module.state_dict().items():
                 hf = self.hf_name(position, name)
@@ -581,11 +542,6 @@ def _shapes_only(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return t.device.type == "meta" or isinstance(t, FakeTensor)
-
-
-@lru_cache(maxsize=4)
-def _weight_files(path: str) -> WeightFiles:
-    return WeightFiles(path)
 
 
 def _init_shell(model: HFCausalLM) -> nn.Module:
