@@ -2,8 +2,8 @@
 
 Each seed draws a profile (1 to 60 layers; times, activations and weights over orders of
 magnitude; some layers that take no time or hold no weights, one giant layer, split-backward
-shares measured or not, a quarter of them with the first and last layers sharing a weight), a cluster (1 to 8 nodes of 1 to 8 devices, fast or slow links, roomy or
-tight memory), a global batch and a set of schedule families, and plans it on a small budget.
+shares measured or not, a quarter of them with the first and last layers sharing a weight), a cluster (1 to 8 nodes of 1 to 8 devices, a fifth of them 3 or 6 nodes or devices a node; fast or
+slow links, roomy or tight memory), a global batch and a set of schedule families, and plans it on a small budget.
 Each must end one of two ways:
 
 - a plan: its proof's gap in [0, 1); every device's estimated peak within its memory; plan.json's
@@ -169,6 +169,12 @@ def run_seed(seed: int) -> tuple[str, str]:
     L, tie = profile.num_layers, random.Random(10**6 + seed)
     if L > 1 and tie.random() < 0.25:
         profile = replace(profile, tied=(((0, L - 1), 10 ** tie.uniform(4, 9)),))
+    # a fifth of the clusters have nodes of 3 or 6 devices, or 3 or 6 nodes (no power of two: a
+    # node's replica counts and the stages' fresh-node starts then fall elsewhere), drawn apart too
+    odd = random.Random(2 * 10**6 + seed)
+    if odd.random() < 0.2:
+        nodes, per_node = odd.choice([(3, 1), (3, 2), (6, 1), (1, 3), (1, 6), (2, 3), (2, 6), (3, 6), (6, 3)])
+        topology = replace(topology, nodes=nodes, devices_per_node=per_node)
     G = rng.choice([1, 2, 3, 8, 16, 24, 64, 128, 256]) * rng.choice([1, topology.num_devices])
     families = tuple(sorted(rng.sample(FAMILIES, rng.randint(1, 4)))) if rng.random() < 0.6 else DEFAULT_SCHEDULES
     limits = Limits(schedules=families, search_nodes=BUDGET, recompute=rng.choice(["none", "none", "auto"]))
