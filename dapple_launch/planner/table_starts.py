@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..cluster import Topology
 from .bounds import least_link_stages
-from .branch import CELLS_PER_NODE, replica_choices
+from .branch import CELLS_PER_NODE, BranchAndBound, replica_choices
 from .cost import Costed, StageSpec, evaluate
 from .polish import descend, shape_of, stage_depths
 from .proposal import Proposal, SearchState
@@ -98,13 +99,13 @@ class TableStarts:
         return Proposal(tuple(families), [c for c in [*costed, *out] if c.fits], {})
 
 
-def _least(x) -> float:
+def _least(x: BranchAndBound) -> float:
     """No 1F1B or ZB-H1 plan of x's micro-batch size is faster (x.bounds.links: compute_end's, valid
     for any schedule; at a layout of the table itself, so whatever incumbent the tables were cut by)."""
     return float(x.bounds.links[1][0, 0]) if x.bounds.links is not None else 0.0
 
 
-def _needed(costed: list[Costed], state: SearchState, topology) -> float:
+def _needed(costed: list[Costed], state: SearchState, topology: Topology) -> float:
     """The time a candidate must beat to matter: the slower of the STARTS-th best layout that local
     search may start from and the (keep + 1)-th best distinct plan the search returns; inf while
     either has fewer."""
@@ -121,7 +122,7 @@ def _needed(costed: list[Costed], state: SearchState, topology) -> float:
     return max(starts[STARTS - 1], plans[state.keep])
 
 
-def _startable(c: Costed, state: SearchState, topology) -> bool:
+def _startable(c: Costed, state: SearchState, topology: Topology) -> bool:
     """A layout local search can start from: of the search's own space (its shape places it so, its
     replica counts allowed)."""
     allowed = replica_choices(topology, state.global_batch)
