@@ -47,9 +47,10 @@ class TableStarts:
         # and only the search's best few plans are kept (state.keep runners-up), so once a size's
         # bound passes both, none of its candidates or those after it could be either: they are not
         # costed (a divisor-rich batch has dozens of sizes, each costed at every warm-up depth).
+        allowed = replica_choices(topology, G)
         sized = sorted(state.searches, key=lambda x: (_least(x), -x.b))
         for x, table in ((x, table) for x in sized for table in (0, 1)):
-            if _least(x) > _needed(costed, state, topology) * (1 + 1e-9):
+            if _least(x) > _needed(costed, state, topology, allowed) * (1 + 1e-9):
                 break
             stages = least_link_stages(x.bounds, table)
             if not stages:
@@ -75,7 +76,7 @@ class TableStarts:
         for c in sorted(costed, key=lambda c: (c.iteration_s, c.summary())):
             if len(tried) == STARTS or spent >= budget:
                 break
-            if c.layout in tried or not _startable(c, state, topology):
+            if c.layout in tried or not _startable(c, topology, allowed):
                 continue
             tried.add(c.layout)
             better, cost = descend(
@@ -84,7 +85,7 @@ class TableStarts:
                 topology,
                 G,
                 replace(limits, schedule=c.schedule),
-                replica_choices(topology, G),
+                allowed,
                 state.sizes,
                 cost_budget=(budget - spent) / (STARTS - len(tried) + 1),
             )
@@ -105,7 +106,7 @@ def _least(x: BranchAndBound) -> float:
     return float(x.bounds.links[1][0, 0]) if x.bounds.links is not None else 0.0
 
 
-def _needed(costed: list[Costed], state: SearchState, topology: Topology) -> float:
+def _needed(costed: list[Costed], state: SearchState, topology: Topology, allowed: list[int]) -> float:
     """The time a candidate must beat to matter: the slower of the STARTS-th best layout that local
     search may start from and the (keep + 1)-th best distinct plan the search returns; inf while
     either has fewer."""
@@ -113,7 +114,7 @@ def _needed(costed: list[Costed], state: SearchState, topology: Topology) -> flo
         {
             c.layout: c.iteration_s
             for c in sorted(costed, key=lambda c: -c.iteration_s)
-            if _startable(c, state, topology)
+            if _startable(c, topology, allowed)
         }.values()
     )
     plans = sorted({c.summary(): c.iteration_s for c in [*state.found, *costed] if c.fits}.values())
@@ -122,8 +123,7 @@ def _needed(costed: list[Costed], state: SearchState, topology: Topology) -> flo
     return max(starts[STARTS - 1], plans[state.keep])
 
 
-def _startable(c: Costed, state: SearchState, topology: Topology) -> bool:
+def _startable(c: Costed, topology: Topology, allowed: list[int]) -> bool:
     """A layout local search can start from: of the search's own space (its shape places it so, its
-    replica counts allowed)."""
-    allowed = replica_choices(topology, state.global_batch)
+    replica counts among `allowed`, replica_choices of the global batch)."""
     return shape_of(c, topology).layout(topology) == c.layout and all(s.replicas in allowed for s in c.layout)
