@@ -9,7 +9,9 @@ cannot win left unsimulated; a third tier, both tiers' layouts at each stage's
 own depth fitted to its round trip (round_robin.fitted_depths). The winner then descends over its
 stages' own warm-up depths and walks its layouts under them, while either helps. Last, on top of
 the budget, the bound's own layouts (below: where its stages and links fit, per micro-batch size)
-at their fitted depths, the best of them finished as the winner is.
+at their fitted depths, and then per small size and stage count the layout whose slowest stage
+(compute, all-reduce, busiest link) is least over every cut and device count at once
+(copies_proxy.least_slowest_layouts), the best of each finished as the winner is.
 Bound over the families, per micro-batch size b, the greater of two: each device runs whole
 copy-micro-batches, so the M micro-batches' work over all layers, each layer at its cheapest copy
 size g (g devices running ceil(b / g) samples each), is shared by at most D devices:
@@ -30,7 +32,7 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.round_robin import copy_warmup, deepest_copy_depth, round_robin_constraint
 from .copies_bound import CopiesBound
-from .copies_proxy import balance_cuts, compute_floor, proxy, share_devices
+from .copies_proxy import balance_cuts, compute_floor, least_slowest_layouts, proxy, share_devices
 from .cost import Costed, StageSpec, speed_ratio
 from .limits import Limits
 from .polish import depth_steps
@@ -47,6 +49,8 @@ STAGE_COUNTS = 4  # starts of 2 to this many stages of even device counts, whate
 SPARE = 0.125  # of the budget, for the walks from each tier's best at its other stage counts
 RELAXED = 0.25  # of the budget, on top of it, for the relaxation's own layouts and the finish of their best
 FINISH = 0.25  # of the budget, kept for the winner's finish (its warm-ups, families and own depths)
+LEAST = 0.25  # of the budget, on top of it, for the layouts of least slowest stage and the finish of their best
+LEAST_STAGES = 8  # the most stages those layouts have
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
 
@@ -136,6 +140,7 @@ def search_round_robin(
     # The tiers may spend all but FINISH of it (the winner's finish gains the most per step: VGG-19
     # on 16 × 1 V100 at 10 Gbps, G 1024, 356.6 -> 337.3 ms); the walks at other stage counts spend
     # SPARE on top of it.
+    full = budget
     limit = budget - int(FINISH * budget)
     spare = int(SPARE * budget)
     bounds, relaxed = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo)
@@ -388,6 +393,24 @@ def search_round_robin(
     if here is not None:
         here = finish(here)
         if not own_depths:  # (finish walks only under its own depths; unlike the winner, never walked)
+            walk(here)
+    # a fifth, on top of the budget as well (LEAST of it): per small size and stage count, the layout
+    # whose slowest stage is least over every cut and device count at once (least_slowest_layouts:
+    # what sharing devices and cutting in turn may not reach), at the deepest warm-up; the best of
+    # them finished as the winner is
+    budget = walked + int(LEAST * full)
+    limit = budget
+    here, cutoff = None, incumbent * SLACK
+    for b in small:
+        for st, r in least_slowest_layouts(profile, topology, global_batch, b, LEAST_STAGES, memo).values():
+            if compute_floor(profile, topology, global_batch, st, r, b) >= cutoff:
+                continue
+            c = consider(contiguous((0, *st), r), b, families[-1], depths[-1], cutoff)
+            if c is not None and c.iteration_s < cutoff:
+                here, cutoff = c, c.iteration_s
+    if here is not None:
+        here = finish(here)
+        if not own_depths:
             walk(here)
     return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored
 
