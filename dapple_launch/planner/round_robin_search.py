@@ -123,6 +123,13 @@ def layout_bounds(
     return out, relaxed
 
 
+def may_win(bound: float, incumbent: float, best: Costed | None) -> bool:
+    """Whether a plan of copies at one micro-batch size may still win: its bound there (over every
+    layout with a stage of copies at that size, so over whatever a walk reaches from one: no walk
+    changes the size) is below both the incumbent and the best plan of copies so far."""
+    return bound < min(incumbent, best.iteration_s if best is not None else math.inf)
+
+
 def search_round_robin(
     profile: ModelProfile,
     topology: Topology,
@@ -370,6 +377,13 @@ def search_round_robin(
     limit = budget
     if best is not None:  # the winner's finish
         finish(best)
+
+    def hopeful(b: int) -> bool:
+        """Whether a plan of copies at size b may still win (may_win). The tiers on top of the
+        budget, each with a budget of its own, skip the sizes that cannot: what the others find
+        stays as it was."""
+        return may_win(bounds[b], incumbent, best)
+
     # a fourth tier, after the finish and on top of the budget (RELAXED of it, so that what came
     # before spends and finds what it did without it): the relaxation's own layouts (copies_bound.py:
     # where the bound's stages and links fit under its value, a plan of copies near it is
@@ -380,6 +394,8 @@ def search_round_robin(
     limit = budget
     here, cutoff = None, incumbent * SLACK
     for b, (st, r) in sorted(relaxed.items()):
+        if not hopeful(b):
+            continue
         shared = share_devices(profile, topology, global_batch, st, b, memo)
         for devices in (r, shared) if shared not in (None, r) else (r,):
             if compute_floor(profile, topology, global_batch, st, devices, b) >= cutoff:
@@ -405,7 +421,7 @@ def search_round_robin(
     limit = budget
     cutoff = incumbent * SLACK
     heres: dict[int, Costed] = {}  # per stage count, its best
-    for b in small:
+    for b in filter(hopeful, small):
         for st, r in least_slowest_layouts(profile, topology, global_batch, b, LEAST_STAGES, memo).values():
             if compute_floor(profile, topology, global_batch, st, r, b) >= cutoff:
                 continue
