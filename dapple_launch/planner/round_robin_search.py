@@ -420,15 +420,15 @@ def search_round_robin(
     budget = walked + int(LEAST * full)
     limit = budget
     cutoff = incumbent * SLACK
-    heres: dict[int, Costed] = {}  # per stage count, its best
+    by_stages: dict[int, Costed] = {}  # per stage count, its best
     for b in filter(hopeful, small):
         for st, r in least_slowest_layouts(profile, topology, global_batch, b, LEAST_STAGES, memo).values():
             if compute_floor(profile, topology, global_batch, st, r, b) >= cutoff:
                 continue
             c = consider(contiguous((0, *st), r), b, families[-1], depths[-1], cutoff)
-            if c is not None and (len(r) not in heres or c.iteration_s < heres[len(r)].iteration_s):
-                heres[len(r)] = c
-    for here in sorted(heres.values(), key=lambda c: (c.iteration_s, c.summary()))[:LEAST_FINISHED]:
+            if c is not None and (len(r) not in by_stages or c.iteration_s < by_stages[len(r)].iteration_s):
+                by_stages[len(r)] = c
+    for here in sorted(by_stages.values(), key=lambda c: (c.iteration_s, c.summary()))[:LEAST_FINISHED]:
         here = finish(here)
         if not own_depths:
             walk(here)
