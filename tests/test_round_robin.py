@@ -477,6 +477,30 @@ def test_the_search_of_copies_walks_from_the_layouts_of_least_slowest_stage(monk
     assert best.iteration_s < without.iteration_s * 0.95, (best.summary(), without.summary())
 
 
+def test_the_copies_pass_stops_at_once_where_no_size_may_win(monkeypatch):
+    """Where every micro-batch size's copies bound is at or above the incumbent, no plan of copies
+    can win: the pass returns its bounds at once, without building a start (the proxy's device
+    shares and cut balances, the layouts of least slowest stage) or simulating a candidate; with
+    every size let through, it builds starts and still finds nothing."""
+    from dapple_launch.planner import round_robin_search
+    from dapple_launch.planner.round_robin_search import layout_bounds, search_round_robin
+
+    rng = random.Random(3)
+    profile = random_profile(rng, 8)
+    topo = Topology("t", 2, 3, 16e9, 10.0, 100e9, 1e9)
+    G, limits, sizes = 48, Limits(schedules=DEFAULT_SCHEDULES), [1, 2, 4, 8]
+    best = search(profile, topo, G, limits)[0]
+    beaten = min(layout_bounds(profile, topo, G, limits, sizes, best.iteration_s, {})[0].values())
+    built = []
+    real = round_robin_search.balance_cuts
+    monkeypatch.setattr(round_robin_search, "balance_cuts", lambda *a: (built.append(a[4]), real(*a))[1])
+    found, bounds, scored = search_round_robin(profile, topo, G, limits, sizes, [best], ["zb_h1_rr"], beaten)
+    assert found == [] and scored == 0 and built == [] and min(bounds.values()) >= beaten
+    monkeypatch.setattr(round_robin_search, "may_win", lambda *args: True)
+    found, _, _ = search_round_robin(profile, topo, G, limits, sizes, [best], ["zb_h1_rr"], beaten)
+    assert found == [] and built
+
+
 @pytest.mark.slow  # (six searches of a second: out of the fast tier)
 def test_the_tiers_on_top_of_the_budget_skip_sizes_whose_copies_cannot_win(monkeypatch):
     """The copies pass's last two tiers (the relaxation's layouts, the layouts of least slowest

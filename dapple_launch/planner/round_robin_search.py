@@ -154,6 +154,8 @@ def search_round_robin(
     spare = int(SPARE * budget)
     bounds, relaxed = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo)
     best: Costed | None = None
+    if not any(may_win(bounds[b], incumbent, None) for b in sizes):  # (no size where copies may win)
+        return [], bounds, 0
     # the local search walks from the best plan of copies even where it starts slower than the
     # incumbent (a plain stage's layout is rarely the right one for copies): within SLACK of it
     cut = incumbent * SLACK
