@@ -53,6 +53,7 @@ FINISH = 0.25  # of the budget, kept for the winner's finish (its warm-ups, fami
 LEAST = 0.5  # of the budget, on top of it, for the layouts of least slowest stage and the finish of their best
 LEAST_STAGES = 8  # the most stages those layouts have
 LEAST_FINISHED = 2  # of those, the best of this many stage counts finished
+LEAST_DEVICES = 64  # up to this many devices (its tables and shares grow with D: BERT-96 on 1024 A100s, +31 % CPU)
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
 
@@ -423,7 +424,7 @@ def search_round_robin(
     limit = budget
     cutoff = incumbent * SLACK
     by_stages: dict[int, Costed] = {}  # per stage count, its best
-    for b in filter(hopeful, small):
+    for b in filter(hopeful, small if topology.num_devices <= LEAST_DEVICES else []):
         for st, r in least_slowest_layouts(profile, topology, global_batch, b, LEAST_STAGES, memo).values():
             if compute_floor(profile, topology, global_batch, st, r, b) >= cutoff:
                 continue
