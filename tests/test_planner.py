@@ -616,6 +616,46 @@ def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
     assert tied  # and a tied weight's sum lifts the proof's tables on some (where more than one stage fits)
 
 
+def test_zb_h1_s_proof_table_counts_the_micro_batches_a_stage_has_room_to_keep():
+    """ZB-H1 recomputes nothing, so a stage keeps each micro-batch over its round trip and memory
+    leaves room for few at once (bounds.py: compute_end's links table). On memory-heavy random
+    chains (like weights, like saves of a few hundred MB a sample) and devices with room for a few
+    layers and micro-batches, the root stays at or below every layout of the size that fits under
+    ZB-H1 at every depth, and is higher than with memory to spare on some."""
+    from dapple_launch.planner.branch import BranchAndBound
+    from dapple_launch.planner.zero_bubble_search import depths
+
+    checked = raised = draws = 0
+    for seed in range(12):
+        rng = random.Random(900 + seed)
+        base = random_profile(rng, rng.choice([4, 5]))
+        saved = rng.choice([1e9, 2e9])
+        layers = [
+            replace(x, parameter_bytes=2e8, saved_bytes=saved, workspace_bytes=rng.choice([0.0, 1e8]))
+            for x in base.layers
+        ]
+        profile = chain("tight", layers, batch_size=4)
+        usable = rng.choice([2.4e9, 2.8e9, 3.2e9])
+        topo, spare = (Topology("t", 2, 2, m, 10, 2e10, rng.choice([1e9, 1e10])) for m in (usable / 0.9, 1e12))
+        G = rng.choice([8, 16])
+        for b in (1, 2):
+            M = G // b
+            limits = Limits(schedule="zb_h1", max_warmup_depth=3)
+            root = float(BranchAndBound(profile, topo, G, limits, b, math.inf).bounds.links[1][0, 0])
+            roomy = float(BranchAndBound(profile, spare, G, limits, b, math.inf).bounds.links[1][0, 0])
+            draws += 1
+            raised += root > roomy * 1.01
+            for layout in all_layouts(profile, topo, b, min(M, 4)):
+                if len(layout) < 2:
+                    continue
+                for d, _ in depths(len(layout), M, limits):
+                    c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=d)
+                    if c.fits:
+                        checked += 1
+                        assert root <= c.iteration_s * (1 + 1e-12), (seed, b, layout, d)
+    assert checked > 30 and raised > draws // 3, (checked, raised, draws)
+
+
 def _tables_below_every_plan(profile, topo, G) -> tuple[int, list[int]]:
     """Asserts each root table is at most every covered layout's simulated time, per micro-batch
     size; returns for how many sizes compute_end passes its old definition, and for how many

@@ -576,6 +576,94 @@ def test_the_copies_bound_counts_the_drain_after_each_stage_s_last_backward():
     assert closest > 0.9
 
 
+def _memory_tight(rng: random.Random, layers: int, saved: float):
+    """A random chain shaped like a large language model's: layers of like weights (200 MB) and like
+    saves (`saved` at the profile's batch of 4, a tenth of it fixed per call where drawn, and some
+    workspace), each layer's time random."""
+    from dapple_launch.profile import chain
+
+    base = random_profile(rng, layers)
+    out = [
+        replace(
+            x,
+            parameter_bytes=2e8,
+            saved_bytes=saved,
+            saved_fixed_bytes=rng.choice([0.0, saved / 10]),
+            workspace_bytes=rng.choice([0.0, 1e8]),
+        )
+        for x in base.layers
+    ]
+    return chain("tight", out, batch_size=4)
+
+
+@pytest.mark.slow  # (a few seconds: every layout of four stages simulated)
+def test_the_copies_bound_counts_the_micro_batches_a_device_has_room_to_keep_in_flight(monkeypatch):
+    """No recomputation (strategy.recompute=auto and none recompute no stage of copies): a copy keeps
+    each micro-batch's activations over its round trip, and memory leaves room for few at once, so
+    its micro-batches pass a few at a time (CopiesBound._in_flight). On devices with room for a few
+    layers and a few of their micro-batches, over every cut and device count of up to four stages
+    of copies (and both families at two warm-ups), the bound stays at or below every layout that
+    fits, and on most draws it is higher than without the term. Where layers keep so much that no
+    layout of many micro-batches fits (a large model at one sample a device, as Llama 3 70B on 256
+    A100s), it is far higher. With recompute=full (1f1b_rr's recomputed stages keep their inputs
+    alone) the term is left out."""
+    from dapple_launch.planner.copies_bound import CopiesBound
+    from dapple_launch.planner.cost import speed_ratio
+
+    checked = raised = tight = 0
+    draws = list(itertools.product(range(3), (1, 2), (3.2e9, 4.8e9)))
+    for seed, b, usable in draws:
+        rng = random.Random(seed)
+        profile = _memory_tight(rng, 6, 1e9)
+        topo = Topology("t", 2, 2, usable / 0.9, 10, 20e9, rng.choice([5e9, 1e9]))
+        limits = Limits()
+        capacity = topo.device_memory_bytes * (1 - limits.memory_headroom)
+        G, D, L = 16, topo.num_devices, profile.num_layers
+        args = (profile, topo, G, b, speed_ratio(profile, topo), limits.optimizer_factor, capacity)
+        bound = CopiesBound(*args)
+        value, without = bound.bound(), CopiesBound(*args, keeps_activations=False).bound()
+        assert value >= without * (1 - 1e-6)  # (each found by bisection: 30 halvings of its range)
+        raised += value > without * 1.01
+        best = math.inf
+        for S in range(1, 5):
+            for cuts in itertools.combinations(range(1, L), S - 1):
+                for replicas in itertools.product(range(1, D + 1), repeat=S):
+                    if sum(replicas) > D:
+                        continue
+                    copies = tuple(canonical_copies(r, b) for r in replicas)
+                    if round_robin_constraint(copies, G // b):
+                        continue
+                    layout = contiguous((0, *cuts, L), replicas)
+                    for family, depth in itertools.product(("1f1b_rr", "zb_h1_rr"), (1, 2)):
+                        c = evaluate_rr(profile, topo, layout, copies, b, G // b, limits, family, depth)
+                        if c.fits:  # (and each stage's own term, the room's among them, below it)
+                            checked += 1
+                            best = min(best, c.iteration_s)
+                            for st in layout:
+                                term = bound.stage_s(st.start, st.stop, st.replicas)
+                                assert term <= c.iteration_s * (1 + 1e-9), (seed, b, usable, layout, family, depth)
+                                tight += term >= 0.9 * c.iteration_s
+        assert value <= best * (1 + 1e-9), (seed, b, usable, value, best)
+    assert checked > 100 and raised >= 3 and tight > 10, (checked, raised, tight, len(draws))
+    # a model whose layers keep 1 GB a sample on 3.2 GB devices, 32 micro-batches: far higher
+    profile = _memory_tight(random.Random(5), 8, 4e9)
+    topo = Topology("t", 4, 2, 3.2e9 / 0.9, 10, 20e9, 5e9)
+    args = (profile, topo, 32, 1, 1.0, 4.0, 3.2e9)
+    assert CopiesBound(*args).bound() > 1.5 * CopiesBound(*args, keeps_activations=False).bound()
+    # recomputation shrinks what a micro-batch keeps (1f1b_rr under recompute=full or selective,
+    # cost.recompute_sets): the search's bound then counts no room; under auto and none it does
+    from dapple_launch.planner import round_robin_search
+
+    seen = []
+    real = round_robin_search.CopiesBound
+    monkeypatch.setattr(
+        round_robin_search, "CopiesBound", lambda *a, **k: seen.append(k["keeps_activations"]) or real(*a, **k)
+    )
+    for recompute in ("full", "auto", "none"):
+        round_robin_search.layout_bounds(profile, topo, 32, Limits(recompute=recompute), [1], math.inf, {})
+    assert seen == [False, True, True]
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_planner_shares_vgg_convolutions_among_copies_where_replicas_cannot_divide_micro_batches(monkeypatch):
     """VGG-19 on 16 V100s, G 128: the convolutions (69 % of the compute) sit on 8 replicas at one

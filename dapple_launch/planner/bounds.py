@@ -93,6 +93,7 @@ class SuffixBounds:
     round_end: np.ndarray  # least max over p of sum_{j<p}(t_j + 2 c_j) + max(M t_p, t_p + (M-1) max(F_p, B_p) + R_p)
     # Valid for any schedule, a split backward's included (planner/zero_bubble_search.py):
     compute_end: np.ndarray | None = None  # least max over p of sum_{j<p}(F_j + c_j) + M t_p + AR_p
+    # (links[1], compute_end's with the links, counts memory as ZB-H1 keeps it: ZB-H1's alone)
     # reach_end and compute_end with each stage's outgoing link too (suffix_bound: links), for the
     # proof only: the search walks the tables above (these would change the order of its work, and
     # with a budget that ends first, what it finds)
@@ -141,6 +142,13 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 of F + I + 2 c over the later stages (input_sum: their W may wait). GNMT-32 on
                 16 × 1 V100 at 10 Gbps, G 64, b 1: the ZB-H1 bound 73.9 -> 76.1 ms, 1F1B's 75.2 ->
                 78.3 ms (the plan: 93.5 ms).
+                compute_end's links table is ZB-H1's alone, and counts its memory: ZB-H1 recomputes
+                nothing (cost.evaluate), so stage p keeps each micro-batch from its forward's end to
+                its input gradient's, at least R'_p + I_p, and at most `most` at once within its
+                devices' memory (weights, workspace, `most` micro-batches' saves): the M holds split
+                into `most` runs of disjoint ones (an interval graph's colouring), so the last I is
+                no sooner than F_p + ceil(M / most) (R'_p + I_p). Memory-bound models: Llama 3 70B
+                on 256 A100s, G 256, the ZB-H1 bound 19.2 -> 36.5 s (the plan: 1F1B, 34.4 s).
     Each table minimises on its own (the least of each is at most what any one completion
     attains), so each is a valid bound.
     """
@@ -160,6 +168,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     # the sends between them left out): the proof's tables end a stage's last backward with it
     least = math.ceil(x.micro_batch / min(x.micro_batch, D, max(x.replica_choices, default=1)))
     drain = np.concatenate(([0.0], np.cumsum(np.asarray(p.layer_seconds(least)[1]) * x.speed)))
+    # each layer's workspace (ModelProfile.workspace): its fixed part and its part per sample
+    ws_fixed = np.asarray([min(layer.workspace_fixed_bytes, layer.workspace_bytes) for layer in p.layers])
+    ws_slope = (np.asarray([layer.workspace_bytes for layer in p.layers]) - ws_fixed) / pbs
     # Tables have two spare columns: D (no device left: only the end state is finite) and D + 1
     # (always inf), where a stage that would run past the last device points.
     shape = (L + 1, D + 2)
@@ -210,6 +221,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         stage_kept_fixed_all = kept_fixed[z_all] - kept_fixed[i]
         stage_kept_all = (kept[z_all] - kept[i] - stage_kept_fixed_all + cut[i]) / pbs
         sent_all = np.where(z_all < L, cut[np.minimum(z_all, L - 1)] * x.micro_batch / pbs, 0.0)
+        # the most workspace one layer of [i, z) holds beside the saves, fixed and per sample
+        ws_fixed_all = np.maximum.accumulate(ws_fixed[i:])[z_all - i - 1]
+        ws_slope_all = np.maximum.accumulate(ws_slope[i:])[z_all - i - 1]
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
         sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
@@ -248,6 +262,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             stage_param_bytes, stage_params = stage_param_bytes_all[:useful], stage_params_all[:useful]
             stage_kept, sent = stage_kept_all[:useful], sent_all[:useful]
             stage_kept_fixed = stage_kept_fixed_all[:useful]
+            stage_ws_fixed, stage_ws_slope = ws_fixed_all[:useful], ws_slope_all[:useful]
             kept_scale = 0.0 if x.activations_may_shrink else 1.0
             t = np.where(
                 stage_params[None, :] + kept_scale * (stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None])
@@ -315,6 +330,20 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             last = way + np.maximum(M * forward, forward + (M - 1) * link)
             last_w = np.maximum(np.maximum(M * t, first + M * backward), last + backward)
             last_i = np.maximum(np.maximum(M * (forward + input_), first + M * input_), last + input_)
+            # and the room to keep micro-batches (ZB-H1 recomputes none: cost.evaluate): a stage keeps
+            # each from its forward's end to its input gradient's, the way there and back at least,
+            # and at most `most` at once within memory; they split into `most` runs of disjoint
+            # holds (copies_bound.CopiesBound._in_flight), one of M / most after the first forward
+            kept_mb = stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None]
+            room = (
+                x.capacity_bytes
+                - stage_params[None, :]
+                - (stage_ws_fixed[None, :] + stage_ws_slope[None, :] * n[:, None])
+            )
+            with np.errstate(divide="ignore", invalid="ignore"):
+                most = np.where(kept_mb > 0, np.floor(room / np.where(kept_mb > 0, kept_mb, 1.0) * (1 + 1e-9)), np.inf)
+                runs = np.where((room >= 0) & (most >= 1), np.ceil(M / np.maximum(most, 1.0)), np.inf)[:, :, None]
+            last_i = np.maximum(last_i, forward + runs * (way + input_))
             computed = np.maximum(np.maximum(last_w + ar, last_i + back * drain[i]), forward_in + ahead(compute_l))
             keep_least(1, computed)
         fresh = fresh_node_start(starts, k, D)

@@ -75,6 +75,7 @@ class CopiesBound:
         optimizer_factor: float,
         capacity_bytes: float,
         copies_required: bool = False,
+        keeps_activations: bool = True,
     ):
         self.copies_required = copies_required
         L, D, k, pbs = profile.num_layers, topology.num_devices, topology.devices_per_node, profile.batch_size
@@ -131,6 +132,13 @@ class CopiesBound:
         send[L - 1] = 0.0  # (the last stage sends nothing on)
         # per start i, every stop z > i at once: rows z = i + 1 .. L, columns r = 1 .. D
         rows, joined = [], []  # (joined: over the plain columns only)
+        # what a copy's device keeps per micro-batch in flight (ModelProfile.kept_bytes) and holds
+        # beside them at a step (ModelProfile.workspace: its layers' largest fixed part and part per
+        # sample), on its b / g samples
+        kept_all, kept_fixed = np.asarray(pre["m"]), np.asarray(pre["mf"])
+        received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float)))
+        ws_fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
+        ws_slope = np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed
         plain = np.nonzero(g == r)[0]  # the columns of plain stages (one copy: r divides b)
         other = np.nonzero(g != r)[0]
         for i in range(L):
@@ -167,6 +175,25 @@ class CopiesBound:
                 np.maximum(forward + back_and_forth + turns * light, turns * forward + back_and_forth + light),
             )
             stage = self.fill[i] + arrive + np.maximum(busy + exposed, drained)
+            if keeps_activations:
+                stage = np.maximum(
+                    stage,
+                    self.fill[i]
+                    + arrive
+                    + forward
+                    + self._in_flight(
+                        kept_all[z] - kept_all[i],
+                        kept_fixed[z] - kept_fixed[i],
+                        received[i],
+                        np.maximum.accumulate(ws_fixed[i:])[:, None]
+                        + np.maximum.accumulate(ws_slope[i:])[:, None] * per,
+                        w * optimizer_factor,
+                        capacity_bytes,
+                        per,
+                        turns,
+                        back_and_forth + light,
+                    ),
+                )
             stage[(w[:, 0] * optimizer_factor > capacity_bytes)] = np.inf
             rows.append(stage)
             # a plain stage after a plain stage: all M activations over their one link, one after
@@ -192,6 +219,27 @@ class CopiesBound:
         self.pairs: np.ndarray | None = None  # (made when bound() first needs them: _pair_tables)
         self.fitting, self.priced_links = math.inf, False  # (bound()'s: what relaxed_layout reads)
         self._pair_inputs = (topology, M, b, cut, trip, drain) if D <= PAIR_DEVICES else None
+
+    @staticmethod
+    def _in_flight(kept, kept_fixed, received, workspace, weights, capacity, per, turns, hold):
+        """The busiest copy's micro-batches, K at most in flight (memory), each held a round trip.
+
+        Without recomputation (none under strategy.recompute=auto or none: cost.recompute_sets) a
+        copy's device keeps each micro-batch's activations from its forward's end to its backward's
+        (a split one's I: its W frees the rest later), at least `hold` = the round trip through the
+        layers after it with both sends and its own input gradient. The simulator's peak holds
+        them all with a step's workspace beside (rank_simulate.py), and the plan fits only within
+        capacity: at most K = (capacity - weights - workspace) / kept at once. Intervals of which at
+        most K overlap split into K disjoint runs (an interval graph's colouring), so one run holds
+        ceil(n / K) of the copy's n, one after another, the first after a forward: this returns
+        ceil(n / K) hold (inf where none fits). Memory-bound models (Llama 3 70B on 256 A100s: three
+        layers a device leave room for two micro-batches) are bound here, not by their compute."""
+        held = kept_fixed + (kept - kept_fixed + received) * per  # ModelProfile.kept_bytes
+        room = capacity - weights - workspace
+        with np.errstate(divide="ignore", invalid="ignore"):
+            most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
+            runs = np.where(most >= 1, np.ceil(turns / np.maximum(most, 1.0)), np.inf)
+        return np.where(room >= 0, runs * hold, np.inf)
 
     def _pair_tables(self, topology: Topology, M: int, b: int, cut: np.ndarray, trip: np.ndarray, drain: np.ndarray):
         """The link between two neighbouring stages (the docstring's pairs): pair[z, rA, rB] for the

@@ -114,7 +114,15 @@ def layout_bounds(
             out[b] = floor[b]
             continue
         cut = CopiesBound(
-            profile, topology, global_batch, b, speed, limits.optimizer_factor, capacity, incumbent < math.inf
+            profile,
+            topology,
+            global_batch,
+            b,
+            speed,
+            limits.optimizer_factor,
+            capacity,
+            incumbent < math.inf,
+            keeps_activations=limits.recompute not in ("full", "selective"),  # (evaluate_rr's recompute_sets)
         )
         out[b] = cut.bound(above=floor[b], cap=least)
         least = min(least, out[b])

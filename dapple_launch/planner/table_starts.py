@@ -101,9 +101,10 @@ class TableStarts:
 
 
 def _least(x: BranchAndBound) -> float:
-    """No 1F1B or ZB-H1 plan of x's micro-batch size is faster (x.bounds.links: compute_end's, valid
-    for any schedule; at a layout of the table itself, so whatever incumbent the tables were cut by)."""
-    return float(x.bounds.links[1][0, 0]) if x.bounds.links is not None else 0.0
+    """No 1F1B or ZB-H1 plan of x's micro-batch size is faster (x.bounds.links: reach_end's holds
+    for 1F1B at any warm-up, compute_end's for ZB-H1, which recomputes nothing; at a layout of the
+    table itself, so whatever incumbent the tables were cut by)."""
+    return float(min(x.bounds.links[0][0, 0], x.bounds.links[1][0, 0])) if x.bounds.links is not None else 0.0
 
 
 def _needed(costed: list[Costed], state: SearchState, topology: Topology, allowed: list[int]) -> float:
