@@ -199,6 +199,29 @@ def test_zero_bubble_alone_is_refused_when_none_of_the_kept_layouts_fits():
         plan(profile, topo, 4, Limits(schedules=("zb_h1",), micro_batch_size=1, max_warmup_depth=1))
 
 
+@pytest.mark.parametrize("families", [("1f1b_rr",), ("zbv", "interleaved_1f1b"), ("zb_h1", "1f1b_rr")])
+def test_families_that_recompute_nothing_are_refused_with_why_where_1f1b_fits_by_recomputing(families):
+    """strategy.recompute=auto fits 1F1B (and GPipe) by recomputing a stage's first layers; copies
+    and device groups recompute none. Where the first layer keeps 1.5 GB a sample on 4 GB devices,
+    1F1B fits by recomputing it, and asking for the others alone names that, the 1F1B layout that
+    fits and the fix (not the fully pipelined layout, which fits)."""
+    from dapple_launch.profile import LayerProfile, chain
+
+    layers = [LayerProfile(f"l{i}", 1e-3, 2e-3, 1e7, 2.5e8, saved_bytes=1.5e9 if i == 0 else 1e7) for i in range(4)]
+    profile = chain("heavy", layers, batch_size=1)
+    topo = Topology("t", 1, 4, 4.0e9, 10, 20e9, 5e9)
+    one = plan(profile, topo, 8, Limits(schedules=("1f1b",), recompute="auto"))
+    assert one.stages[0].recompute_layers
+    keep_all = ", ".join(f for f in families if f != "zb_h1")
+    with pytest.raises(ValueError) as refused:
+        plan(profile, topo, 8, Limits(schedules=families, recompute="auto"))
+    text = str(refused.value)
+    assert f"no plan fits under strategy.schedules={list(families)}" in text
+    assert f"{keep_all} recompute no layers under strategy.recompute=auto (1f1b does)" in text
+    assert ("zb_h1 keeps s more micro-batches" in text) == ("zb_h1" in families)
+    assert "under 1f1b 4 stages" in text and f"allow 1f1b (strategy.schedules=[1f1b,{','.join(families)}])" in text
+
+
 def test_a_deeper_zero_bubble_warmup_is_valid_and_keeps_what_the_cost_model_charges():
     """ZB-H1 with k × the minimal warm-up (k = 2: the paper's ZB-H2 warm-up) on a grid: valid, and the
     peak the simulator counts is the cost model's in_flight (warm-up + 1 + the s held-back W's)."""

@@ -319,14 +319,26 @@ def plan(
         )
     limits = replace(limits, schedule=search_family(limits))
     best, runners_up, baselines, stats = search(profile, topology, global_batch, limits, with_baselines=with_baselines)
-    if best is None and "1f1b" not in requested.allowed() and zero_bubble.FAMILY in requested.allowed():
+    if best is None and "1f1b" not in requested.allowed():
+        # the families asked for fit nowhere: where 1F1B does, say so (the fully pipelined layout
+        # below would fit and could not say why none did)
         other, *_ = search(profile, topology, global_batch, replace(limits, schedules=("1f1b",)))
         if other is not None:
+            asked = list(requested.allowed())
+            why = (
+                [f"{zero_bubble.FAMILY} keeps s more micro-batches on stage s than 1F1B"]
+                if zero_bubble.FAMILY in asked
+                else []
+            )
+            # (recompute=auto fits 1F1B and GPipe by recomputing; the others keep every activation)
+            keep_all = [f for f in asked if f not in ("1f1b", "gpipe", zero_bubble.FAMILY)]
+            if other.recompute and keep_all and limits.recompute == "auto":
+                why.append(f"{', '.join(keep_all)} recompute no layers under strategy.recompute=auto (1f1b does)")
             raise NoFeasiblePlan(
-                f"no plan fits under strategy.schedules={list(requested.schedules)}: {zero_bubble.FAMILY} keeps s more "
-                f"micro-batches on stage s than 1F1B; under 1f1b {other.summary()} fits "
-                f"({human_bytes(other.peak_memory_bytes)} per device); allow 1f1b (strategy.schedules=[1f1b,zb_h1]) "
-                f"or add devices"
+                f"no plan fits under strategy.schedules={asked}"
+                + (f": {'; '.join(why)}" if why else "")
+                + f"; under 1f1b {other.summary()} fits ({human_bytes(other.peak_memory_bytes)} per device); "
+                f"allow 1f1b (strategy.schedules=[1f1b,{','.join(asked)}]) or add devices"
             )
     if best is None:
         need, layout = smallest_memory_need(profile, topology, limits)
