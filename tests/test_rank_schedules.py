@@ -465,6 +465,80 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                 assert (shape_bound(alike, free, M, (1,) * P, 1) < bound) == (family != "chimera" or P > 2)
 
 
+@pytest.mark.slow  # (a few seconds: every cut of small shapes simulated)
+def test_a_chunked_shapes_room_for_micro_batches_bounds_every_cut_that_fits():
+    """shape_memory.room_bound: device groups recompute no layer under strategy.recompute=auto, so
+    each stage keeps a micro-batch over its round trip, and memory (its group's weights, the others'
+    stages at least the lightest layer's) leaves room for few at once. On memory-heavy random chains
+    (like weights, saves of a few hundred MB a sample) on 8 devices with room for a few layers and
+    micro-batches, random cuts of every shape (interleaved, ZB-V, Chimera) that fit are at or above
+    it, and it is above the shape's other bounds on many shapes."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
+    from dapple_launch.planner.shape_bound import shape_bound
+    from dapple_launch.planner.shape_memory import room_bound
+
+    checked = raised = 0
+    for seed, L, saved, usable in itertools.product((1, 2), (8, 12), (5e8, 1e9), (3.2e9, 4.8e9)):
+        rng = random.Random(seed)
+        base = random_profile(rng, L)
+        layers = [replace(x, parameter_bytes=2e8, saved_bytes=saved) for x in base.layers]
+        profile = chain("tight", layers, batch_size=4)
+        topo = Topology("t", 2, 4, usable / 0.9, 1e-5, 20e9, 1e9)
+        limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
+        G, memo = 8, {}
+        for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4]):
+            least = _layer_times(profile, topo, max(groups), b, memo)
+            room = room_bound(profile, topo, G, family, v, groups, b, limits.optimizer_factor, usable, least, memo)
+            above = room > shape_bound(profile, topo, G, groups, b, None, family, v) * 1.01
+            S = num_stages(family, v, groups)
+            for _ in range(3):
+                cut = sorted(rng.sample(range(1, L), S - 1))
+                layout = chunked_layout(family, list(groups), [*cut, L], None)
+                c = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v)
+                if c.fits:
+                    checked += 1
+                    raised += above
+                    assert room <= c.iteration_s * (1 + 1e-9), (seed, family, v, groups, b, cut, room, c.iteration_s)
+    assert checked > 200 and raised > 50, (checked, raised)
+    # and it is the docstring's argument, span by span from the profile's own accounts (kept_bytes,
+    # workspace, span), on a profile with fixed saves and workspace
+    rng = random.Random(9)
+    base = random_profile(rng, 6)
+    layers = [
+        replace(
+            x,
+            parameter_bytes=2e8,
+            saved_bytes=4e9,
+            saved_fixed_bytes=4e8,
+            workspace_bytes=2e8,
+            workspace_fixed_bytes=5e7,
+        )
+        for x in base.layers
+    ]
+    profile, topo = chain("tight", layers, batch_size=4), Topology("t", 2, 4, 4e9, 1e-5, 20e9, 1e9)
+    for family, v, groups, b, G in (
+        ("zbv", 2, (2, 2), 2, 32),
+        ("interleaved_1f1b", 2, (4, 4), 4, 32),
+        ("chimera", 2, (2, 2), 2, 32),
+    ):
+        least = _layer_times(profile, topo, max(groups), b, {})
+        got = room_bound(profile, topo, G, family, v, groups, b, 4.0, 4.4e9, least, {})
+        n, M, L = math.ceil(b / max(groups)), G // b, profile.num_layers
+        turns, others = (M // 2 if family == "chimera" else M), (1 if family in ("zbv", "chimera") else v - 1)
+        fwd, inp = least[:, 0], least[:, 1] * profile.least_input_share()
+        lightest = min(x.parameter_bytes for x in profile.layers) * 4.0 * others
+
+        def term(i, z):
+            room = 4.4e9 - profile.span(i, z)[3] * 4.0 - lightest - profile.workspace(i, z, n)
+            most = math.floor(room / profile.kept_bytes(i, z, n) * (1 + 1e-9)) if room >= 0 else 0
+            hold = fwd[z:].sum() + inp[i:].sum()
+            return fwd[:z].sum() + math.ceil(turns / most) * hold if most >= 1 else math.inf
+
+        want = max(min(term(i, z) for i in range(l + 1) for z in range(l + 1, L + 1)) for l in range(L))
+        assert got == pytest.approx(want, rel=1e-9), (family, got, want)
+
+
 @pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_shape_bound():
     """group_bound.GroupBound (the dual of the busiest group over the shape's cuts: each group's

@@ -53,7 +53,7 @@ from .limits import Limits
 from .path_bound import CRITICAL_ACTION_CELLS, ORDER_ACTION_CELLS, ORDER_ACTION_CELLS_ELSE, SHAPE_CELLS, order_actions
 from .proposal import Proposal, SearchState
 from .shape_bound import _layer_times, num_stages, shape_bound
-from .shape_memory import holds_model
+from .shape_memory import holds_model, room_bound
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
@@ -166,6 +166,16 @@ def _unsimulated_cost(S: int) -> int:
     return -(-S * CELLS_PER_STAGE_COSTED // CELLS_PER_NODE)
 
 
+def _shape_bound(profile, topology, global_batch, family, v, groups, b, memo, room) -> float:
+    """shape_bound, and where `room` (optimizer factor, usable bytes a device: the stages keep their
+    activations) the room memory leaves for micro-batches in flight (shape_memory.room_bound)."""
+    bound = shape_bound(profile, topology, global_batch, groups, b, memo, family, v)
+    if room is None:
+        return bound
+    least = _layer_times(profile, topology, max(groups), b, memo)  # (the fewest samples a device runs)
+    return max(bound, room_bound(profile, topology, global_batch, family, v, groups, b, *room, least, memo))
+
+
 def search_chunked(
     profile: ModelProfile,
     topology: Topology,
@@ -182,9 +192,13 @@ def search_chunked(
     L = profile.num_layers
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
+    # where no stage recomputes (cost.recompute_sets: none under auto), the room memory leaves for
+    # micro-batches in flight bounds every shape too
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
+    room = (limits.optimizer_factor, capacity) if limits.recompute not in ("full", "selective") else None
     todo = sorted(
         (
-            (shape_bound(profile, topology, global_batch, g, b, memo, f, v), f, v, g, b)
+            (_shape_bound(profile, topology, global_batch, f, v, g, b, memo, room), f, v, g, b)
             for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes)
         ),
         key=lambda x: (x[0], x[1], x[2], x[3], x[4]),

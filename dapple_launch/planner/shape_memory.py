@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import numpy as np
+
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule
@@ -113,3 +115,70 @@ def least_weighted_cut(layer: list[float], counts: tuple[int, ...]) -> float:
             new[z] = lowest + n * prefix[z]
         best = new
     return best[L]
+
+
+def room_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    optimizer_factor: float,
+    capacity: float,
+    times: np.ndarray,
+    memo: dict,
+) -> float:
+    """T >= what the room to keep micro-batches leaves any plan of the shape, at every cut (where
+    its stages keep their activations: none recompute under strategy.recompute=auto or none).
+
+    A stage [i, z) keeps each of its micro-batches (M, or M / 2 on each of Chimera's two copies)
+    from its forward's end to its input gradient's end, at least the round trip R'(z) through the
+    layers after it and back (each at its fastest, a split backward's input share) and its own input
+    gradient. Its devices hold, besides, its weights and optimizer state and those of the group's
+    other stages (v - 1 of them, two stages a group under ZB-V and Chimera, each at least the
+    lightest layer's) and a step's workspace, so at most K = room / kept micro-batches at once (the
+    simulator's peak, rank_simulate.py). Holds of which at most K overlap split into K runs of
+    disjoint ones (an interval graph's colouring): one run holds ceil(M / K), the first after micro-
+    batch 0 reached the stage and ran its forward, so T >= fill(i) + F(i, z) + ceil(M / K) hold.
+    Whatever the cut, some stage holds layer l: T >= min over spans holding l of that, for every l.
+    `times`: each layer's (forward, backward) at the fewest samples a device of the shape runs."""
+    L = profile.num_layers
+    M = global_batch // b
+    turns = M // 2 if family == "chimera" else M
+    others = 1 if family in ("chimera", "zbv") else v - 1
+    n = math.ceil(b / max(groups))  # (the fewest samples a device runs: the least it keeps)
+    key = ("room", turns, others, n)
+    if key in memo:
+        return memo[key]
+    pre, pbs = profile._prefix, profile.batch_size
+    forward, backward = times[:, 0], times[:, 1] * profile.least_input_share()
+    fill = np.concatenate(([0.0], np.cumsum(forward)))
+    input_ = np.concatenate(([0.0], np.cumsum(backward)))
+    trip = (fill[L] - fill) + (input_[L] - input_)  # trip[z]: layers z .. L - 1 on and back
+    weights = np.asarray(pre["p"]) * optimizer_factor
+    lightest = min(x.parameter_bytes for x in profile.layers) * optimizer_factor * others
+    kept, kept_fixed = np.asarray(pre["m"]), np.asarray(pre["mf"])
+    received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float)))
+    ws_fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
+    ws_slope = (np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed) / pbs
+    term = np.full((L, L + 1), np.inf)  # [i, z]: the stage [i, z)'s
+    for i in range(L):
+        z = np.arange(i + 1, L + 1)
+        fixed = kept_fixed[z] - kept_fixed[i]
+        held = fixed + (kept[z] - kept[i] - fixed + received[i]) * n / pbs  # ModelProfile.kept_bytes
+        workspace = np.maximum.accumulate(ws_fixed[i:]) + np.maximum.accumulate(ws_slope[i:]) * n
+        room = capacity - (weights[z] - weights[i]) - lightest - workspace
+        with np.errstate(divide="ignore", invalid="ignore"):
+            most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
+            runs = np.where((room >= 0) & (most >= 1), np.ceil(turns / np.maximum(most, 1.0)), np.inf)
+        hold = trip[z] + input_[z] - input_[i]
+        term[i, i + 1 :] = fill[i] + fill[z] - fill[i] + runs * hold
+    # least over the spans [i, z) holding layer l (i <= l < z): a running least over z from the
+    # right, then over i from the top
+    right = np.minimum.accumulate(term[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [i, l]: least over stops > l
+    starts = np.arange(L)
+    cover = np.where(starts[:, None] <= starts[None, :], right, np.inf).min(axis=0)  # [l]: over starts <= l
+    memo[key] = out = float(cover.max()) if L else 0.0
+    return out
