@@ -654,6 +654,19 @@ def test_zb_h1_s_proof_table_counts_the_micro_batches_a_stage_has_room_to_keep()
                         checked += 1
                         assert root <= c.iteration_s * (1 + 1e-12), (seed, b, layout, d)
     assert checked > 30 and raised > draws // 3, (checked, raised, draws)
+    # a layer that keeps nothing (room for every micro-batch) and one whose backward is all weight
+    # gradient (no input gradient: a round trip of nothing) leave no NaN in the tables (inf × 0)
+    import numpy as np
+
+    layers = [
+        replace(x, saved_bytes=0.0, activation_bytes=0.0 if i == 0 else x.activation_bytes, weight_grad_s=x.backward_s)
+        for i, x in enumerate(random_profile(random.Random(5), 4).layers)
+    ]
+    odd = chain("odd", layers, batch_size=4)
+    for memory in (1e12, 1e8):  # (room for all, and for none)
+        topo = Topology("t", 2, 2, memory, 10, 2e10, 1e9)
+        tables = BranchAndBound(odd, topo, 8, Limits(schedule="zb_h1"), 2, math.inf).bounds
+        assert tables.links is not None and not any(np.isnan(t).any() for t in tables.links)
 
 
 def _tables_below_every_plan(profile, topo, G) -> tuple[int, list[int]]:

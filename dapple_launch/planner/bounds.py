@@ -321,7 +321,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # W may wait), and the stage's own last W is followed by the all-reduce, its last I by
             # the drain (at the input share: the first stage's backward is all W, no less)
             backward = t - forward  # (these (replicas, stop, 1): the full arrays are the links')
-            input_ = back * backward
+            with np.errstate(invalid="ignore"):  # (a stage over memory: inf, not 0 × inf)
+                input_ = np.where(np.isfinite(backward), back * backward, np.inf)
             way = two_links + ahead(input_sum)  # the first (and the last) micro-batch's round trip from here
             input_at[a:w] = np.minimum(input_at[a:w], ((forward + input_) + way).min(axis=(0, 1)))
             # the first micro-batch's gradient is back after its forward here and its round trip; the
@@ -342,8 +343,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             )
             with np.errstate(divide="ignore", invalid="ignore"):
                 most = np.where(kept_mb > 0, np.floor(room / np.where(kept_mb > 0, kept_mb, 1.0) * (1 + 1e-9)), np.inf)
-                runs = np.where((room >= 0) & (most >= 1), np.ceil(M / np.maximum(most, 1.0)), np.inf)[:, :, None]
-            last_i = np.maximum(last_i, forward + runs * (way + input_))
+                # (at least one run of one: `most` may be inf where a stage keeps nothing)
+                runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(M / np.maximum(most, 1.0))), np.inf)
+            runs = runs[:, :, None]
+            held = np.where(np.isfinite(runs), forward + runs * (way + input_), np.inf)  # (inf, not inf × 0)
+            last_i = np.maximum(last_i, held)
             computed = np.maximum(np.maximum(last_w + ar, last_i + back * drain[i]), forward_in + ahead(compute_l))
             keep_least(1, computed)
         fresh = fresh_node_start(starts, k, D)

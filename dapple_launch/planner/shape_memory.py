@@ -152,6 +152,9 @@ def room_bound(
     key = ("room", turns, others, n)
     if key in memo:
         return memo[key]
+    if turns < 1:  # (a copy that runs no micro-batch holds none)
+        memo[key] = 0.0
+        return 0.0
     pre, pbs = profile._prefix, profile.batch_size
     forward, backward = times[:, 0], times[:, 1] * profile.least_input_share()
     fill = np.concatenate(([0.0], np.cumsum(forward)))
@@ -172,9 +175,10 @@ def room_bound(
         room = capacity - (weights[z] - weights[i]) - lightest - workspace
         with np.errstate(divide="ignore", invalid="ignore"):
             most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
-            runs = np.where((room >= 0) & (most >= 1), np.ceil(turns / np.maximum(most, 1.0)), np.inf)
+            # (at least one run of one: `most` may be inf where a stage keeps nothing)
+            runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(turns / np.maximum(most, 1.0))), np.inf)
         hold = trip[z] + input_[z] - input_[i]
-        term[i, i + 1 :] = fill[i] + fill[z] - fill[i] + runs * hold
+        term[i, i + 1 :] = np.where(np.isfinite(runs), fill[z] + runs * hold, np.inf)  # (inf, not inf × 0)
     # least over the spans [i, z) holding layer l (i <= l < z): a running least over z from the
     # right, then over i from the top
     right = np.minimum.accumulate(term[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [i, l]: least over stops > l
