@@ -346,7 +346,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 # (at least one run of one: `most` may be inf where a stage keeps nothing)
                 runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(M / np.maximum(most, 1.0))), np.inf)
             runs = runs[:, :, None]
-            held = np.where(np.isfinite(runs), forward + runs * (way + input_), np.inf)  # (inf, not inf × 0)
+            with np.errstate(invalid="ignore"):  # (inf where none fits, not inf × 0)
+                held = np.where(np.isfinite(runs), forward + runs * (way + input_), np.inf)
             last_i = np.maximum(last_i, held)
             computed = np.maximum(np.maximum(last_w + ar, last_i + back * drain[i]), forward_in + ahead(compute_l))
             keep_least(1, computed)

@@ -240,7 +240,7 @@ class CopiesBound:
             most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
             # (at least one run of one: `most` may be inf where a stage keeps nothing)
             runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(turns / np.maximum(most, 1.0))), np.inf)
-        return np.where(np.isfinite(runs), runs * hold, np.inf)  # (inf where none fits, not inf × 0)
+            return np.where(np.isfinite(runs), runs * hold, np.inf)  # (inf where none fits, not inf × 0)
 
     def _pair_tables(self, topology: Topology, M: int, b: int, cut: np.ndarray, trip: np.ndarray, drain: np.ndarray):
         """The link between two neighbouring stages (the docstring's pairs): pair[z, rA, rB] for the

@@ -178,7 +178,8 @@ def room_bound(
             # (at least one run of one: `most` may be inf where a stage keeps nothing)
             runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(turns / np.maximum(most, 1.0))), np.inf)
         hold = trip[z] + input_[z] - input_[i]
-        term[i, i + 1 :] = np.where(np.isfinite(runs), fill[z] + runs * hold, np.inf)  # (inf, not inf × 0)
+        with np.errstate(invalid="ignore"):  # (inf where none fits, not inf × 0)
+            term[i, i + 1 :] = np.where(np.isfinite(runs), fill[z] + runs * hold, np.inf)
     # least over the spans [i, z) holding layer l (i <= l < z): a running least over z from the
     # right, then over i from the top
     right = np.minimum.accumulate(term[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [i, l]: least over stops > l
