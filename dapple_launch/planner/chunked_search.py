@@ -166,14 +166,25 @@ def _unsimulated_cost(S: int) -> int:
     return -(-S * CELLS_PER_STAGE_COSTED // CELLS_PER_NODE)
 
 
-def _shape_bound(profile, topology, global_batch, family, v, groups, b, memo, room) -> float:
+def _shape_bound(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    memo: dict,
+    room: tuple[float, float] | None,
+) -> float:
     """shape_bound, and where `room` (optimizer factor, usable bytes a device: the stages keep their
     activations) the room memory leaves for micro-batches in flight (shape_memory.room_bound)."""
     bound = shape_bound(profile, topology, global_batch, groups, b, memo, family, v)
     if room is None:
         return bound
     least = _layer_times(profile, topology, max(groups), b, memo)  # (the fewest samples a device runs)
-    return max(bound, room_bound(profile, topology, global_batch, family, v, groups, b, *room, least, memo))
+    factor, usable = room
+    return max(bound, room_bound(profile, topology, global_batch, family, v, groups, b, factor, usable, least, memo))
 
 
 def search_chunked(
