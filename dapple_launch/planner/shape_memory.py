@@ -166,23 +166,26 @@ def room_bound(
     received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float)))
     ws_fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
     ws_slope = (np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed) / pbs
-    term = np.full((L, L + 1), np.inf)  # [i, z]: the stage [i, z)'s
-    for i in range(L):
-        z = np.arange(i + 1, L + 1)
+    # every span at once, [i, z - 1] for the stage [i, z) (the same operations as one row at a time)
+    i, z = np.arange(L)[:, None], np.arange(1, L + 1)[None, :]
+    after = z > i  # (the rest is no span)
+    # the most workspace one layer of [i, z) holds: a running most along each row from layer i
+    ws_fixed_most, ws_slope_most = (
+        np.maximum.accumulate(np.where(z - 1 >= i, row[None, :], -np.inf), axis=1) for row in (ws_fixed, ws_slope)
+    )
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         fixed = kept_fixed[z] - kept_fixed[i]
         held = fixed + (kept[z] - kept[i] - fixed + received[i]) * n / pbs  # ModelProfile.kept_bytes
-        workspace = np.maximum.accumulate(ws_fixed[i:]) + np.maximum.accumulate(ws_slope[i:]) * n
+        workspace = ws_fixed_most + ws_slope_most * n
         room = capacity - (weights[z] - weights[i]) - lightest - workspace
-        with np.errstate(divide="ignore", invalid="ignore"):
-            most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
-            # (at least one run of one: `most` may be inf where a stage keeps nothing)
-            runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(turns / np.maximum(most, 1.0))), np.inf)
+        most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
+        # (at least one run of one: `most` may be inf where a stage keeps nothing)
+        runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(turns / np.maximum(most, 1.0))), np.inf)
         hold = trip[z] + input_[z] - input_[i]
-        with np.errstate(invalid="ignore"):  # (inf where none fits, not inf × 0)
-            term[i, i + 1 :] = np.where(np.isfinite(runs), fill[z] + runs * hold, np.inf)
+        term = np.where(after & np.isfinite(runs), fill[z] + runs * hold, np.inf)  # (inf where none fits)
     # least over the spans [i, z) holding layer l (i <= l < z): a running least over z from the
     # right, then over i from the top
-    right = np.minimum.accumulate(term[:, ::-1], axis=1)[:, ::-1][:, 1:]  # [i, l]: least over stops > l
+    right = np.minimum.accumulate(term[:, ::-1], axis=1)[:, ::-1]  # [i, l]: least over stops > l
     starts = np.arange(L)
     cover = np.where(starts[:, None] <= starts[None, :], right, np.inf).min(axis=0)  # [l]: over starts <= l
     memo[key] = out = float(cover.max()) if L else 0.0
