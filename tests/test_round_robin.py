@@ -603,7 +603,7 @@ def test_the_copies_bound_counts_the_micro_batches_a_device_has_room_to_keep_in_
     its micro-batches pass a few at a time (CopiesBound._in_flight). On devices with room for a few
     layers and a few of their micro-batches, over every cut and device count of up to four stages
     of copies (and both families at two warm-ups), the bound stays at or below every layout that
-    fits, and on most draws it is higher than without the term. Where layers keep so much that no
+    fits, and on some draws it is higher than without the term. Where layers keep so much that no
     layout of many micro-batches fits (a large model at one sample a device, as Llama 3 70B on 256
     A100s), it is far higher. With recompute=full (1f1b_rr's recomputed stages keep their inputs
     alone) the term is left out."""
