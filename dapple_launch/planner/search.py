@@ -213,8 +213,13 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
             + (
                 ""
                 if stats.proven_gap == 0
-                else f", and their bounds (the busiest group over its cuts, the slowest stage of copies over every cut, "
-                f"each with the room memory leaves for micro-batches in flight) "
+                else ", and their bounds (the busiest group over its cuts, the slowest stage of copies over every cut"
+                + (
+                    ""
+                    if limits.recompute in ("full", "selective")  # (their stages recompute: no room counted)
+                    else ", each with the room memory leaves for micro-batches in flight"
+                )
+                + ") "
                 f"leave this plan within {human_gap(stats.proven_gap)} "
                 f"of the optimum over all {len(exact) + len(chunked)} families"
             )
