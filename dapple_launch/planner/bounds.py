@@ -39,7 +39,7 @@ class BoundInputs:
     # A stage slower than this is in no plan that beats the incumbent (T >= M × any stage's time),
     # so the tables leave it out: they bound every plan that could still win, at a fraction of the work.
     stage_time_cap: float = math.inf
-    # recomputation may shrink what a micro-batch keeps (strategy.recompute=auto: a stage's recomputed
+    # recomputation may shrink what a micro-batch keeps (strategy.recompute=auto or selective: a stage's recomputed
     # segment and the rest never live at once), so only the parameters bound a stage's memory
     activations_may_shrink: bool = False
     # the most stages a plan may have (1F1B and ZB-H1: no more than micro-batches; 0: no limit).

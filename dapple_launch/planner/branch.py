@@ -93,8 +93,11 @@ class BranchAndBound:
         self.best_t, self.best = incumbent, None
         self.gap = gap  # prune branches that cannot beat the incumbent by more than this fraction
         self.cap = topology.device_memory_bytes * (1 - limits.memory_headroom)
-        # with recompute=auto a micro-batch's activations may shrink below one's whole: parameters bound memory
-        self.keeps_activations = 0.0 if limits.recompute == "auto" else 1.0
+        # with recompute=auto or selective a micro-batch may keep less than its whole activations (a
+        # recomputed segment and the rest never live at once): parameters bound memory. Under full it
+        # keeps its input and holds every layer's saves again in its backward: no less than its whole.
+        shrink = limits.recompute in ("auto", "selective")
+        self.keeps_activations = 0.0 if shrink else 1.0
         self.R = replica_choices(topology, b)
         self.fast_bw, self.fast_lat = topology.fastest_p2p_link(False)
         self.stats = SearchStats()
@@ -122,7 +125,7 @@ class BranchAndBound:
             self.cap,
             limits.optimizer_factor,
             stage_time_cap=incumbent / self.M,
-            activations_may_shrink=limits.recompute == "auto",
+            activations_may_shrink=shrink,
             stage_limit=self.max_stages,
             read_under_cap=read_under_cap,
         )

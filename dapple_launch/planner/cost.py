@@ -151,7 +151,10 @@ def recompute_sets(layout: tuple[StageSpec, ...], limits: Limits) -> tuple[tuple
         marks = set(limits.recompute_layers)
         return tuple(tuple(i for i in range(st.start, st.stop) if i in marks) for st in layout)
     counts = limits.recompute_counts
-    counts = counts * len(layout) if len(counts) == 1 else counts
+    if len(counts) == 1:
+        # one count for all (ColossalAI's num_ckpt_layers_per_stage): a stage with fewer layers
+        # recomputes them all; under strategy=auto the planner, not the user, makes such stages
+        return tuple(tuple(range(st.start, min(st.stop, st.start + counts[0]))) for st in layout)
     if len(counts) != len(layout):
         raise ValueError(
             f"strategy.recompute_counts={list(limits.recompute_counts)}: one count per stage "

@@ -54,6 +54,11 @@ class Limits:
                 "strategy.recompute=selective needs strategy.recompute_layers=[positions] or "
                 "strategy.recompute_counts=[first layers per stage]"
             )
+        if any(k < 0 for k in self.recompute_counts):
+            raise ValueError(
+                f"strategy.recompute_counts={list(self.recompute_counts)}: a count is how many first layers "
+                f"a stage recomputes, so each must be >= 0"
+            )
         split = [f for f in SPLIT_BACKWARD if f in (self.schedule, *self.schedules)]
         if self.recompute in ("full", "selective") and split:
             raise ValueError(
