@@ -669,6 +669,46 @@ def test_zb_h1_s_proof_table_counts_the_micro_batches_a_stage_has_room_to_keep()
         assert tables.links is not None and not any(np.isnan(t).any() for t in tables.links)
 
 
+@pytest.mark.parametrize("recompute", ["auto", "none", "full"])
+def test_1f1b_s_proof_table_counts_the_room_for_micro_batches_under_its_recomputation(recompute):
+    """1F1B keeps each micro-batch over its round trip too, what its recomputed layers leave
+    (bounds._recompute_room: none, full, or under auto the first k layers for any k). On memory-heavy
+    random chains the proof's table (reach_room) stays at or below every layout that fits, at warm-up
+    depths 1 to 3 (under auto: recomputing the fewest first layers that fit), and is higher than
+    the table without the room (links[0]) on some draws."""
+    from dapple_launch.planner.branch import BranchAndBound
+
+    checked = raised = draws = 0
+    for seed in range(10):
+        rng = random.Random(700 + seed)
+        base = random_profile(rng, rng.choice([4, 5]))
+        layers = [
+            replace(
+                x, parameter_bytes=2e8, saved_bytes=rng.choice([4e8, 1e9, 2e9]), workspace_bytes=rng.choice([0, 1e8])
+            )
+            for x in base.layers
+        ]
+        profile = chain("tight", layers, batch_size=4)
+        topo = Topology("t", 2, 2, rng.choice([2.4e9, 2.8e9, 3.6e9]) / 0.9, 10, 2e10, rng.choice([1e9, 1e10]))
+        G = rng.choice([8, 16])
+        for b in (1, 2):
+            M = G // b
+            limits = Limits(schedule="1f1b", max_warmup_depth=3, recompute=recompute)
+            x = BranchAndBound(profile, topo, G, limits, b, math.inf)
+            assert x.bounds.reach_room is not None
+            root = float(x.bounds.reach_room[0, 0])
+            assert x.links_bound("1f1b") == root
+            draws += 1
+            raised += root > float(x.bounds.links[0][0, 0]) * 1.01
+            for layout in all_layouts(profile, topo, b, min(M, 4)):
+                for d in (1, 2, 3):
+                    c = evaluate(profile, topo, layout, b, M, limits, warmup_depth=d)
+                    if c.fits:
+                        checked += 1
+                        assert root <= c.iteration_s * (1 + 1e-12), (seed, b, layout, d, c.recompute)
+    assert checked > 30 and raised > draws // 4, (checked, raised, draws)
+
+
 def _tables_below_every_plan(profile, topo, G) -> tuple[int, list[int]]:
     """Asserts each root table is at most every covered layout's simulated time, per micro-batch
     size; returns for how many sizes compute_end passes its old definition, and for how many

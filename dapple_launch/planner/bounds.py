@@ -24,6 +24,7 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .allreduce import tied_floor_s
+from .recompute_room import recompute_room
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class BoundInputs:
     # (_first_starts). Not where a faster plan of a family not allowed set the cap (ZB-H1 alone, with
     # a 1F1B baseline the best so far: its pass searches under its own, slower incumbent)
     read_under_cap: bool = False
+    # limits.recompute, for the room 1F1B's stages leave micro-batches in flight (links[0]): "none"
+    # keeps every activation, "full" each stage's input, "auto" recomputes each stage's first k layers
+    # for some k; None (or "selective", whose positions are the user's): no room counted
+    recompute: str | None = None
 
 
 def fresh_node_start(d, devices_per_node: int, devices: int):
@@ -99,6 +104,9 @@ class SuffixBounds:
     # with a budget that ends first, what it finds)
     links: tuple[np.ndarray, np.ndarray] | None = None  # (reach_end's, compute_end's)
     links_choice: np.ndarray | None = None  # [table, i, d] -> (stop, first device, replicas) attaining links[table]
+    # links[0] with the room memory leaves 1F1B's micro-batches in flight under the plan's recomputation
+    # (BoundInputs.recompute; None where it is not counted): the proof's 1F1B table
+    reach_room: np.ndarray | None = None
 
 
 def suffix_bound(x: BoundInputs) -> SuffixBounds:
@@ -162,6 +170,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     work = np.asarray(pre["f"]) + np.asarray(pre["b"]) - call
     params, kept, kept_fixed = np.asarray(pre["p"]), np.asarray(pre["m"]), np.asarray(pre["mf"])
     cut = np.asarray((0.0, *p.cut_bytes))  # cut[i]: bytes crossing into a stage that starts at layer i
+    prefix = (fwd_fixed, fwd, kept, kept_fixed, cut)  # (for recompute_room)
     back = p.least_input_share()
     # drain[i]: the least a gradient takes back through layers 0 .. i - 1 once a stage starting at
     # layer i has run its backward of it (each layer whole, on the fewest samples any replica runs;
@@ -176,7 +185,12 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
     shape = (L + 1, D + 2)
     bound, pass_sum, stage_end, reach_end, round_end, compute_end = (np.full(shape, np.inf) for _ in range(6))
     reach_l, compute_l, input_sum = (np.full(shape, np.inf) for _ in range(3))  # (links)
+    # (1F1B's links table with the room for micro-batches in flight: for the proof only, as the
+    # placements its argmin would pick differ from reach_l's, which TableStarts starts from)
+    reach_r = np.full(shape, np.inf) if x.recompute in ("none", "full", "auto") else None
     tables = (bound, pass_sum, stage_end, reach_end, round_end, compute_end, reach_l, compute_l, input_sum)
+    if reach_r is not None:
+        tables = (*tables, reach_r)
     for table in tables:
         table[L, : D + 1] = 0.0
     # [i]: the last column finite in any table's row i (-1: none): a stage whose next free device
@@ -227,7 +241,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         # the best completion whose first stage (holding layer i) starts exactly at device s
         best_at = np.full(D, np.inf)
         sum_at, end_at, reach_at, round_at, compute_at = (np.full(D, np.inf) for _ in range(5))
-        reach_at_l, compute_at_l, input_at = (np.full(D, np.inf) for _ in range(3))
+        reach_at_l, compute_at_l, input_at, room_at = (np.full(D, np.inf) for _ in range(4))
         stop_at, replicas_at = np.zeros(D, dtype=int), np.zeros(D, dtype=int)
         link_stop_at, link_replicas_at = np.zeros((2, D), dtype=int), np.zeros((2, D), dtype=int)
         link_at = (reach_at_l, compute_at_l)
@@ -313,10 +327,36 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # after its own all-reduce (allreduce.tied_floor_s)
             if p.tied:
                 ar = ar + tied_floor_s(p, i, z, R, topo).T[:, :, None]
-            reach = np.maximum(
-                np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i]), forward_in + ahead(reach_l)
+            own = np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i])
+            keep_least(0, np.maximum(own, forward_in + ahead(reach_l)))
+            # what the device's memory leaves micro-batches beside the weights and one layer's workspace
+            room = (
+                x.capacity_bytes
+                - stage_params[None, :]
+                - (stage_ws_fixed[None, :] + stage_ws_slope[None, :] * n[:, None])
             )
-            keep_least(0, reach)
+            if reach_r is not None:  # the same with the room for micro-batches in flight (recompute_room)
+                # a micro-batch's hold: its way on, the later stages' passes and back, this stage's backward
+                hold = two_links + rest_sum + (t - forward)
+                roomy = recompute_room(
+                    str(x.recompute),  # (one of none, full, auto: reach_r is built)
+                    M,
+                    x.speed,
+                    pbs,
+                    prefix,
+                    i,
+                    z,
+                    n,
+                    t,
+                    forward,
+                    hold,
+                    ar,
+                    float(drain[i]),
+                    room,
+                    np.maximum(own, forward_in + ahead(reach_r)),
+                    room_at[a:w],
+                )
+                room_at[a:w] = np.minimum(room_at[a:w], roomy.reshape(-1, w - a).min(axis=0))
             # a split backward: the rest's pass counts each later stage's input gradient only (its
             # W may wait), and the stage's own last W is followed by the all-reduce, its last I by
             # the drain (at the input share: the first stage's backward is all W, no less)
@@ -336,11 +376,6 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # and at most `most` at once within memory; they split into `most` runs of disjoint
             # holds (copies_bound.CopiesBound._in_flight), one of M / most after the first forward
             kept_mb = stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None]
-            room = (
-                x.capacity_bytes
-                - stage_params[None, :]
-                - (stage_ws_fixed[None, :] + stage_ws_slope[None, :] * n[:, None])
-            )
             with np.errstate(divide="ignore", invalid="ignore"):
                 most = np.where(kept_mb > 0, np.floor(room / np.where(kept_mb > 0, kept_mb, 1.0) * (1 + 1e-9)), np.inf)
                 # (at least one run of one: `most` may be inf where a stage keeps nothing)
@@ -365,12 +400,23 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             out[i, :D] = at[s]
             link_choices[table, i, :D] = np.stack([link_stop_at[table][s], s, link_replicas_at[table][s]], axis=1)
         input_sum[i, :D] = np.minimum(input_at, input_at[fresh])
+        if reach_r is not None:
+            reach_r[i, :D] = np.minimum(room_at, room_at[fresh])
         finite = np.isfinite(bound[i, :D])  # (the row's cells once, not a search of each table)
         for table in tables[1:]:
             finite |= np.isfinite(table[i, :D])
         last_finite[i] = _last_finite(finite)
     return SuffixBounds(
-        bound, choice, pass_sum, stage_end, reach_end, round_end, compute_end, (reach_l, compute_l), link_choices
+        bound,
+        choice,
+        pass_sum,
+        stage_end,
+        reach_end,
+        round_end,
+        compute_end,
+        (reach_l, compute_l),
+        link_choices,
+        reach_r,
     )
 
 

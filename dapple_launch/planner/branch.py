@@ -126,6 +126,7 @@ class BranchAndBound:
             limits.optimizer_factor,
             stage_time_cap=incumbent / self.M,
             activations_may_shrink=shrink,
+            recompute=limits.recompute,
             stage_limit=self.max_stages,
             read_under_cap=read_under_cap,
         )
@@ -139,6 +140,8 @@ class BranchAndBound:
         incumbent they were built under (a plan they leave out cannot beat it)."""
         assert self.bounds.links is not None  # (suffix_bound builds them)
         reach, compute = self.bounds.links
+        if self.bounds.reach_room is not None:
+            reach = self.bounds.reach_room
         return min(float((reach if family == "1f1b" else compute)[0, 0]), self.tables_under)
 
     def with_links(self, bounds: dict[int, float], family: str) -> None:
