@@ -672,7 +672,7 @@ def test_zb_h1_s_proof_table_counts_the_micro_batches_a_stage_has_room_to_keep()
 @pytest.mark.parametrize("recompute", ["auto", "none", "full"])
 def test_1f1b_s_proof_table_counts_the_room_for_micro_batches_under_its_recomputation(recompute):
     """1F1B keeps each micro-batch over its round trip too, what its recomputed layers leave
-    (bounds._recompute_room: none, full, or under auto the first k layers for any k). On memory-heavy
+    (recompute_room.py: none, full, or under auto the first k layers for any k). On memory-heavy
     random chains the proof's table (reach_room) stays at or below every layout that fits, at warm-up
     depths 1 to 3 (under auto: recomputing the fewest first layers that fit), and is higher than
     the table without the room (links[0]) on some draws."""

@@ -410,7 +410,7 @@ def test_selective_recomputation_lets_the_search_place_stages_that_fit_only_with
     search's memory test and its bounds' tables count parameters only (as under auto): a stage that
     fits only with its recomputed layers is searched, and the tables bound it from below. Before,
     they counted one whole micro-batch (31 MB on a 26 MB card) and proved a plan "optimal" that only
-    a baseline had found. One count for all stages recomputes all of a shorter stage's layers."""
+    a baseline had found."""
     from dapple_launch.planner.branch import BranchAndBound
     from dapple_launch.profile import LayerProfile, chain
 
