@@ -24,6 +24,7 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .allreduce import tied_floor_s
+from .in_flight import runs_of_holds
 from .recompute_room import recompute_room
 
 
@@ -330,6 +331,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             own = np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i])
             keep_least(0, np.maximum(own, forward_in + ahead(reach_l)))
             # what the device's memory leaves micro-batches beside the weights and one layer's workspace
+            kept_mb = stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None]  # (ModelProfile.kept_bytes)
             room = (
                 x.capacity_bytes
                 - stage_params[None, :]
@@ -353,6 +355,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                     ar,
                     float(drain[i]),
                     room,
+                    kept_mb,
                     np.maximum(own, forward_in + ahead(reach_r)),
                     room_at[a:w],
                 )
@@ -375,12 +378,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # each from its forward's end to its input gradient's, the way there and back at least,
             # and at most `most` at once within memory; they split into `most` runs of disjoint
             # holds (copies_bound.CopiesBound._in_flight), one of M / most after the first forward
-            kept_mb = stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                most = np.where(kept_mb > 0, np.floor(room / np.where(kept_mb > 0, kept_mb, 1.0) * (1 + 1e-9)), np.inf)
-                # (at least one run of one: `most` may be inf where a stage keeps nothing)
-                runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(M / np.maximum(most, 1.0))), np.inf)
-            runs = runs[:, :, None]
+            runs = runs_of_holds(room, kept_mb, M)[:, :, None]
             with np.errstate(invalid="ignore"):  # (inf where none fits, not inf × 0)
                 held = np.where(np.isfinite(runs), forward + runs * (way + input_), np.inf)
             last_i = np.maximum(last_i, held)

@@ -55,6 +55,7 @@ import numpy as np
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from .allreduce import tied_floor_s
+from .in_flight import runs_of_holds
 
 BISECTIONS = 30  # halvings of [lo, hi]: within 1e-9 of the relaxation's optimum
 PAIR_DEVICES = 64  # up to this many devices, each cut's link is priced on both stages' counts (D^2 per cut)
@@ -236,10 +237,8 @@ class CopiesBound:
         layers a device leave room for two micro-batches) are bound here, not by their compute."""
         held = kept_fixed + (kept - kept_fixed + received) * per  # ModelProfile.kept_bytes
         room = capacity - weights - workspace
-        with np.errstate(divide="ignore", invalid="ignore"):
-            most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
-            # (at least one run of one: `most` may be inf where a stage keeps nothing)
-            runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(turns / np.maximum(most, 1.0))), np.inf)
+        runs = runs_of_holds(room, held, turns)
+        with np.errstate(invalid="ignore"):
             return np.where(np.isfinite(runs), runs * hold, np.inf)  # (inf where none fits, not inf × 0)
 
     def _pair_tables(self, topology: Topology, M: int, b: int, cut: np.ndarray, trip: np.ndarray, drain: np.ndarray):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .in_flight import runs_of_holds
+
 
 def recompute_room(
     recompute: str,
@@ -22,6 +24,7 @@ def recompute_room(
     ar,
     drain: float,
     room,
+    whole,
     reach,
     best,
 ) -> np.ndarray:
@@ -41,20 +44,14 @@ def recompute_room(
     A_k never falls as k grows (M again_k rises at least as fast as ar - again_k falls) and B_k never
     rises (keeps falls, X_k falls): the least of max(A_k, B_k) is at the first k where A_k >= B_k or
     just before it, found by bisection per cell. Only cells that may still attain their start's least
-    are bisected (`best`: the least so far per start): the others keep max(A_0, B_deepest), a bound."""
+    are bisected (`best`: the least so far per start): the others keep max(A_0, B_deepest), a bound.
+    `room` and `whole` are (replicas, stop): the bytes memory leaves beside the weights and workspace,
+    and what a micro-batch keeps with no layer recomputed (ModelProfile.kept_bytes)."""
     fwd_fixed, fwd, kept, kept_fixed, cut = prefix
     shape = reach.shape
     # Where memory leaves room for all M micro-batches whole (K_0 >= M) the k = 0 term is within
     # `reach` already (trip >= forward + hold), and no count is less: those stages are done. And a
     # cell at or above its start's least so far cannot attain it, raised or not.
-    whole = cut[i] * np.asarray(n, dtype=float)[:, None] / pbs  # (replicas, stop): what k = 0 keeps
-    stops_ = np.asarray(z)[None, :]
-    whole = (
-        whole
-        + kept_fixed[stops_]
-        - kept_fixed[i]
-        + (kept[stops_] - kept[i] - (kept_fixed[stops_] - kept_fixed[i])) * (np.asarray(n, dtype=float)[:, None] / pbs)
-    )
     tight = room < M * whole * (1 - 1e-9)
     if not tight.any():
         return reach
@@ -77,9 +74,8 @@ def recompute_room(
         again = ((fwd_fixed[j] - fwd_fixed[i]) + (fwd[j] - fwd[i]) * mm) * speed
         tail_fixed = kept_fixed[st] - kept_fixed[j]
         keeps = received[at] + tail_fixed + (kept[st] - kept[j] - tail_fixed) * mm
-        with np.errstate(divide="ignore", invalid="ignore"):
-            most = np.where(keeps > 0, np.floor(r[at] / np.where(keeps > 0, keeps, 1.0) * (1 + 1e-9)), np.inf)
-            runs = np.where((r[at] >= 0) & (most >= 1), np.maximum(1.0, np.ceil(M / np.maximum(most, 1.0))), np.inf)
+        runs = runs_of_holds(r[at], keeps, M)
+        with np.errstate(invalid="ignore"):
             after = np.maximum(np.maximum(ar_c[at] - again, 0.0), drain)
             a_side = M * (t_c[at] + again) + after
             b_side = np.where(np.isfinite(runs), f_c[at] + runs * hold_c[at] + after, np.inf)

@@ -35,6 +35,7 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule
+from .in_flight import runs_of_holds
 from .limits import Limits
 
 # the most actions a shape's rank orders may have for holds_model to build and read them (about
@@ -178,9 +179,7 @@ def room_bound(
         held = fixed + (kept[z] - kept[i] - fixed + received[i]) * n / pbs  # ModelProfile.kept_bytes
         workspace = ws_fixed_most + ws_slope_most * n
         room = capacity - (weights[z] - weights[i]) - lightest - workspace
-        most = np.where(held > 0, np.floor(room / np.where(held > 0, held, 1.0) * (1 + 1e-9)), np.inf)
-        # (at least one run of one: `most` may be inf where a stage keeps nothing)
-        runs = np.where((room >= 0) & (most >= 1), np.maximum(1.0, np.ceil(turns / np.maximum(most, 1.0))), np.inf)
+        runs = runs_of_holds(room, held, turns)
         hold = trip[z] + input_[z] - input_[i]
         term = np.where(after & np.isfinite(runs), fill[z] + runs * hold, np.inf)  # (inf where none fits)
     # least over the spans [i, z) holding layer l (i <= l < z): a running least over z from the
