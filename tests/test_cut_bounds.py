@@ -169,3 +169,78 @@ def test_each_group_holds_the_forwards_in_flight_at_the_first_backward():
                 assert least <= sum(n * sum(layer[i:z]) for n, (i, z) in zip(counts, spans)) * (1 + 1e-9)
                 checked += 1
     assert checked > 50 and deep > 10, (checked, deep)
+
+
+def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cut_that_fits():
+    """shape_memory.stages_hold: a family's rank orders fix how many micro-batches each stage keeps
+    at once (peak_in_flight), whatever the cut. Each group's simulated memory is at least its
+    stages' weights and optimizer state plus each stage's peak × its activations beside its
+    workspace; and on devices with room for a few micro-batches of a layer, every shape the check
+    leaves out is simulated at every cut and none fits, including shapes the whole-model check
+    (micro-batch 0 on every stage) keeps."""
+    from dataclasses import replace
+
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, group_of, groups_of
+    from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.shape_memory import peak_in_flight, stages_hold
+
+    rng = random.Random(47)
+    checked = left_out = beyond = 0
+    for _ in range(4):
+        topo, drawn = _random_cluster_and_profile(rng)
+        # layers alike in their saves and light in weights (activations decide it), as a transformer's
+        a = rng.choice([1e6, 1e7])
+        profile = replace(
+            drawn,
+            layers=tuple(
+                replace(x, activation_bytes=a, saved_bytes=None, parameter_bytes=a / 20) for x in drawn.layers
+            ),
+        )
+        G, L = rng.choice([8, 16]), profile.num_layers
+        limits = Limits(schedules=CHUNKED)
+        factor = limits.optimizer_factor
+        roomy = replace(topo, device_memory_bytes=1e15)
+        for family, v, groups, b in shapes(profile, roomy, G, limits, [1, 2, 4]):
+            P, M, S = len(groups), G // b, num_stages(family, v, groups)
+            peaks = peak_in_flight(family, P, M, v)
+            # the simulator's memory against the peaks, on a random cut
+            stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+            layout = chunked_layout(family, list(groups), stops, None)
+            c = evaluate_chunked(profile, roomy, layout, b, M, limits, family, v)
+            weights = [0.0] * P
+            for s, st in enumerate(layout):
+                for g in groups_of(family, s, P):  # (Chimera: a weight copy on each of its two groups)
+                    weights[g] += profile.span(st.start, st.stop)[3] * factor
+            for s, st in enumerate(layout):
+                g = group_of(family, s, P)
+                n = math.ceil(b / groups[g])
+                least = (
+                    weights[g]
+                    + peaks[s] * profile.kept_bytes(st.start, st.stop, n)
+                    + profile.workspace(st.start, st.stop, n)
+                )
+                assert c.memory_bytes[s] >= least * (1 - 1e-9), (family, v, groups, b, stops, s)
+            checked += 1
+            # devices with room for a few micro-batches of a layer: the check's verdict against every cut
+            if math.comb(L - 1, S - 1) > 30:
+                continue
+            samples = math.ceil(b / max(groups))
+            for few in (1, 2, 3, 5):
+                usable = 3 * a / 20 * factor + few * profile.kept_bytes(1, 2, samples)
+                small = replace(topo, device_memory_bytes=usable / (1 - limits.memory_headroom))
+                if stages_hold(profile, factor, usable, family, v, P, M, samples):
+                    continue
+                left_out += 1
+                whole = profile.span(0, L)[3] * factor * (2 if family == "chimera" else 1)
+                beyond += whole + sum(profile.layer_bytes(i, samples) for i in range(L)) <= P * usable
+                for cut in itertools.combinations(range(1, L), S - 1):
+                    layout = chunked_layout(family, list(groups), [*cut, L], None)
+                    assert not evaluate_chunked(profile, small, layout, b, M, limits, family, v).fits, (
+                        family,
+                        v,
+                        groups,
+                        b,
+                        few,
+                        cut,
+                    )
+    assert checked > 100 and left_out > 50 and beyond > 30, (checked, left_out, beyond)  # (166, 204, 125)

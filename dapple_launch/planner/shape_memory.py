@@ -43,6 +43,9 @@ from .limits import Limits
 # 1.5 M actions, 26 s, before this cap, and 95 of up to 30 k, 2.6 s, at that cap); skipping a
 # shape's orders only weakens the check (Llama 3 70B's 32 groups on 1024 A100s: 6 k actions)
 ORDER_ACTIONS_READ = 8_000
+# the most for stages_hold, read only where all M in flight do not fit (memory-bound models): Llama 3
+# 70B's Chimera on 64 groups of 4 at 64 micro-batches, 12 k actions, 0.4 s
+PEAK_ACTIONS_READ = 16_000
 
 
 def holds_model(
@@ -66,6 +69,9 @@ def holds_model(
     layer = [profile.layer_bytes(l, samples) for l in range(L)]  # (each stage's input left out)
     if held + sum(layer) > capacity:  # (micro-batch m* alone on every stage)
         return False
+    usable = capacity / P
+    if not stages_hold(profile, limits.optimizer_factor, usable, family, v, P, M, samples):
+        return False
     S = 2 * P if family == "zbv" else v * P
     if family == "chimera" or held + min(M, 2 * S) * sum(layer) <= capacity:
         return True  # (no count the orders are likely to hold can decide it: not worth reading them)
@@ -75,13 +81,86 @@ def holds_model(
     return held + least_weighted_cut(layer, counts) <= capacity
 
 
+def stages_hold(
+    profile: ModelProfile, factor: float, usable: float, family: str, v: int, P: int, M: int, samples: int
+) -> bool:
+    """Whether every stage can keep, on a device of its group, the most micro-batches the family's
+    rank orders put in flight on it at once (peak_in_flight): the simulator's peak (rank_simulate.py)
+    counts each forward's saves until its B or W, with a step's workspace beside, and a device holds
+    its stages' weights and optimizer state too. Stage s starts at some layer i in s .. L - S + s
+    (every stage holds one at least), and a stage from layer i keeps no less than layer i alone
+    does (the input it received and the layer's saves) beside no less weight and workspace, while
+    the group's other stages weigh at least the lightest layer each (room_bound's count). The orders
+    are fixed by the family, not by the cut: a shape whose first stages keep more micro-batches than
+    any of their layers leave room for fits no cut (Llama 3 70B on 256 A100s: Chimera's, interleaved
+    1F1B's and ZB-V's first stages keep 32 of 4.2 GB a block on 77 GB). Read only where all M in
+    flight would not fit and the orders are short (PEAK_ACTIONS_READ); else it holds, weaker."""
+    L = profile.num_layers
+    S = P if family == "chimera" else (2 * P if family == "zbv" else v * P)
+    if S > L:
+        return False
+    others = 1 if family in ("chimera", "zbv") else v - 1
+    held, besides = _single_layers(profile, factor, samples)
+    room = usable - min(x.parameter_bytes for x in profile.layers) * factor * others - besides
+    with np.errstate(divide="ignore", invalid="ignore"):  # (a layer that keeps nothing keeps any count)
+        most = np.where(held > 0, np.floor(room / held * (1 + 1e-9)), np.where(room >= 0, np.inf, -1.0))
+    # stage s starts at a layer in s .. L - S + s: the most micro-batches any of them leaves room for
+    window = np.lib.stride_tricks.sliding_window_view(most, L - S + 1).max(axis=1)
+
+    def fits(counts) -> bool:
+        return bool(np.all(np.asarray(counts, dtype=float) <= window))
+
+    if fits([M] * S):
+        return True  # (all M in flight fit: no order can decide it)
+    if S * M * 3 > PEAK_ACTIONS_READ:
+        return True  # (orders too long to build for this: the check stays necessary, weaker)
+    return fits(peak_in_flight(family, P, M, v))
+
+
+def _single_layers(profile: ModelProfile, factor: float, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer i, what the span [i, i + 1) keeps per micro-batch (ModelProfile.kept_bytes: its
+    saves and the input it received) and holds besides (its weights and optimizer state, its
+    workspace) on `samples` samples: the least of any stage that starts at layer i."""
+    pre, pbs, L = profile._prefix, profile.batch_size, profile.num_layers
+    kept, fixed, params = (np.diff(np.asarray(pre[key], dtype=float)) for key in ("m", "mf", "p"))
+    received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float)))
+    held = fixed + (kept - fixed + received) * samples / pbs
+    fixed_ws, slope_ws = (np.asarray(table[0]) for table in profile._workspace_tables)  # (ModelProfile.workspace)
+    workspace = fixed_ws + slope_ws * samples
+    return held, params * factor + workspace
+
+
+@lru_cache(maxsize=16)
+def _orders(family: str, groups: int, micro_batches: int, v: int):
+    """(stages, encoded rank orders) of a shape's family, for the counts below: built once for both,
+    apart from the search's cache (chunked.rank_orders), whose entries they would push out."""
+    schedule = build_rank_schedule(family, groups, micro_batches, v)
+    return schedule.num_stages, schedule.encoded_orders
+
+
+@lru_cache(maxsize=256)
+def peak_in_flight(family: str, groups: int, micro_batches: int, v: int) -> tuple[int, ...]:
+    """Per stage, the most of its micro-batches in flight at once on one group that holds it, in the
+    family's rank orders: a forward adds one, its B or W frees it (rank_simulate.py's rule)."""
+    S, orders = _orders(family, groups, micro_batches, v)
+    most = [0] * S
+    for order in orders:
+        now = [0] * S
+        for code, s, _ in order:
+            if code == 0:
+                now[s] += 1
+                most[s] = max(most[s], now[s])
+            elif code in (1, 3):  # (B, or W: an I frees only what its input gradient alone reads, none here)
+                now[s] -= 1
+    return tuple(most)
+
+
 @lru_cache(maxsize=256)
 def forwards_held(family: str, groups: int, micro_batches: int, v: int) -> tuple[int, ...]:
     """Per stage, n_s: the forwards of it its group has run, none freed, when the first backward
     starts (the docstring); 1 each where the orders say otherwise than the argument needs (a
     backward before some group's last forward of m*: orders the validator would refuse)."""
-    schedule = build_rank_schedule(family, groups, micro_batches, v)  # (not the search's cache: kept for it)
-    S, orders = schedule.num_stages, schedule.encoded_orders
+    S, orders = _orders(family, groups, micro_batches, v)
     last = [step for order in orders for step in order if step[0] in (1, 2) and step[1] == S - 1]
     fallback = (1,) * S
     if not last:
