@@ -18,6 +18,10 @@ bound takes the least of Σ_s n_s kept_s over every cut: a programme over the la
 least one. A shape whose groups' capacities sum to less fits no cut: no plan of it is admissible,
 so the search neither scores nor bounds it.
 
+Each stage alone, too (stages_hold): the orders fix the most micro-batches a stage keeps at once
+(peak_in_flight), whatever the cut, and a device of its group must hold that many of what its
+first layer keeps, beside its weights, its workspace and the group's other stages.
+
 Without recomputation only: "full" and "selective" shrink a stage's activations (there the weights
 alone count); "auto" recomputes no stage of a group (cost.recompute_sets). The orders are read
 only where the activations could decide it (held at twice the stage count, the most orders keep,
