@@ -177,7 +177,10 @@ def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cu
     stages' weights and optimizer state plus each stage's peak × its activations beside its
     workspace; and on devices with room for a few micro-batches of a layer, every shape the check
     leaves out is simulated at every cut and none fits, including shapes the whole-model check
-    (micro-batch 0 on every stage) keeps."""
+    (micro-batch 0 on every stage) keeps. Where each stage is one layer the check is exact: at the
+    memory that cut needs in the simulator the shape is kept; with the first layer's activations
+    alone, its group holds exactly its peak of them (the orders' count, not a bound of it), and
+    just below that the shape is left out."""
     from dataclasses import replace
 
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, group_of, groups_of
@@ -185,7 +188,7 @@ def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cu
     from dapple_launch.planner.shape_memory import peak_in_flight, stages_hold
 
     rng = random.Random(47)
-    checked = left_out = beyond = 0
+    checked = left_out = beyond = exact = 0
     for _ in range(4):
         topo, drawn = _random_cluster_and_profile(rng)
         # layers alike in their saves and light in weights (activations decide it), as a transformer's
@@ -221,10 +224,53 @@ def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cu
                 )
                 assert c.memory_bytes[s] >= least * (1 - 1e-9), (family, v, groups, b, stops, s)
             checked += 1
+            samples = math.ceil(b / max(groups))
+            if S == L:  # (one layer a stage: the check is exact) at the memory the cut needs, it holds
+                one = chunked_layout(family, list(groups), list(range(1, L + 1)), None)
+                # and with the first layer's activations alone (the rest a byte): its stage's group holds
+                # its peak of them, no more (the peak is the orders' own, not a bound of it)
+                spiked = replace(
+                    profile,
+                    layers=tuple(
+                        replace(x, activation_bytes=a if i == 0 else 1.0) for i, x in enumerate(profile.layers)
+                    ),
+                )
+                for each in (profile, spiked):
+                    memory = evaluate_chunked(each, roomy, one, b, M, limits, family, v).memory_bytes
+                    assert stages_hold(each, factor, max(memory) * (1 + 1e-12), family, v, P, M, samples), (
+                        family,
+                        v,
+                        groups,
+                        b,
+                    )
+                home = group_of(family, 0, P)
+                held = sum(
+                    profile.span(st.start, st.stop)[3] * factor
+                    for t, st in enumerate(one)
+                    if home in groups_of(family, t, P)
+                )
+                n = math.ceil(b / groups[home])
+                first = held + peaks[0] * spiked.kept_bytes(0, 1, n) + spiked.workspace(0, 1, n)
+                bytes_elsewhere = 4 * n * M * L  # (the other stages' one-byte saves and inputs in flight)
+                assert abs(memory[0] - first) <= 1e-6 * first + bytes_elsewhere, (
+                    family,
+                    v,
+                    groups,
+                    b,
+                    memory[0],
+                    first,
+                )
+                if len(set(groups)) == 1:  # (every device runs n samples) and just below it, it leaves the shape out
+                    assert not stages_hold(spiked, factor, first * (1 - 1e-9), family, v, P, M, samples), (
+                        family,
+                        v,
+                        groups,
+                        b,
+                    )
+                exact += 1
             # devices with room for a few micro-batches of a layer: the check's verdict against every cut
             if math.comb(L - 1, S - 1) > 30:
                 continue
-            samples = math.ceil(b / max(groups))
             for few in (1, 2, 3, 5):
                 usable = 3 * a / 20 * factor + few * profile.kept_bytes(1, 2, samples)
                 small = replace(topo, device_memory_bytes=usable / (1 - limits.memory_headroom))
@@ -243,4 +289,5 @@ def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cu
                         few,
                         cut,
                     )
-    assert checked > 100 and left_out > 50 and beyond > 30, (checked, left_out, beyond)  # (166, 204, 125)
+    assert checked > 100 and left_out > 50 and beyond > 30 and exact > 20, (checked, left_out, beyond, exact)
+    # (166, 204, 125, 47)
