@@ -39,7 +39,8 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule
-from .in_flight import runs_of_holds
+from .chunked import chunks_of
+from .in_flight import fitting, runs_of_holds
 from .limits import Limits
 
 # the most actions a shape's rank orders may have for holds_model to build and read them (about
@@ -103,13 +104,11 @@ def stages_hold(
     S = P if family == "chimera" else (2 * P if family == "zbv" else v * P)
     if S > L:
         return False
-    others = 1 if family in ("chimera", "zbv") else v - 1
+    others = chunks_of(family, v) - 1  # (the group's other stages)
     held, besides = _single_layers(profile, factor, samples)
     room = usable - min(x.parameter_bytes for x in profile.layers) * factor * others - besides
-    with np.errstate(divide="ignore", invalid="ignore"):  # (a layer that keeps nothing keeps any count)
-        most = np.where(held > 0, np.floor(room / held * (1 + 1e-9)), np.where(room >= 0, np.inf, -1.0))
     # stage s starts at a layer in s .. L - S + s: the most micro-batches any of them leaves room for
-    window = np.lib.stride_tricks.sliding_window_view(most, L - S + 1).max(axis=1)
+    window = np.lib.stride_tricks.sliding_window_view(fitting(room, held), L - S + 1).max(axis=1)
 
     def fits(counts) -> bool:
         return bool(np.all(np.asarray(counts, dtype=float) <= window))
@@ -231,7 +230,7 @@ def room_bound(
     L = profile.num_layers
     M = global_batch // b
     turns = M // 2 if family == "chimera" else M
-    others = 1 if family in ("chimera", "zbv") else v - 1
+    others = chunks_of(family, v) - 1  # (the group's other stages)
     n = math.ceil(b / max(groups))  # (the fewest samples a device runs: the least it keeps)
     key = ("room", turns, others, n)
     if key in memo:
