@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from dapple_launch.cluster import Topology  # noqa: E402
 from dapple_launch.plan_config import DEFAULT_SCHEDULES  # noqa: E402
+from dapple_launch.planner.chunked import CHUNKED, evaluate_chunked  # noqa: E402
 from dapple_launch.planner.cost import StageSpec, memory_per_device, recomputed_costs, stage_costs  # noqa: E402
 from dapple_launch.planner.limits import Limits  # noqa: E402
 from dapple_launch.planner.search import plan  # noqa: E402
@@ -131,6 +132,8 @@ def check(profile, topology: Topology, G: int, limits: Limits) -> tuple[str, str
             assert stated >= most * (1 - 1e-9), ("memory under what the orders hold", s, stated, most)
     if p.schedule in FRESH and not p.token_slices:
         costed_afresh(profile, topology, p, limits)
+    if p.schedule in CHUNKED:
+        groups_afresh(profile, topology, p, limits)
     return "planned", p.schedule
 
 
@@ -156,6 +159,37 @@ def costed_afresh(profile, topology: Topology, p, limits: Limits) -> None:
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(memory, p.estimate.peak_memory_bytes)), (
         "memory",
         memory,
+        p.estimate.peak_memory_bytes,
+    )
+
+
+def groups_afresh(profile, topology: Topology, p, limits: Limits) -> None:
+    """A device-group plan's stage costs and memory are its layout's, costed afresh by the one path
+    that costs them (chunked.evaluate_chunked) with the recomputation it lists: every layer of
+    every stage (strategy.recompute=auto's fit, or full) or none."""
+    layout = tuple(StageSpec(st.layers[0], st.layers[1], tuple(st.devices)) for st in p.stages)
+    every = all(tuple(st.recompute_layers) == tuple(range(*st.layers)) for st in p.stages)
+    assert every or not any(st.recompute_layers for st in p.stages), ("partly recomputed", p.schedule)
+    # (the Limits of that plan alone: its family, its recomputation, no token slices)
+    alone = replace(
+        limits,
+        schedule=p.schedule,
+        schedules=(p.schedule,),
+        recompute="full" if every else "none",
+        token_slices=(),
+        auto_token_slices=False,
+    )
+    c = evaluate_chunked(
+        profile, topology, layout, p.micro_batch_size, p.num_micro_batches, alone, p.schedule, p.chunks
+    )
+    assert c is not None
+    for s, (stated, costed) in enumerate(zip(p.estimate.stage_costs, c.costs)):
+        pairs = {k: (v, getattr(costed, k)) for k, v in stated.items()}
+        wrong = {k: vw for k, vw in pairs.items() if vw[0] != vw[1] and not math.isclose(*vw, rel_tol=1e-9)}
+        assert not wrong, ("stage costs", s, p.schedule, wrong)
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(c.memory_bytes, p.estimate.peak_memory_bytes)), (
+        "memory",
+        c.memory_bytes,
         p.estimate.peak_memory_bytes,
     )
 

@@ -291,3 +291,85 @@ def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cu
                     )
     assert checked > 100 and left_out > 50 and beyond > 30 and exact > 20, (checked, left_out, beyond, exact)
     # (166, 204, 125, 47)
+
+
+@pytest.mark.slow  # (several seconds: out of the fast tier)
+def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomputed_or_not():
+    """strategy.recompute=auto: interleaved 1F1B and Chimera recompute every layer of a candidate
+    that does not fit keeping its activations (chunked.recomputes_to_fit); under full, every
+    candidate does. A shape no cut of which fits keeping them is bounded on the recomputed profile
+    (each layer's backward runs its forward again: the recomputed stages' own costs, to the last
+    float's rounding), one that may do either by the lesser of that and its bound with the room for
+    micro-batches in flight. On memory-tight random chains, random cuts of every shape, the
+    recomputed ones among them, are at or above the shape's bound and its bound over cuts."""
+    from dataclasses import replace
+
+    from dapple_launch.cluster import Topology
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, recomputed_profile
+    from dapple_launch.planner.chunked_search import _bounded_shapes, _shape_bound, cut_bounds, num_stages
+    from dapple_launch.planner.cost import recomputed_costs, stage_costs
+    from dapple_launch.profile import LayerProfile, chain
+
+    from .test_rank_schedules import random_profile
+
+    checked = recomputed = whole = either = 0
+    for seed, L, saved, usable in itertools.product((1, 2), (8, 10), (5e8, 1.5e9), (3.2e9, 4.8e9)):
+        rng = random.Random(seed)
+        base = random_profile(rng, L)
+        layers = [replace(x, parameter_bytes=2e8, saved_bytes=saved) for x in base.layers]
+        profile = chain("tight", layers, batch_size=4)
+        topo = Topology("t", 2, 4, usable / 0.9, 1e-5, 20e9, 1e9)
+        for limits in (
+            Limits(schedules=CHUNKED, recompute="auto"),
+            Limits(schedules=("interleaved_1f1b", "chimera"), recompute="full"),
+        ):
+            G, memo = 8, {}
+            rows, again = _bounded_shapes(profile, topo, G, limits, [1, 2, 4], memo)
+            whole += len(again[1]) if again else 0
+            for bound, family, v, groups, b in rows:
+                over_cuts = cut_bounds(profile, topo, G, [(bound, family, v, groups, b)], math.inf, memo, 2e5, again)
+                assert over_cuts[b] >= bound * (1 - 1e-12)
+                may = limits.recompute == "auto" and family in ("interleaved_1f1b", "chimera")
+                either += may
+                S = num_stages(family, v, groups)
+                for _ in range(3):
+                    cut = sorted(rng.sample(range(1, L), S - 1))
+                    layout = chunked_layout(family, list(groups), [*cut, L], None)
+                    c = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v)
+                    if not c.fits:
+                        continue
+                    checked += 1
+                    recomputed += bool(c.recompute)
+                    assert over_cuts[b] <= c.iteration_s * (1 + 1e-9), (seed, limits.recompute, family, v, groups, cut)
+    assert checked > 300 and recomputed > 100 and whole > 20 and either > 20, (checked, recomputed, whole, either)
+    # where keeping fits, the lesser of the two is what holds: on a compute-bound chain whose
+    # activations fit, even cuts keep them and beat every recomputed plan's bound
+    layers = [LayerProfile(f"l{i}", 2e-3, 2e-3, 1e6, 1e6) for i in range(8)]
+    profile, topo = chain("u", layers, batch_size=1), Topology("t", 1, 4, 8e9, 1e-6, 100e9, 100e9)
+    limits, below = Limits(schedules=("interleaved_1f1b",), recompute="auto"), 0
+    rows, again = _bounded_shapes(profile, topo, 64, limits, [1, 2, 4], {})
+    assert again is None and rows
+    for bound, family, v, groups, b in rows:
+        S = v * len(groups)
+        c = evaluate_chunked(
+            profile,
+            topo,
+            chunked_layout(family, list(groups), [8 * (s + 1) // S for s in range(S)], None),
+            b,
+            64 // b,
+            limits,
+            family,
+            v,
+        )
+        assert not c.recompute and bound <= c.iteration_s * (1 + 1e-9)
+        below += c.iteration_s < _shape_bound(recomputed_profile(profile), topo, 64, family, v, groups, b, {}, None)
+    assert below >= len(rows) / 2, (below, len(rows))
+    # the recomputed profile's stage costs are the recomputed stages' own
+    profile = chain("p", list(random_profile(random.Random(5), 10).layers), batch_size=4)
+    topo = Topology("t", 2, 4, 8e9, 1e-5, 20e9, 1e9)
+    layout = chunked_layout("interleaved_1f1b", [2, 2, 2, 2], [2, 3, 4, 6, 7, 8, 9, 10], None)
+    sets = tuple(tuple(range(st.start, st.stop)) for st in layout)
+    want = recomputed_costs(profile, topo, layout, stage_costs(profile, topo, layout, 2), 2, sets)
+    got = stage_costs(recomputed_profile(profile), topo, layout, 2)
+    for w, g in zip(want, got):
+        assert g.backward_s == pytest.approx(w.backward_s, rel=1e-12) and g.forward_s == w.forward_s

@@ -385,8 +385,9 @@ def test_llama_70b_on_1024_a100s_is_planned_with_the_recomputation_its_plan_runs
     """The model users train at the scale they train it (model=llama model.preset=70b on 128 nodes
     of 8 A100s, G 1024, as the CLI plans it): the plan fits the card, and each stage's costs are its
     layers' with the recompute_layers plan.json lists and no others. (It was once ZB-H1 at 58 GB a
-    device, costed with a 1F1B plan's recomputation and listing none.)"""
-    from benchmarks.fuzz_plan import FRESH, costed_afresh
+    device, costed with a 1F1B plan's recomputation and listing none.) It is now interleaved 1F1B,
+    every layer recomputed: 7 % faster than the 1F1B plan that recomputes its first stages' layers."""
+    from benchmarks.fuzz_plan import FRESH, costed_afresh, groups_afresh
     from dapple_launch import plan_config
     from dapple_launch.cli import compose
     from dapple_launch.planner.search import plan as search_plan
@@ -399,8 +400,9 @@ def test_llama_70b_on_1024_a100s_is_planned_with_the_recomputation_its_plan_runs
     assert max(p.estimate.peak_memory_bytes) <= topology.device_memory_bytes * (1 - limits.memory_headroom)
     # every stage cost (activation bytes and backward seconds among them) and the memory, costed
     # afresh from the layout and the listed recomputation, within 1e-9 (the fuzz's check)
-    assert p.schedule in FRESH and any(st.recompute_layers for st in p.stages)
-    costed_afresh(profile, topology, p, limits)
+    assert any(st.recompute_layers for st in p.stages)
+    # (device groups fit it only recomputing every layer: chunked.recomputes_to_fit)
+    (costed_afresh if p.schedule in FRESH else groups_afresh)(profile, topology, p, limits)
     assert 0 <= p.proof["gap"] < 1
 
 

@@ -199,12 +199,14 @@ def test_zero_bubble_alone_is_refused_when_none_of_the_kept_layouts_fits():
         plan(profile, topo, 4, Limits(schedules=("zb_h1",), micro_batch_size=1, max_warmup_depth=1))
 
 
-@pytest.mark.parametrize("families", [("1f1b_rr",), ("zbv", "interleaved_1f1b"), ("zb_h1", "1f1b_rr")])
+@pytest.mark.parametrize("families", [("1f1b_rr",), ("zbv", "interleaved_zb"), ("zb_h1", "1f1b_rr")])
 def test_families_that_recompute_nothing_are_refused_with_why_where_1f1b_fits_by_recomputing(families):
-    """strategy.recompute=auto fits 1F1B (and GPipe) by recomputing a stage's first layers; copies
-    and device groups recompute none. Where the first layer keeps 1.5 GB a sample on 4 GB devices,
-    1F1B fits by recomputing it, and asking for the others alone names that, the 1F1B layout that
-    fits and the fix (not the fully pipelined layout, which fits)."""
+    """strategy.recompute=auto fits 1F1B (and GPipe) by recomputing a stage's first layers, and
+    interleaved 1F1B and Chimera by recomputing every layer; copies and the split backwards (ZB-V,
+    interleaved zero bubble) recompute none. Where the first layer keeps 1.5 GB a sample on 4 GB
+    devices, 1F1B fits by recomputing it, and asking for the others alone names that, the 1F1B
+    layout that fits and the fix (not the fully pipelined layout, which fits); interleaved 1F1B and
+    Chimera fit, every layer recomputed."""
     from dapple_launch.profile import LayerProfile, chain
 
     layers = [LayerProfile(f"l{i}", 1e-3, 2e-3, 1e7, 2.5e8, saved_bytes=1.5e9 if i == 0 else 1e7) for i in range(4)]
@@ -220,6 +222,10 @@ def test_families_that_recompute_nothing_are_refused_with_why_where_1f1b_fits_by
     assert f"{keep_all} recompute no layers under strategy.recompute=auto (1f1b does)" in text
     assert ("zb_h1 keeps s more micro-batches" in text) == ("zb_h1" in families)
     assert "under 1f1b 4 stages" in text and f"allow 1f1b (strategy.schedules=[1f1b,{','.join(families)}])" in text
+    for family in ("interleaved_1f1b", "chimera"):
+        fitted = plan(profile, topo, 8, Limits(schedules=("zbv", family), recompute="auto"))
+        assert fitted.schedule == family and all(s.recompute_layers for s in fitted.stages), fitted.summary()
+        assert max(fitted.estimate.peak_memory_bytes) <= 4.0e9 * (1 - Limits().memory_headroom)
 
 
 def test_a_deeper_zero_bubble_warmup_is_valid_and_keeps_what_the_cost_model_charges():

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
-from ..schedule import build_rank_schedule, busiest_rank_s, simulate_ranks
+from ..schedule import SPLIT_BACKWARD, build_rank_schedule, busiest_rank_s, simulate_ranks
 from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
 from .cost import Costed, StageSpec, recompute_sets, recomputed_costs, stage_allreduce, stage_costs
@@ -46,6 +46,31 @@ def groups_of(schedule: str, stage: int, groups: int) -> tuple[int, ...]:
     if schedule == "chimera":
         return (stage, groups - 1 - stage)
     return (group_of(schedule, stage, groups),)
+
+
+def recomputes_to_fit(limits: Limits, schedule: str) -> bool:
+    """strategy.recompute=auto on a family whose backward is not split (interleaved 1F1B, Chimera): a
+    candidate that does not fit keeping its activations recomputes every layer of every stage (the
+    runtime's "full"). A split backward's W would run the recomputed forward again: ZB-V and
+    interleaved zero bubble keep their activations (Limits refuses full with them)."""
+    return limits.recompute == "auto" and schedule not in SPLIT_BACKWARD
+
+
+def recomputed_profile(profile: ModelProfile) -> ModelProfile:
+    """The profile whose every layer's backward runs its forward again: a stage recomputing all its
+    layers takes these times (cost.recomputed_costs adds each layer's forward, its fixed part
+    included), so a bound read on it holds for every candidate that recomputes every layer."""
+    layers = tuple(
+        replace(x, backward_s=x.backward_s + x.forward_s, backward_fixed_s=x.backward_fixed_s + x.forward_fixed_s)
+        for x in profile.layers
+    )
+    return replace(profile, layers=layers)
+
+
+def keeps_activations(limits: Limits, schedule: str) -> bool:
+    """Whether every candidate of the family keeps its stages' activations whole (none recomputed):
+    the room memory leaves for micro-batches in flight bounds and filters its shapes only then."""
+    return limits.recompute not in ("full", "selective") and not recomputes_to_fit(limits, schedule)
 
 
 def chunks_of(schedule: str, chunks: int) -> int:
@@ -91,9 +116,39 @@ def evaluate_chunked(
     """A chunked candidate costed in full (layout: S stages, a group's stages on its devices).
     `cutoff`: a caller that keeps the candidate only if it is faster; None, unsimulated, where its
     busiest group's compute alone (busiest_rank_s, a lower bound) already reaches it, or where the
-    simulation passes it (simulate_ranks stops there). `walked`: appended to when the simulator ran
-    (a search's budget counts the simulation whole, however early it stopped: the same candidates
-    are searched as without the cutoff)."""
+    simulation passes it (simulate_ranks stops there). `walked`: appended to each time the simulator
+    ran (a search's budget counts the simulation whole, however early it stopped: the same
+    candidates are searched as without the cutoff). Under strategy.recompute=auto a candidate that
+    does not fit is costed again with every layer recomputed (recomputes_to_fit), and that is
+    returned where it fits (Llama 3 70B on 256 A100s: interleaved 1F1B fits only so, and beats
+    1F1B's per-stage recomputation by 6 %)."""
+    c = _evaluate_chunked(
+        profile, topology, layout, micro_batch_size, num_micro_batches, limits, schedule, chunks, cutoff, walked
+    )
+    if c is None or c.fits or not recomputes_to_fit(limits, schedule):
+        return c
+    # (the Limits of that candidate alone: full recomputation on its family, without token slices)
+    full = replace(
+        limits, recompute="full", schedule=schedule, schedules=(schedule,), token_slices=(), auto_token_slices=False
+    )
+    again = _evaluate_chunked(
+        profile, topology, layout, micro_batch_size, num_micro_batches, full, schedule, chunks, cutoff, walked
+    )
+    return again if again is not None and again.fits else c
+
+
+def _evaluate_chunked(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    limits: Limits,
+    schedule: str,
+    chunks: int,
+    cutoff: float,
+    walked: list | None,
+) -> Costed | None:
     S = len(layout)
     P = groups_for(schedule, S, chunks)
     if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies

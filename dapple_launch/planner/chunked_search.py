@@ -45,7 +45,10 @@ from .chunked import (
     chunked_layout,
     evaluate_chunked,
     group_of,
+    keeps_activations,
     rank_orders,
+    recomputed_profile,
+    recomputes_to_fit,
 )
 from .cost import Costed
 from .group_bound import GroupBound, weight_share_table
@@ -203,17 +206,7 @@ def search_chunked(
     L = profile.num_layers
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
-    # where no stage recomputes (cost.recompute_sets: none under auto), the room memory leaves for
-    # micro-batches in flight bounds every shape too
-    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
-    room = (limits.optimizer_factor, capacity) if limits.recompute not in ("full", "selective") else None
-    todo = sorted(
-        (
-            (_shape_bound(profile, topology, global_batch, f, v, g, b, memo, room), f, v, g, b)
-            for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes)
-        ),
-        key=lambda x: (x[0], x[1], x[2], x[3], x[4]),
-    )
+    todo, again = _bounded_shapes(profile, topology, global_batch, limits, sizes, memo)
     found: list[Costed] = []
     bounds: dict[int, float] = {}
     best, scored = incumbent, 0
@@ -233,7 +226,7 @@ def search_chunked(
         layout = chunked_layout(family, list(groups), list(stops), None)
         walked: list = []
         c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff, walked)
-        scored += _unsimulated_cost(S) + (_cost(S, M) if walked else 0)  # its stage costs, its simulation
+        scored += _unsimulated_cost(S) + _cost(S, M) * len(walked)  # its stage costs, its simulations
         return c
 
     def full(family, v, groups, b, stops, micro_batches: int = 0) -> Costed:
@@ -362,7 +355,42 @@ def search_chunked(
     for bound, _, _, _, b in open_shapes:
         bounds[b] = min(bounds.get(b, math.inf), bound)
     cells = limits.search_nodes * BOUND_CELLS_PER_NODE
-    return found, cut_bounds(profile, topology, global_batch, open_shapes, min(best, floor), memo, cells), scored
+    return found, cut_bounds(profile, topology, global_batch, open_shapes, min(best, floor), memo, cells, again), scored
+
+
+def _bounded_shapes(
+    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int], memo: dict
+) -> tuple[list[tuple], tuple[ModelProfile, set] | None]:
+    """The shapes (bound, family, v, groups, b) in increasing bound, and where some recompute every
+    layer of every candidate (strategy.recompute=full, or auto where no cut fits keeping the
+    activations: chunked.recomputes_to_fit), the profile their bounds read (each layer's backward
+    runs its forward again: recomputed_profile) with the set of those shapes (family, v, groups, b).
+    Where a shape's stages keep their activations (chunked.keeps_activations) the room memory
+    leaves for micro-batches in flight bounds it too; under auto, a shape that may do either is
+    bound by the lesser of the two."""
+    room = (limits.optimizer_factor, topology.device_memory_bytes * (1 - limits.memory_headroom))
+    recomputing = limits.recompute == "full" or any(recomputes_to_fit(limits, f) for f in limits.allowed())
+    heavier = recomputed_profile(profile) if recomputing else profile
+    rmemo = memo.setdefault("recomputed", {}) if recomputing else memo
+    rows, whole = [], set()
+    for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes):
+        if keeps_activations(limits, f) or not recomputing:  # (selective: the plain bound holds)
+            bound = _shape_bound(
+                profile, topology, global_batch, f, v, g, b, memo, room if keeps_activations(limits, f) else None
+            )
+        elif limits.recompute == "auto" and holds_model(
+            profile, topology, global_batch, limits, f, v, g, b, keeps=True
+        ):
+            kept = _shape_bound(profile, topology, global_batch, f, v, g, b, memo, room)
+            bound = min(kept, _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, None))
+        else:
+            bound = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, None)
+            whole.add((f, v, g, b))
+        rows.append((bound, f, v, g, b))
+    rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
+    if recomputing:
+        rmemo["built"] = memo.setdefault("built", set())  # (the rank orders are the same: built once)
+    return rows, ((heavier, whole) if whole else None)
 
 
 def cut_bounds(
@@ -373,6 +401,7 @@ def cut_bounds(
     best: float,
     memo: dict,
     cells: float,
+    recomputed: tuple[ModelProfile, set] | None = None,
 ) -> dict[int, float]:
     """Per micro-batch size, the least bound of the shapes left open, each raised by the bound over
     its cuts (group_bound.py) as far as it decides the gap: in increasing shape bound, each only up
@@ -383,13 +412,24 @@ def cut_bounds(
     far: the dual again (it stopped at the least bound of the shapes before it, which may have
     risen since) and the paths of the rank orders (path_bound.py). Then, within CRITICAL_CELLS as
     many, the paths with the critical paths of the cuts they answer with (GroupBound.critical).
-    Each pass only raises what the one before left."""
+    Each pass only raises what the one before left. `recomputed`: the profile whose backwards run
+    their forward again, and the shapes (family, v, groups, b) every candidate of which recomputes
+    every layer, whose bounds read it (memo's "recomputed" tables).
+
+    """
+    heavier, whole = recomputed if recomputed is not None else (profile, set())
+
+    def group_bound(family, v, groups, b) -> GroupBound:
+        if (family, v, groups, b) in whole:
+            return _group_bound(heavier, topology, global_batch, family, v, groups, b, memo["recomputed"])
+        return _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+
     rows: list[list] = []  # [bound, family, v, groups, b, its GroupBound or None]
     least, given, lead = best, cells, {}  # (lead: per family and stage count, the kind of term that binds)
     for bound, family, v, groups, b in sorted(open_shapes, key=lambda x: (x[0], x[1], x[2], x[3], x[4])):
         dual = None
         if bound < least and cells > 0:
-            dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+            dual = group_bound(family, v, groups, b)
             dual.with_paths, dual.lead = False, lead  # (the paths' turn comes below, on the shapes left lowest)
             bound = max(bound, dual.bound(least, cells))
             cells -= dual.cells
@@ -406,7 +446,7 @@ def cut_bounds(
         family, v, groups, b = row[1:5]
         dual = row[5]
         if dual is None:
-            dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+            dual = group_bound(family, v, groups, b)
         else:
             dual.cells = 0  # (its tables are made: counted in the first pass)
         dual.with_paths, dual.warm, dual.lead = True, warm, lead
@@ -426,7 +466,7 @@ def cut_bounds(
         if actions * (ORDER_ACTION_CELLS.get(family, ORDER_ACTION_CELLS_ELSE) + CRITICAL_ACTION_CELLS) < critical:
             dual = row[5]
             if dual is None:
-                dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+                dual = group_bound(family, v, groups, b)
             else:
                 dual.cells = 0  # (its tables are made: counted in the passes before)
             row[0] = max(row[0], dual.critical(least, critical))

@@ -36,7 +36,7 @@ from . import zero_bubble_search as zero_bubble
 from .baselines import all_baselines, balanced_boundaries, balanced_uniform
 from .branch import SearchStats, replica_choices
 from .build import to_plan
-from .chunked import CHUNKED
+from .chunked import CHUNKED, recomputes_to_fit
 from .chunked_search import DeviceGroups, search_chunked
 from .cost import Costed, StageSpec, evaluate
 from .explain import human_bytes, human_gap
@@ -217,7 +217,7 @@ def _statement(best: Costed, stats: SearchStats, limits: Limits, allowed: tuple[
                 + (
                     ""
                     if limits.recompute in ("full", "selective")  # (their stages recompute: no room counted)
-                    else ", each with the room memory leaves for micro-batches in flight"
+                    else ", with the room memory leaves for micro-batches in flight where they keep their activations"
                 )
                 + ") "
                 f"leave this plan within {human_gap(stats.proven_gap)} "
@@ -336,8 +336,14 @@ def plan(
                 if zero_bubble.FAMILY in asked
                 else []
             )
-            # (recompute=auto fits 1F1B and GPipe by recomputing; the others keep every activation)
-            keep_all = [f for f in asked if f not in ("1f1b", "gpipe", zero_bubble.FAMILY)]
+            # (recompute=auto fits 1F1B, GPipe, interleaved 1F1B and Chimera by recomputing; the others
+            # keep every activation)
+            keep_all = [
+                f
+                for f in asked
+                if f not in ("1f1b", "gpipe", zero_bubble.FAMILY)
+                and not (f in CHUNKED and recomputes_to_fit(limits, f))
+            ]
             if other.recompute and keep_all and limits.recompute == "auto":
                 why.append(f"{', '.join(keep_all)} recompute no layers under strategy.recompute=auto (1f1b does)")
             raise NoFeasiblePlan(

@@ -23,8 +23,9 @@ Each stage alone, too (stages_hold): the orders fix the most micro-batches a sta
 first layer keeps, beside its weights, its workspace and the group's other stages.
 
 Without recomputation only: "full" and "selective" shrink a stage's activations (there the weights
-alone count); "auto" recomputes no stage of a group (cost.recompute_sets). The orders are read
-only where the activations could decide it (held at twice the stage count, the most orders keep,
+alone count), and so does "auto" where the family's backward is not split (interleaved 1F1B and
+Chimera recompute every layer of a candidate that does not fit otherwise:
+chunked.recomputes_to_fit). The orders are read only where the activations could decide it (held at twice the stage count, the most orders keep,
 they pass the capacity) and the orders are short (ORDER_ACTIONS_READ); elsewhere micro-batch m*
 alone counts, which only weakens the check: small models on large devices never build them.
 """
@@ -39,7 +40,7 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule
-from .chunked import chunks_of
+from .chunked import chunks_of, keeps_activations
 from .in_flight import fitting, runs_of_holds
 from .limits import Limits
 
@@ -62,13 +63,16 @@ def holds_model(
     v: int,
     groups: tuple[int, ...],
     b: int,
+    keeps: bool | None = None,
 ) -> bool:
     """Whether the groups' devices together can hold the weights and the activations in flight at
-    the first backward (the docstring) at some cut of the shape (family, v, groups, b)."""
+    the first backward (the docstring) at some cut of the shape (family, v, groups, b). `keeps`:
+    whether its stages keep their activations (by default chunked.keeps_activations; True asks
+    whether a shape that may recompute fits without)."""
     L, P, M = profile.num_layers, len(groups), global_batch // b
     capacity = P * topology.device_memory_bytes * (1 - limits.memory_headroom) * (1 + 1e-12)
     held = profile.span(0, L)[3] * limits.optimizer_factor * (2 if family == "chimera" else 1)
-    if limits.recompute in ("full", "selective"):
+    if not (keeps_activations(limits, family) if keeps is None else keeps):  # (recomputed: their inputs alone)
         return held <= capacity
     samples = math.ceil(b / max(groups))
     layer = [profile.layer_bytes(l, samples) for l in range(L)]  # (each stage's input left out)
@@ -214,7 +218,7 @@ def room_bound(
     memo: dict,
 ) -> float:
     """T >= what the room to keep micro-batches leaves any plan of the shape, at every cut (where
-    its stages keep their activations: none recompute under strategy.recompute=auto or none).
+    its stages keep their activations: chunked.keeps_activations).
 
     A stage [i, z) keeps each of its micro-batches (M, or M / 2 on each of Chimera's two copies)
     from its forward's end to its input gradient's end, at least the round trip R'(z) through the
