@@ -67,6 +67,14 @@ def recomputed_profile(profile: ModelProfile) -> ModelProfile:
     return replace(profile, layers=layers)
 
 
+def recomputing(limits: Limits, schedule: str) -> Limits:
+    """The Limits of a candidate of `schedule` that recomputes every layer (recomputes_to_fit):
+    full recomputation on its family alone, without token slices."""
+    return replace(
+        limits, recompute="full", schedule=schedule, schedules=(schedule,), token_slices=(), auto_token_slices=False
+    )
+
+
 def keeps_activations(limits: Limits, schedule: str) -> bool:
     """Whether every candidate of the family keeps its stages' activations whole (none recomputed):
     the room memory leaves for micro-batches in flight bounds and filters its shapes only then."""
@@ -112,6 +120,7 @@ def evaluate_chunked(
     chunks: int,
     cutoff: float = math.inf,
     walked: list | None = None,
+    refit: bool = True,
 ) -> Costed | None:
     """A chunked candidate costed in full (layout: S stages, a group's stages on its devices).
     `cutoff`: a caller that keeps the candidate only if it is faster; None, unsimulated, where its
@@ -121,16 +130,14 @@ def evaluate_chunked(
     candidates are searched as without the cutoff). Under strategy.recompute=auto a candidate that
     does not fit is costed again with every layer recomputed (recomputes_to_fit), and that is
     returned where it fits (Llama 3 70B on 256 A100s: interleaved 1F1B fits only so, and beats
-    1F1B's per-stage recomputation by 6 %)."""
+    1F1B's per-stage recomputation by 6 %); `refit=False` skips that (a caller that wants only
+    candidates keeping their activations)."""
     c = _evaluate_chunked(
         profile, topology, layout, micro_batch_size, num_micro_batches, limits, schedule, chunks, cutoff, walked
     )
-    if c is None or c.fits or not recomputes_to_fit(limits, schedule):
+    if c is None or c.fits or not refit or not recomputes_to_fit(limits, schedule):
         return c
-    # (the Limits of that candidate alone: full recomputation on its family, without token slices)
-    full = replace(
-        limits, recompute="full", schedule=schedule, schedules=(schedule,), token_slices=(), auto_token_slices=False
-    )
+    full = recomputing(limits, schedule)
     again = _evaluate_chunked(
         profile, topology, layout, micro_batch_size, num_micro_batches, full, schedule, chunks, cutoff, walked
     )

@@ -49,6 +49,7 @@ from .chunked import (
     rank_orders,
     recomputed_profile,
     recomputes_to_fit,
+    recomputing,
 )
 from .cost import Costed
 from .group_bound import GroupBound, weight_share_table
@@ -207,6 +208,8 @@ def search_chunked(
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
     todo, again = _bounded_shapes(profile, topology, global_batch, limits, sizes, memo)
+    # the shapes whose every candidate recomputes (strategy.recompute=auto: no cut fits keeping)
+    forced = again[1] if again is not None and limits.recompute == "auto" else set()
     found: list[Costed] = []
     bounds: dict[int, float] = {}
     best, scored = incumbent, 0
@@ -214,9 +217,12 @@ def search_chunked(
     # the building of those it needs that this pass did not build)
     built: set[tuple] = memo.setdefault("built", set())
 
-    def costed(family, v, groups, b, stops, cutoff: float = math.inf, micro_batches: int = 0) -> Costed | None:
+    def costed(
+        family, v, groups, b, stops, cutoff: float = math.inf, micro_batches: int = 0, refit: bool = True
+    ) -> Costed | None:
         """The candidate simulated (None: it cannot beat `cutoff`, by its busiest group's compute
-        or its simulation), its cost counted. `micro_batches`: fewer than the global batch's, for the screen's estimate."""
+        or its simulation), its cost counted. `micro_batches`: fewer than the global batch's, for
+        the screen's estimate; `refit`: evaluate_chunked's."""
         nonlocal scored
         S, M = num_stages(family, v, groups), micro_batches or global_batch // b
         key = (family, len(groups), M, v)
@@ -225,13 +231,18 @@ def search_chunked(
             scored += _cost(S, M)
         layout = chunked_layout(family, list(groups), list(stops), None)
         walked: list = []
-        c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff, walked)
+        if (family, v, groups, b) in forced:  # (no cut fits keeping: recomputed from the first)
+            c = evaluate_chunked(
+                profile, topology, layout, b, M, recomputing(limits, family), family, v, cutoff, walked
+            )
+        else:
+            c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff, walked, refit)
         scored += _unsimulated_cost(S) + _cost(S, M) * len(walked)  # its stage costs, its simulations
         return c
 
-    def full(family, v, groups, b, stops, micro_batches: int = 0) -> Costed:
+    def full(family, v, groups, b, stops, micro_batches: int = 0, refit: bool = True) -> Costed:
         """costed without a cutoff: always simulated."""
-        c = costed(family, v, groups, b, stops, micro_batches=micro_batches)
+        c = costed(family, v, groups, b, stops, micro_batches=micro_batches, refit=refit)
         assert c is not None  # (None only below a finite cutoff)
         return c
 
@@ -257,7 +268,11 @@ def search_chunked(
                 if scored + each > budget:
                     break
                 cutoff = (best_step or current).iteration_s * (1 - 1e-12) if current.fits else math.inf
-                c = costed(d.family, d.v, d.groups, d.b, trial, cutoff)
+                # (from a plan that fits keeping its activations, a move that fits only recomputing
+                # adds the forward again to every backward: seldom faster, and twice the simulation)
+                c = costed(
+                    d.family, d.v, d.groups, d.b, trial, cutoff, refit=not current.fits or bool(current.recompute)
+                )
                 if c is None:
                     continue
                 if (
@@ -287,7 +302,9 @@ def search_chunked(
             cuts[(family, v, groups)] = balanced(family, v, groups)
         stops = cuts[(family, v, groups)]
         if scored + _unsimulated_cost(S) + _cost(S, few) <= budget * SCREEN:
-            probe = full(family, v, groups, b, stops, micro_batches=few)
+            # (a shape that may keep its activations is screened keeping them: where it fits only
+            # recomputing, as one that does not fit, after those that do)
+            probe = full(family, v, groups, b, stops, micro_batches=few, refit=False)
             fits, estimate = probe.fits, probe.iteration_s
             if few == M:
                 start = probe
@@ -319,7 +336,7 @@ def search_chunked(
         if d.current is None:  # its first turn: every cut of it where affordable, else its start
             if scored + orders + math.comb(L - 1, S - 1) * each <= budget:
                 for cut in itertools.combinations(range(1, L), S - 1):
-                    c = full(d.family, d.v, d.groups, d.b, (*cut, L))
+                    c = full(d.family, d.v, d.groups, d.b, (*cut, L), refit=False)  # (one simulation a cut, as counted)
                     if c.fits:
                         found.append(c)
                         best = min(best, c.iteration_s)
