@@ -386,12 +386,12 @@ def _bounded_shapes(
     leaves for micro-batches in flight bounds it too; under auto, a shape that may do either is
     bound by the lesser of the two."""
     room = (limits.optimizer_factor, topology.device_memory_bytes * (1 - limits.memory_headroom))
-    recomputing = limits.recompute == "full" or any(recomputes_to_fit(limits, f) for f in limits.allowed())
-    heavier = recomputed_profile(profile) if recomputing else profile
-    rmemo = memo.setdefault("recomputed", {}) if recomputing else memo
+    some = limits.recompute == "full" or any(recomputes_to_fit(limits, f) for f in limits.allowed())
+    heavier = recomputed_profile(profile) if some else profile
+    rmemo = memo.setdefault("recomputed", {}) if some else memo
     rows, whole = [], set()
     for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes):
-        if keeps_activations(limits, f) or not recomputing:  # (selective: the plain bound holds)
+        if keeps_activations(limits, f) or not some:  # (selective: the plain bound holds)
             bound = _shape_bound(
                 profile, topology, global_batch, f, v, g, b, memo, room if keeps_activations(limits, f) else None
             )
@@ -405,7 +405,7 @@ def _bounded_shapes(
             whole.add((f, v, g, b))
         rows.append((bound, f, v, g, b))
     rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
-    if recomputing:
+    if some:
         rmemo["built"] = memo.setdefault("built", set())  # (the rank orders are the same: built once)
     return rows, ((heavier, whole) if whole else None)
 
@@ -431,9 +431,7 @@ def cut_bounds(
     many, the paths with the critical paths of the cuts they answer with (GroupBound.critical).
     Each pass only raises what the one before left. `recomputed`: the profile whose backwards run
     their forward again, and the shapes (family, v, groups, b) every candidate of which recomputes
-    every layer, whose bounds read it (memo's "recomputed" tables).
-
-    """
+    every layer, whose bounds read it (memo's "recomputed" tables)."""
     heavier, whole = recomputed if recomputed is not None else (profile, set())
 
     def group_bound(family, v, groups, b) -> GroupBound:

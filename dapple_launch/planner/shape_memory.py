@@ -25,9 +25,10 @@ first layer keeps, beside its weights, its workspace and the group's other stage
 Without recomputation only: "full" and "selective" shrink a stage's activations (there the weights
 alone count), and so does "auto" where the family's backward is not split (interleaved 1F1B and
 Chimera recompute every layer of a candidate that does not fit otherwise:
-chunked.recomputes_to_fit). The orders are read only where the activations could decide it (held at twice the stage count, the most orders keep,
-they pass the capacity) and the orders are short (ORDER_ACTIONS_READ); elsewhere micro-batch m*
-alone counts, which only weakens the check: small models on large devices never build them.
+chunked.recomputes_to_fit). The orders are read only where the activations could decide it (held
+at twice the stage count, the most orders keep, they pass the capacity) and the orders are short
+(ORDER_ACTIONS_READ); elsewhere micro-batch m* alone counts, which only weakens the check: small
+models on large devices never build them.
 """
 
 from __future__ import annotations
