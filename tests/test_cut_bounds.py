@@ -302,7 +302,6 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
     float's rounding), one that may do either by the lesser of that and its bound with the room for
     micro-batches in flight. On memory-tight random chains, random cuts of every shape, the
     recomputed ones among them, are at or above the shape's bound and its bound over cuts."""
-    from dataclasses import replace
 
     from dapple_launch.cluster import Topology
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, recomputed_profile
@@ -310,15 +309,11 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
     from dapple_launch.planner.cost import recomputed_costs, stage_costs
     from dapple_launch.profile import LayerProfile, chain
 
-    from .test_rank_schedules import random_profile
+    from .test_rank_schedules import random_profile, tight_chain
 
     checked = recomputed = whole = either = 0
     for seed, L, saved, usable in itertools.product((1, 2), (8, 10), (5e8, 1.5e9), (3.2e9, 4.8e9)):
-        rng = random.Random(seed)
-        base = random_profile(rng, L)
-        layers = [replace(x, parameter_bytes=2e8, saved_bytes=saved) for x in base.layers]
-        profile = chain("tight", layers, batch_size=4)
-        topo = Topology("t", 2, 4, usable / 0.9, 1e-5, 20e9, 1e9)
+        rng, profile, topo = tight_chain(seed, L, saved, usable)
         for limits in (
             Limits(schedules=CHUNKED, recompute="auto"),
             Limits(schedules=("interleaved_1f1b", "chimera"), recompute="full"),

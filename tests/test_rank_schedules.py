@@ -364,6 +364,14 @@ def _random_cluster_and_profile(rng: random.Random, all_reduce: tuple[float, ...
     return topo, random_profile(rng, rng.choice([6, 8, 10]))
 
 
+def tight_chain(seed: int, L: int, saved: float, usable: float):
+    """(its rng, a memory-heavy random chain, 8 devices): like weights (200 MB a layer) and saves
+    of `saved` a sample, on devices with `usable` bytes after the default headroom."""
+    rng = random.Random(seed)
+    layers = [replace(x, parameter_bytes=2e8, saved_bytes=saved) for x in random_profile(rng, L).layers]
+    return rng, chain("tight", layers, batch_size=4), Topology("t", 2, 4, usable / 0.9, 1e-5, 20e9, 1e9)
+
+
 def _small_chunked_shapes(rng: random.Random, rounds: int = 4):
     """On `rounds` random clusters (their all-reduce fast, slow or very slow), each shape of the
     chunked families whose cuts are few enough to enumerate (at most 20): (profile, topology, G,
@@ -480,11 +488,7 @@ def test_a_chunked_shapes_room_for_micro_batches_bounds_every_cut_that_fits():
 
     checked = raised = 0
     for seed, L, saved, usable in itertools.product((1, 2), (8, 12), (5e8, 1e9), (3.2e9, 4.8e9)):
-        rng = random.Random(seed)
-        base = random_profile(rng, L)
-        layers = [replace(x, parameter_bytes=2e8, saved_bytes=saved) for x in base.layers]
-        profile = chain("tight", layers, batch_size=4)
-        topo = Topology("t", 2, 4, usable / 0.9, 1e-5, 20e9, 1e9)
+        rng, profile, topo = tight_chain(seed, L, saved, usable)
         limits = Limits(schedules=("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"))
         G, memo = 8, {}
         for family, v, groups, b in shapes(profile, topo, G, limits, [1, 2, 4]):

@@ -132,30 +132,13 @@ def evaluate_chunked(
     returned where it fits (Llama 3 70B on 256 A100s: interleaved 1F1B fits only so, and beats
     1F1B's per-stage recomputation by 6 %); `refit=False` skips that (a caller that wants only
     candidates keeping their activations)."""
-    c = _evaluate_chunked(
-        profile, topology, layout, micro_batch_size, num_micro_batches, limits, schedule, chunks, cutoff, walked
-    )
-    if c is None or c.fits or not refit or not recomputes_to_fit(limits, schedule):
-        return c
-    full = recomputing(limits, schedule)
-    again = _evaluate_chunked(
-        profile, topology, layout, micro_batch_size, num_micro_batches, full, schedule, chunks, cutoff, walked
-    )
-    return again if again is not None and again.fits else c
-
-
-def _evaluate_chunked(
-    profile: ModelProfile,
-    topology: Topology,
-    layout: tuple[StageSpec, ...],
-    micro_batch_size: int,
-    num_micro_batches: int,
-    limits: Limits,
-    schedule: str,
-    chunks: int,
-    cutoff: float,
-    walked: list | None,
-) -> Costed | None:
+    if refit and recomputes_to_fit(limits, schedule):  # (each costed once, through this function)
+        args = (profile, topology, layout, micro_batch_size, num_micro_batches)
+        c = evaluate_chunked(*args, limits, schedule, chunks, cutoff, walked, refit=False)
+        if c is None or c.fits:
+            return c
+        again = evaluate_chunked(*args, recomputing(limits, schedule), schedule, chunks, cutoff, walked, refit=False)
+        return again if again is not None and again.fits else c
     S = len(layout)
     P = groups_for(schedule, S, chunks)
     if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies
