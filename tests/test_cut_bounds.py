@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 
+import numpy as np
 import pytest
 
 from dapple_launch.planner.limits import Limits
@@ -368,3 +369,56 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
     got = stage_costs(recomputed_profile(profile), topo, layout, 2)
     for w, g in zip(want, got):
         assert g.backward_s == pytest.approx(w.backward_s, rel=1e-12) and g.forward_s == w.forward_s
+
+
+@pytest.mark.slow
+def test_memory_leaves_out_no_span_a_stage_of_a_fitting_cut_takes():
+    """shape_memory.span_masks: the spans a stage of a shape cannot take for want of memory (its
+    most micro-batches in flight kept, or under recomputation their inputs with the span's saves
+    during a backward; the group's other stages' weights) are never a stage of a cut that fits, kept
+    or recomputed, on memory-tight random chains under none, auto and full. And they decide cuts:
+    a third of the cuts that do not fit have a stage on a masked span at least, and the bounds over cuts they leave
+    (cut_bounds) rise above those without them on some shapes, while staying below every cut that
+    fits (test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomputed_or_not)."""
+    from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
+    from dapple_launch.planner.chunked_search import _bounded_shapes, cut_bounds, num_stages
+    from dapple_launch.planner.shape_memory import span_masks
+
+    from .test_rank_schedules import tight_chain
+
+    fitting = over = caught = raised = 0
+    for seed, L, saved, usable in itertools.product((1, 2), (8, 10), (5e8, 1.5e9), (3.2e9, 4.8e9)):
+        rng, profile, topo = tight_chain(seed, L, saved, usable)
+        for limits in (
+            Limits(schedules=CHUNKED, recompute="none"),
+            Limits(schedules=CHUNKED, recompute="auto"),
+            Limits(schedules=("interleaved_1f1b", "chimera"), recompute="full"),
+        ):
+            G, memo = 8, {}
+            rows, again = _bounded_shapes(profile, topo, G, limits, [1, 2, 4], memo)
+            factor, capacity, keeps = memo["room"]
+            tables: dict = {}
+            for bound, family, v, groups, b in rows:
+                masks, _, _ = span_masks(
+                    profile, factor, capacity, family, v, groups, b, G // b, keeps[(family, v, groups, b)], tables
+                )
+                masks = masks or [np.zeros((L + 1, L + 1))] * num_stages(family, v, groups)
+                S = num_stages(family, v, groups)
+                for _ in range(4):
+                    stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+                    layout = chunked_layout(family, list(groups), stops, None)
+                    c = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v)
+                    left_out = any(masks[s][st.start, st.stop] > 0 for s, st in enumerate(layout))
+                    if c.fits:
+                        fitting += 1
+                        assert not left_out, (seed, limits.recompute, family, v, groups, b, stops)
+                    else:
+                        over += 1
+                        caught += left_out
+                if seed != 1:
+                    continue
+                shape = [(bound, family, v, groups, b)]
+                plain = {key: value for key, value in memo.items() if key != "room"}
+                with_masks = cut_bounds(profile, topo, G, shape, math.inf, memo, 2e5, again)[b]
+                raised += with_masks > cut_bounds(profile, topo, G, shape, math.inf, plain, 2e5, again)[b] * (1 + 1e-9)
+    assert fitting > 300 and caught > over / 3 and raised > 10, (fitting, over, caught, raised)

@@ -54,10 +54,18 @@ from .chunked import (
 from .cost import Costed
 from .group_bound import GroupBound, weight_share_table
 from .limits import Limits
-from .path_bound import CRITICAL_ACTION_CELLS, ORDER_ACTION_CELLS, ORDER_ACTION_CELLS_ELSE, SHAPE_CELLS, order_actions
+from .path_bound import (
+    CRITICAL_ACTION_CELLS,
+    MASK_STAGE_CELLS,
+    ORDER_ACTION_CELLS,
+    ORDER_ACTION_CELLS_ELSE,
+    SHAPE_CELLS,
+    TABLE_CELLS,
+    order_actions,
+)
 from .proposal import Proposal, SearchState
 from .shape_bound import _layer_times, num_stages, shape_bound
-from .shape_memory import holds_model, room_bound
+from .shape_memory import holds_model, room_bound, span_masks
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
@@ -180,15 +188,20 @@ def _shape_bound(
     b: int,
     memo: dict,
     room: tuple[float, float] | None,
+    recomputed: bool = False,
 ) -> float:
-    """shape_bound, and where `room` (optimizer factor, usable bytes a device: the stages keep their
-    activations) the room memory leaves for micro-batches in flight (shape_memory.room_bound)."""
+    """shape_bound, and where `room` (optimizer factor, usable bytes a device) the room memory
+    leaves for micro-batches in flight (shape_memory.room_bound: the stages keep their activations,
+    or where `recomputed` their inputs alone)."""
     bound = shape_bound(profile, topology, global_batch, groups, b, memo, family, v)
     if room is None:
         return bound
     least = _layer_times(profile, topology, max(groups), b, memo)  # (the fewest samples a device runs)
     factor, usable = room
-    return max(bound, room_bound(profile, topology, global_batch, family, v, groups, b, factor, usable, least, memo))
+    return max(
+        bound,
+        room_bound(profile, topology, global_batch, family, v, groups, b, factor, usable, least, memo, recomputed),
+    )
 
 
 def search_chunked(
@@ -390,18 +403,24 @@ def _bounded_shapes(
     heavier = recomputed_profile(profile) if some else profile
     rmemo = memo.setdefault("recomputed", {}) if some else memo
     rows, whole = [], set()
+    keeps = {}  # per shape, whether its candidates keep their activations (None: either; cut_bounds' masks)
+    if limits.recompute != "selective":
+        memo["room"] = (*room, keeps)
     for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes):
         if keeps_activations(limits, f) or not some:  # (selective: the plain bound holds)
+            keeps[(f, v, g, b)] = True
             bound = _shape_bound(
                 profile, topology, global_batch, f, v, g, b, memo, room if keeps_activations(limits, f) else None
             )
         elif limits.recompute == "auto" and holds_model(
             profile, topology, global_batch, limits, f, v, g, b, keeps=True
         ):
+            keeps[(f, v, g, b)] = None
             kept = _shape_bound(profile, topology, global_batch, f, v, g, b, memo, room)
-            bound = min(kept, _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, None))
+            bound = min(kept, _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True))
         else:
-            bound = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, None)
+            keeps[(f, v, g, b)] = False
+            bound = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True)
             whole.add((f, v, g, b))
         rows.append((bound, f, v, g, b))
     rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
@@ -436,8 +455,18 @@ def cut_bounds(
 
     def group_bound(family, v, groups, b) -> GroupBound:
         if (family, v, groups, b) in whole:
-            return _group_bound(heavier, topology, global_batch, family, v, groups, b, memo["recomputed"])
-        return _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+            dual = _group_bound(heavier, topology, global_batch, family, v, groups, b, memo["recomputed"])
+        else:
+            dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
+        if "room" in memo:  # (the spans memory leaves out: _bounded_shapes says how each shape may run)
+            factor, usable, keeps = memo["room"]
+            key = (family, v, groups, b)
+            masks = memo.setdefault("masks", {})
+            dual.room, made, compared = span_masks(
+                profile, factor, usable, family, v, groups, b, global_batch // b, keeps[key], masks
+            )
+            dual.cells += made * TABLE_CELLS + compared * MASK_STAGE_CELLS
+        return dual
 
     rows: list[list] = []  # [bound, family, v, groups, b, its GroupBound or None]
     least, given, lead = best, cells, {}  # (lead: per family and stage count, the kind of term that binds)

@@ -41,7 +41,9 @@ nothing), the programmes leave out every span that alone makes a cut last at lea
 (stage_floor: the fill before it, its group's work on it, then its drain or its all-reduce's
 tail), and the bound is the least of the cap and their value. The weights' worst cut otherwise
 heaps the model on the stages they weigh least (a stage of half the model, its group twice as busy
-as any plan's), which the mixed terms, each linear in the stages, cannot rule out."""
+as any plan's), which the mixed terms, each linear in the stages, cannot rule out. Nor do they
+take a span no stage of an admissible plan can take for want of memory (self.room:
+shape_memory.span_masks, whatever the cap): a cut with such a stage does not fit."""
 
 from __future__ import annotations
 
@@ -166,6 +168,7 @@ class GroupBound:
         self.lead: dict | None = None  # per (family, P, S), the kind of term that last reached the cap
         self.built: set | None = None  # the rank orders built so far in this search (counted once)
         self.masks = [self.empty] * self.S  # per stage, the spans a stage may not take (_masks: a cap's too)
+        self.room: list[np.ndarray] | None = None  # per stage, the spans memory leaves out (shape_memory.span_masks)
         # θ = 0 trades a stage's M backwards for its all-reduce: only where some single layer's
         # ring (its latency included) outweighs its backwards could it raise the bound
         one = np.arange(L)
@@ -360,14 +363,16 @@ class GroupBound:
         return min(self._paths(cap, cells, None, critical=True), cap)
 
     def _masks(self, cap: float) -> list[np.ndarray]:
-        """Per stage, +inf on the spans whose stage_floor is at least `cap` (0 elsewhere, +inf on no
-        span). The programmes' least over the other cuts, capped at `cap`, bounds every cut: it keeps
-        the cut player from answering the weights with a cut no plan would take (a stage of many
-        times its share of the model, which lightens every term the weights lean on at once)."""
+        """Per stage, +inf on the spans whose stage_floor is at least `cap`, and on those memory
+        leaves out (self.room; 0 elsewhere, +inf on no span). The programmes' least over the other
+        cuts, capped at `cap`, bounds every cut: it keeps the cut player from answering the weights
+        with a cut no plan would take (a stage of many times its share of the model, which
+        lightens every term the weights lean on at once)."""
+        room = self.room if self.room is not None else [self.empty] * self.S
         if not math.isfinite(cap):
-            return [self.empty] * self.S
+            return room
         self.cells += self.S * MASK_STAGE_CELLS
-        return [np.where(self.stage_floor(s) >= cap, np.inf, self.empty) for s in range(self.S)]
+        return [np.where(self.stage_floor(s) >= cap, np.inf, room[s]) for s in range(self.S)]
 
     def stage_floor(self, s: int) -> np.ndarray:
         """Over every span [i, z): what stage s on it alone makes any cut last. Micro-batch 0's

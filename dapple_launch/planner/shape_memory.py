@@ -29,6 +29,11 @@ chunked.recomputes_to_fit). The orders are read only where the activations could
 at twice the stage count, the most orders keep, they pass the capacity) and the orders are short
 (ORDER_ACTIONS_READ); elsewhere micro-batch m* alone counts, which only weakens the check: small
 models on large devices never build them.
+
+And each span alone (span_masks): a span whose stage cannot hold its most micro-batches in flight
+(kept whole, or recomputed: their inputs, and the span's saves during a backward) beside its
+group's weights is no stage of any plan of the shape; the bounds over cuts (group_bound.py) leave
+it out. Recomputed stages bound the time by the same room (room_bound's `recomputed`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule import build_rank_schedule
-from .chunked import chunks_of, keeps_activations
+from .chunked import chunks_of, group_of, keeps_activations
 from .in_flight import fitting, runs_of_holds
 from .limits import Limits
 
@@ -217,9 +222,11 @@ def room_bound(
     capacity: float,
     times: np.ndarray,
     memo: dict,
+    recomputed: bool = False,
 ) -> float:
     """T >= what the room to keep micro-batches leaves any plan of the shape, at every cut (where
-    its stages keep their activations: chunked.keeps_activations).
+    its stages keep their activations: chunked.keeps_activations, or where `recomputed`, every
+    layer of every stage recomputed: the runtime's "full").
 
     A stage [i, z) keeps each of its micro-batches (M, or M / 2 on each of Chimera's two copies)
     from its forward's end to its input gradient's end, at least the round trip R'(z) through the
@@ -231,13 +238,20 @@ def room_bound(
     disjoint ones (an interval graph's colouring): one run holds ceil(M / K), the first after micro-
     batch 0 reached the stage and ran its forward, so T >= fill(i) + F(i, z) + ceil(M / K) hold.
     Whatever the cut, some stage holds layer l: T >= min over spans holding l of that, for every l.
-    `times`: each layer's (forward, backward) at the fewest samples a device of the shape runs."""
+    `times`: each layer's (forward, backward) at the fewest samples a device of the shape runs.
+
+    Recomputed (cost.recomputed_costs, ModelProfile.recompute_bytes), a micro-batch keeps only the
+    input the stage received, and its backward holds the stage's saves beside (one segment, the
+    whole stage) with the workspace. The stage's count is at its most K just before one of its
+    backwards (a forward more would pass it), which runs with all K still kept: so K received +
+    the stage's saves + its workspace fit beside the weights, the same runs follow, with `times`
+    those of the recomputed backward (chunked.recomputed_profile). A first stage keeps nothing."""
     L = profile.num_layers
     M = global_batch // b
     turns = M // 2 if family == "chimera" else M
     others = chunks_of(family, v) - 1  # (the group's other stages)
     n = math.ceil(b / max(groups))  # (the fewest samples a device runs: the least it keeps)
-    key = ("room", turns, others, n)
+    key = ("room", turns, others, n, recomputed)
     if key in memo:
         return memo[key]
     if turns < 1:  # (a copy that runs no micro-batch holds none)
@@ -265,6 +279,11 @@ def room_bound(
         fixed = kept_fixed[z] - kept_fixed[i]
         held = fixed + (kept[z] - kept[i] - fixed + received[i]) * n / pbs  # ModelProfile.kept_bytes
         workspace = ws_fixed_most + ws_slope_most * n
+        if recomputed:  # (the input alone kept; the saves, held received aside, beside during a backward)
+            workspace, held = (
+                workspace + held - received[i] * n / pbs,
+                np.broadcast_to(received[i] * n / pbs, held.shape),
+            )
         room = capacity - (weights[z] - weights[i]) - lightest - workspace
         runs = runs_of_holds(room, held, turns)
         hold = trip[z] + input_[z] - input_[i]
@@ -276,3 +295,101 @@ def room_bound(
     cover = np.where(starts[:, None] <= starts[None, :], right, np.inf).min(axis=0)  # [l]: over starts <= l
     memo[key] = out = float(cover.max()) if L else 0.0
     return out
+
+
+def span_masks(
+    profile: ModelProfile,
+    optimizer_factor: float,
+    capacity: float,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    micro_batches: int,
+    keeps: bool | None,
+    tables: dict,
+) -> tuple[list[np.ndarray] | None, int, int]:
+    """Per stage s, over every span [i, z) (an (L + 1, L + 1) table, as group_bound's): +inf where
+    stage s cannot take that span in any plan of the shape for want of memory on a device of its
+    group, 0 elsewhere (+inf on no span, z <= i). At its most micro-batches in flight K_s
+    (peak_in_flight where the orders are short, PEAK_ACTIONS_READ, else 1) a device holds, besides
+    its stage's weights and optimizer state, the group's other stages' (at least the lightest
+    layer's each) and a step's workspace (rank_simulate.py's peak):
+      kept (`keeps` True): K_s micro-batches of what the span keeps (ModelProfile.kept_bytes), at
+        the end of a forward;
+      recomputed (False: every layer, the runtime's "full"): K_s received inputs and, during the
+        backward that follows the K_s-th forward (a forward more would pass K_s), the span's saves
+        (ModelProfile.recompute_bytes' extra);
+      either (None: recompute=auto, a candidate keeps its activations or recomputes every layer).
+    A span over capacity every way it may run is no stage of any admissible plan: group_bound's
+    programmes leave it out, as they leave out spans at or over their cap. None where no span is
+    left out, on a check of the largest any may need (O(L)). `tables`: the search's, shared by its
+    shapes (a group's table depends on its samples and the shape's kind, not on the shape); the
+    counts returned are of the tables over every span made here and of the masks made here (one
+    comparison each), for the search's count of its bounds' work."""
+    L, P = profile.num_layers, len(groups)
+    S = P if family == "chimera" else (2 * P if family == "zbv" else v * P)
+    counts = [1] * S
+    if S * micro_batches * 3 <= PEAK_ACTIONS_READ:
+        counts = list(peak_in_flight(family, P, micro_batches, v))
+    pre, pbs = profile._prefix, profile.batch_size
+    kept, kept_fixed, params = (np.asarray(pre[key], dtype=float) for key in ("m", "mf", "p"))
+    # at most: the weights and saves of the heaviest span a stage may take (L - S + 1 layers: every
+    # other stage holds one), the group's others' weights, and the largest input and workspace, at
+    # the most samples a device runs; where that fits, no span is left out (the tables unmade)
+    n, others, w = math.ceil(b / min(groups)), chunks_of(family, v) - 1, max(1, L - S + 1)
+    whole_model = chunks_of(family, v) == S  # (one group's stages are all of them: Chimera on two groups)
+    lightest = min(x.parameter_bytes for x in profile.layers) * others
+    heaviest = lambda prefix: float(np.max(prefix[w:] - prefix[: L + 1 - w]))  # (over windows of w layers)
+    weights = params[L] if whole_model else heaviest(params) + lightest
+    saves = heaviest(kept_fixed) + heaviest(kept - kept_fixed) * n / pbs
+    most = weights * optimizer_factor + profile.workspace(0, L, n)
+    most += max(counts) * (saves + max(profile.cut_bytes[: L - 1], default=0.0) * n / pbs)
+    if most <= capacity:
+        return None, 0, 0
+    made = compared = 0
+    kind = ("spans", others, whole_model)
+    if kind not in tables:  # what a stage on each span holds whatever its samples
+        i, z = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+        valid = z > i
+        besides = (params[z] - params[i] + lightest) * optimizer_factor
+        if whole_model:
+            besides = np.full((L + 1, L + 1), params[L] * optimizer_factor)
+        fixed_ws = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers] + [0.0])
+        slope_ws = np.asarray([x.workspace_bytes for x in profile.layers] + [0.0]) - fixed_ws
+        # the most over the span's layers, a running most along each row from layer i (z - 1 >= i)
+        last = np.broadcast_to(np.maximum(z - 1, 0), (L + 1, L + 1))
+        runs_most = lambda row: np.maximum.accumulate(np.where(valid, row[last], -np.inf), axis=1)
+        span_fixed = kept_fixed[z] - kept_fixed[i]
+        received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float), [0.0]))[:, None]
+        tables[kind] = (
+            valid,
+            besides,
+            runs_most(fixed_ws),
+            runs_most(slope_ws / pbs),
+            span_fixed,
+            kept[z] - kept[i] - span_fixed,
+            received,
+        )
+        made += 1
+    valid, besides, ws_fixed, ws_slope, span_fixed, per_sample, received = tables[kind]
+    out = []
+    for s in range(S):
+        n = math.ceil(b / groups[group_of(family, s, P)])
+        room_key = (*kind, n, capacity, keeps)
+        if room_key not in tables:  # the most micro-batches in flight a span leaves room for
+            with np.errstate(invalid="ignore", divide="ignore"):
+                saves_n = span_fixed + per_sample * n / pbs
+                room = capacity * (1 + 1e-9) - besides - ws_fixed - ws_slope * n
+                inputs = np.broadcast_to(received * n / pbs, room.shape)
+                kept_k = fitting(room, saves_n + inputs)  # (kept_bytes: its saves, its input)
+                again = fitting(room - saves_n, inputs)
+            k = kept_k if keeps else again if keeps is False else np.maximum(kept_k, again)
+            tables[room_key] = np.where(valid, k, -1.0)
+            made += 1
+        mask_key = (*room_key, counts[s])
+        if mask_key not in tables:
+            tables[mask_key] = np.where(tables[room_key] >= counts[s], 0.0, np.inf)
+            compared += 1
+        out.append(tables[mask_key])
+    return out, made, compared
