@@ -20,6 +20,7 @@ rc=0
 # pure, one-process and several-process tiers and the wheel's install (mostly waiting on pip), two
 # tests at a time (pytest-xdist); the tiers that time detection (faults) or share the one Slurm run
 # alone, one test at a time
-.venv/bin/python -m pytest -q -n 2 -m "not faults and not slurm and not nodes" "$@" || rc=$?
-.venv/bin/python -m pytest -q -m "$serial" "$@" || { r=$?; [ $r = 5 ] || rc=$r; }  # (5: the arguments chose none)
+# (--durations: each tier's slowest tests, where the time budget goes, in every run's log)
+.venv/bin/python -m pytest -q -n 2 --durations=25 -m "not faults and not slurm and not nodes" "$@" || rc=$?
+.venv/bin/python -m pytest -q --durations=15 -m "$serial" "$@" || { r=$?; [ $r = 5 ] || rc=$r; }  # (5: the arguments chose none)
 exit $rc
