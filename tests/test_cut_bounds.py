@@ -376,10 +376,11 @@ def test_memory_leaves_out_no_span_a_stage_of_a_fitting_cut_takes():
     """shape_memory.span_masks: the spans a stage of a shape cannot take for want of memory (its
     most micro-batches in flight kept, or under recomputation their inputs with the span's saves
     during a backward; the group's other stages' weights) are never a stage of a cut that fits, kept
-    or recomputed, on memory-tight random chains under none, auto and full. And they decide cuts:
-    a third of the cuts that do not fit have a stage on a masked span at least, and the bounds over cuts they leave
-    (cut_bounds) rise above those without them on some shapes, while staying below every cut that
-    fits (test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomputed_or_not)."""
+    or recomputed, on memory-tight random chains under none, auto and full. And they decide cuts: at
+    least a third of the cuts that do not fit have a stage on a masked span, and the bounds over
+    cuts (cut_bounds) rise with them on some shapes (below every cut that fits, as masks leave out
+    none: test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomputed_or_not).
+    A need 15 % too high, or the inputs of all M micro-batches counted in flight, fail it."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import _bounded_shapes, cut_bounds, num_stages
     from dapple_launch.planner.shape_memory import span_masks
@@ -402,9 +403,9 @@ def test_memory_leaves_out_no_span_a_stage_of_a_fitting_cut_takes():
                 masks, _, _ = span_masks(
                     profile, factor, capacity, family, v, groups, b, G // b, keeps[(family, v, groups, b)], tables
                 )
-                masks = masks or [np.zeros((L + 1, L + 1))] * num_stages(family, v, groups)
                 S = num_stages(family, v, groups)
-                for _ in range(4):
+                masks = masks or [np.zeros((L + 1, L + 1))] * S  # (None: no span left out)
+                for _ in range(2):
                     stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
                     layout = chunked_layout(family, list(groups), stops, None)
                     c = evaluate_chunked(profile, topo, layout, b, G // b, limits, family, v)
@@ -415,7 +416,7 @@ def test_memory_leaves_out_no_span_a_stage_of_a_fitting_cut_takes():
                     else:
                         over += 1
                         caught += left_out
-                if seed != 1:
+                if (seed, L) != (1, 8):
                     continue
                 shape = [(bound, family, v, groups, b)]
                 plain = {key: value for key, value in memo.items() if key != "room"}
