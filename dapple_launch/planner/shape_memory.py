@@ -266,15 +266,10 @@ def room_bound(
     lightest = min(x.parameter_bytes for x in profile.layers) * optimizer_factor * others
     kept, kept_fixed = np.asarray(pre["m"]), np.asarray(pre["mf"])
     received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float)))
-    ws_fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
-    ws_slope = (np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed) / pbs
     # every span at once, [i, z - 1] for the stage [i, z) (the same operations as one row at a time)
     i, z = np.arange(L)[:, None], np.arange(1, L + 1)[None, :]
     after = z > i  # (the rest is no span)
-    # the most workspace one layer of [i, z) holds: a running most along each row from layer i
-    ws_fixed_most, ws_slope_most = (
-        np.maximum.accumulate(np.where(z - 1 >= i, row[None, :], -np.inf), axis=1) for row in (ws_fixed, ws_slope)
-    )
+    ws_fixed_most, ws_slope_most = (table[:L, 1:] for table in span_workspace(profile))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         fixed = kept_fixed[z] - kept_fixed[i]
         held = fixed + (kept[z] - kept[i] - fixed + received[i]) * n / pbs  # ModelProfile.kept_bytes
@@ -295,6 +290,19 @@ def room_bound(
     cover = np.where(starts[:, None] <= starts[None, :], right, np.inf).min(axis=0)  # [l]: over starts <= l
     memo[key] = out = float(cover.max()) if L else 0.0
     return out
+
+
+def span_workspace(profile: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
+    """Over every span [i, z) (an (L + 1, L + 1) table, -inf where z <= i): the most fixed
+    workspace and the most per sample of the profile's batch one layer of it holds
+    (ModelProfile.workspace's two range maxima), a running most along each row from layer i."""
+    L = profile.num_layers
+    fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
+    slope = (np.asarray([x.workspace_bytes for x in profile.layers]) - fixed) / profile.batch_size
+    i, z = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+    last = np.broadcast_to(np.maximum(z - 1, 0), (L + 1, L + 1))  # (the span's last layer)
+    most = (np.maximum.accumulate(np.where(z > i, row[last], -np.inf), axis=1) for row in (fixed, slope))
+    return next(most), next(most)
 
 
 def span_masks(
@@ -328,7 +336,7 @@ def span_masks(
     counts returned are of the tables over every span made here and of the masks made here (one
     comparison each), for the search's count of its bounds' work."""
     L, P = profile.num_layers, len(groups)
-    S = P if family == "chimera" else (2 * P if family == "zbv" else v * P)
+    S = P if family == "chimera" else chunks_of(family, v) * P
     counts = [1] * S
     if S * micro_batches * 3 <= PEAK_ACTIONS_READ:
         counts = list(peak_in_flight(family, P, micro_batches, v))
@@ -355,22 +363,10 @@ def span_masks(
         besides = (params[z] - params[i] + lightest) * optimizer_factor
         if whole_model:
             besides = np.full((L + 1, L + 1), params[L] * optimizer_factor)
-        fixed_ws = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers] + [0.0])
-        slope_ws = np.asarray([x.workspace_bytes for x in profile.layers] + [0.0]) - fixed_ws
-        # the most over the span's layers, a running most along each row from layer i (z - 1 >= i)
-        last = np.broadcast_to(np.maximum(z - 1, 0), (L + 1, L + 1))
-        runs_most = lambda row: np.maximum.accumulate(np.where(valid, row[last], -np.inf), axis=1)
         span_fixed = kept_fixed[z] - kept_fixed[i]
         received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float), [0.0]))[:, None]
-        tables[kind] = (
-            valid,
-            besides,
-            runs_most(fixed_ws),
-            runs_most(slope_ws / pbs),
-            span_fixed,
-            kept[z] - kept[i] - span_fixed,
-            received,
-        )
+        ws_fixed, ws_slope = span_workspace(profile)
+        tables[kind] = (valid, besides, ws_fixed, ws_slope, span_fixed, kept[z] - kept[i] - span_fixed, received)
         made += 1
     valid, besides, ws_fixed, ws_slope, span_fixed, per_sample, received = tables[kind]
     out = []
