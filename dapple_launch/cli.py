@@ -141,14 +141,29 @@ def refuse(message: str) -> None:
     sys.exit(EXIT_REFUSED)
 
 
+def _runs_one_job(argv: list[str]) -> bool:
+    """Whether Hydra will run the job once, in this process (not a sweep, --cfg, --info or help)."""
+    args, raw = _parse(argv)
+    asked = (
+        args.multirun,
+        args.cfg,
+        args.info,
+        args.help,
+        args.hydra_help,
+        args.shell_completion,
+        args.experimental_rerun,
+    )
+    return not any(asked) and not any(o.lstrip("+~").startswith(("hydra.mode", "hydra/launcher")) for o in raw)
+
+
 def check_run_dir(argv: list[str]) -> None:
     """An explicit hydra.run.dir: refuse a directory another launch holds, or one that cannot be
     written, before Hydra writes its own files there."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    args, raw = _parse(argv)
-    if args.multirun or args.cfg or args.info or args.help or args.hydra_help:
+    if not _runs_one_job(argv):
         return  # nothing runs in this directory
+    _, raw = _parse(argv)
     given = [o for o in OverridesParser.create().parse_overrides(raw) if o.key_or_group == "hydra.run.dir"]
     if not given:
         return
@@ -196,10 +211,14 @@ def main() -> None:
 
         register_plan_resolver()
     try:
-        check(overrides, config_dir)
+        cfg = check(overrides, config_dir)
         check_run_dir(argv)
     except (Refusal, ValueError) as exc:
         refuse(str(exc))
+    if _runs_one_job(argv):
+        from .launch.job import start_early
+
+        start_early(cfg)
     _hydra_main()
 
 

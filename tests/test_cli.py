@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import uuid
 from pathlib import Path
 
 import pytest
@@ -71,15 +72,32 @@ def test_dry_run_contract(tmp_path):
         ),
         (["+model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
         (["model.hidn=3"], "model.hidn is not a setting of model=gpt; did you mean model.hidden"),
+        # refused after planning, as the ranks' zygote imports beside it
+        (["ckpt_path=/nonexistent/step000004.ckpt"], "ckpt_path=/nonexistent/step000004.ckpt does not exist"),
     ],
 )
 @pytest.mark.slow
 def test_bad_input_is_refused_before_any_process_starts(tmp_path, args, needle):
-    out = cli([*FAST, *args, f"hydra.run.dir={tmp_path}/bad"], tmp_path)
+    mark = f"refused-{uuid.uuid4().hex}"  # in the environment of every process the launch starts
+    out = cli([*FAST, *args, f"hydra.run.dir={tmp_path}/bad"], tmp_path, env={"DAPPLE_TEST_MARK": mark})
     assert out.returncode == 2, out.stdout + out.stderr
     assert needle in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "bad" / "logs").exists()
+    # the ranks' zygote, started beside the planning, went with the refusal
+    assert not processes_marked(mark)
+
+
+def processes_marked(mark: str) -> list[int]:
+    """The live processes whose environment holds DAPPLE_TEST_MARK=mark."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"DAPPLE_TEST_MARK={mark}".encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
 
 
 def test_unknown_model_lists_valid_ones(tmp_path):

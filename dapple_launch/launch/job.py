@@ -82,6 +82,26 @@ def write_frontier(cfg: DictConfig, run_dir: Path, log) -> None:
     log.info(f"frontier: {run_dir / 'pareto.json'} ({len(f.points)} plans), picture {run_dir / 'pareto.svg'}")
 
 
+def launcher_of(cfg: DictConfig) -> str:
+    """Where the ranks start: local, slurm (a new submission) or allocation (a step of the Slurm
+    job this process runs in)."""
+    launcher = str(cfg.launcher.name)
+    if str(cfg.cluster.name) == "from_slurm" and launcher != "local":
+        return "allocation"  # already inside the job: a step of it, never a new submission
+    if launcher == "auto":
+        # Inside a Slurm job (a hydra-submitit sweep point) the ranks start here, on the allocation.
+        return "local" if "SLURM_JOB_ID" in os.environ else str(cfg.cluster.launcher)
+    return launcher
+
+
+def start_early(cfg: DictConfig) -> None:
+    """What a local training launch can start before it plans: the ranks' zygote (launch/local.py)."""
+    if not cfg.dry_run and cfg.model.name != "from_profile" and launcher_of(cfg) == "local":
+        from .local import start_zygote_early
+
+        start_zygote_early()
+
+
 def run(cfg: DictConfig) -> int:
     from ..log import get_logger
     from ..models import identity
@@ -113,12 +133,7 @@ def run(cfg: DictConfig) -> int:
                 "model=from_profile describes a profile only, for planning (dry_run=true); it has no "
                 "layers to train: pick model=gpt, bert, vgg19 or custom to train"
             )
-        launcher = str(cfg.launcher.name)
-        if str(cfg.cluster.name) == "from_slurm" and launcher != "local":
-            launcher = "allocation"  # already inside the job: a step of it, never a new submission
-        if launcher == "auto":
-            # Inside a Slurm job (a hydra-submitit sweep point) the ranks start here, on the allocation.
-            launcher = "local" if "SLURM_JOB_ID" in os.environ else str(cfg.cluster.launcher)
+        launcher = launcher_of(cfg)
         if launcher == "slurm":
             from .slurm import check_can_submit
 

@@ -71,6 +71,7 @@ class _Zygote:
     """Starts the zygote, asks it for the ranks, and turns its reports into the ranks' state."""
 
     def __init__(self, env: dict):
+        """Starts the zygote and returns at once: its imports run while this process goes on."""
         import threading
 
         read, write = os.pipe()
@@ -86,13 +87,13 @@ class _Zygote:
         os.close(write)
         self.reports = os.fdopen(read)
         self.ranks: dict[int, _Rank] = {}
-        if self.reports.readline().strip() != "ready":
-            raise RuntimeError("the rank zygote failed to start (see the output above)")
         self._reader = threading.Thread(target=self._read, daemon=True)
 
     def start(self, specs: list[dict]) -> list[_Rank]:
         import json
 
+        if self.reports.readline().strip() != "ready":
+            raise RuntimeError("the rank zygote failed to start (see the output above)")
         stdin = self.proc.stdin
         assert stdin is not None  # (opened with stdin=PIPE)
         for spec in specs:
@@ -117,6 +118,45 @@ class _Zygote:
         for r in self.ranks.values():  # the zygote is gone: so are its ranks
             if r.returncode is None:
                 r.returncode = -signal.SIGKILL
+
+    def discard(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+# The zygote started early for this process's launch (start_zygote_early), until a launch takes it.
+_early: _Zygote | None = None
+
+
+def start_zygote_early() -> None:
+    """Start the zygote now, for the local launch this process is about to make: its imports
+    (Lightning and torch, 8-9 s of a launch on this 2-core machine) then run beside the launcher's
+    own work (composing, planning, the data and checkpoint checks) instead of after it. It only
+    imports: nothing of the run exists until a launch hands it the ranks. A launch refused before
+    that (one line, exit 2) ends it on the way out, and it dies with this process whatever happens.
+    OMP_NUM_THREADS=1 (unless set) for its imports, as the threads per rank are not known before the
+    plan (each rank sets its own, launch/worker.py): a BLAS that starts a pool at import then has
+    none for the forked ranks to lose."""
+    global _early
+    if _early is None:
+        import atexit
+
+        _early = _Zygote({**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        atexit.register(_discard_early)
+
+
+def _discard_early() -> None:
+    global _early
+    if _early is not None:
+        _early.discard()
+        _early = None
+
+
+def _zygote(env: dict) -> _Zygote:
+    """The zygote started early, else one started now."""
+    global _early
+    taken, _early = _early, None
+    return taken if taken is not None else _Zygote(env)
 
 
 @dataclass
@@ -150,7 +190,7 @@ class LocalRun:
             OMP_NUM_THREADS=str(threads),
             PYTHONUNBUFFERED="1",
         )
-        self.zygote = _Zygote(base)
+        self.zygote = _zygote(base)
         self.procs = self.zygote.start(
             [
                 {
@@ -174,8 +214,7 @@ class LocalRun:
         finally:
             self._kill(list(range(len(self.procs))))  # whatever happened, nothing outlives the launcher
             if getattr(self, "zygote", None) is not None:
-                self.zygote.proc.kill()
-                self.zygote.proc.wait()
+                self.zygote.discard()
             self.store = None  # its port is free again (a sweep may launch again from this process)
             for s, h in old.items():
                 signal.signal(s, h)
