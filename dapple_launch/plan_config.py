@@ -16,7 +16,7 @@ from .models import PipelineModel
 from .models.from_config import model_from_config
 from .planner import Limits, Plan, fixed_plan
 from .planner.chunked import CHUNKED, check_chunked, groups_for
-from .profile import ModelProfile, analytic_profile, read_profile_file
+from .profile import ModelProfile, read_profile_file
 from .schedule import SPLIT_BACKWARD, validate
 
 PROFILE_BATCH = 2
@@ -111,8 +111,11 @@ def profile_from_config(cfg: DictConfig, topology: Topology, batch: int = PROFIL
 
             return with_ties(measure_elsewhere(m, batch, "cuda", precision), model)
         return with_ties(measured_cpu_share(model, topology, precision, batch), model)
+    from .profile.analytic_cache import cached_analytic_profile
+
     return with_ties(
-        analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name, precision=precision), model
+        cached_analytic_profile(model, PROFILE_BATCH, topology.device_tflops, topology.name, precision=precision),
+        model,
     )
 
 
@@ -134,12 +137,10 @@ def with_ties(profile: ModelProfile, model: PipelineModel) -> ModelProfile:
 
 def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]:
     """Bytes of each tied weight (its owner's parameter), from the owner's layer built on the meta device."""
-    import torch
-
-    from .models.contract import parameter_layer
+    from .models.contract import on_meta, parameter_layer
 
     specs, out = model.layers(), {}
-    with torch.device("meta"):
+    with on_meta():
         for owner in set(owners.values()):
             layer = specs[parameter_layer(owner)].build()
             local = owner.split(".", 2)[2]
@@ -157,14 +158,12 @@ def tied_sizes(model: PipelineModel, owners: dict[str, str]) -> dict[str, float]
 def parameter_count(model: PipelineModel) -> int:
     """The model's weights, each tied weight once, from its layers built on the meta device (no
     memory, no weights read: trainer.lr=null's rate is by size, runtime/lr.default_lr)."""
-    import torch
-
-    from .models.contract import tied_owners
+    from .models.contract import on_meta, tied_owners
 
     # a tied weight's other members (its owner counts it)
     again = {name for name, owner in tied_owners(model).items() if name != owner}
     total = 0
-    with torch.device("meta"):
+    with on_meta():
         for i, spec in enumerate(model.layers()):
             for name, p in spec.build().named_parameters():
                 if f"layers.{i}.{name}" not in again:

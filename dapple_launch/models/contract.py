@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, Union, runtime_checkable
 
@@ -78,6 +79,39 @@ class PipelineModel(abc.ABC):
     def describe(self) -> dict:
         """Plain data identifying the architecture (checkpoint compatibility checks use it)."""
         return {"name": self.name}
+
+
+# The random fills an initialisation makes. On the meta device they have no values to write, yet
+# torch runs several of them (normal_, erfinv_, exponential_) through its Python decompositions,
+# whose first call imports torch._dynamo: 3 s of a launch that only wants the shapes. nn.init's
+# fills are caught whole: the tensor method they call inside runs under this mode's own call,
+# which the mode no longer sees.
+_FILLS = frozenset(
+    {
+        *(getattr(torch.Tensor, f) for f in ("normal_", "uniform_", "erfinv_", "exponential_", "log_normal_")),
+        *(getattr(torch.Tensor, f) for f in ("cauchy_", "geometric_", "bernoulli_", "random_")),
+        *(getattr(nn.init, f) for f in ("normal_", "uniform_", "trunc_normal_", "xavier_normal_", "xavier_uniform_")),
+        *(getattr(nn.init, f) for f in ("kaiming_normal_", "kaiming_uniform_", "orthogonal_", "sparse_")),
+    }
+)
+
+
+class _NoFillsOnMeta(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FILLS:
+            t = args[0] if args else kwargs.get("tensor")  # (nn.init passes its tensor by name)
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t  # (a fill returns the tensor it filled)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def on_meta():
+    """Build on the meta device for the shapes alone (parameters, sizes): layers come out as under
+    `torch.device("meta")`, their random initialisation skipped rather than decomposed."""
+    with torch.device("meta"), _NoFillsOnMeta():
+        yield
 
 
 def build_layer(spec: LayerSpec, index: int, seed: int) -> nn.Module:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .contract import LayerSpec, PipelineModel
+from .contract import LayerSpec, PipelineModel, on_meta
 from .token_slices import current
 from .transformer import _per_sample_ce, next_token_batch, slice_ce
 
@@ -228,7 +228,7 @@ class Llama(PipelineModel):
 
     def hf_expected(self) -> set[str]:
         """The tensors a Hugging Face Llama directory of this shape holds (a tied head is stored once)."""
-        with torch.device("meta"):
+        with on_meta():
             names = {
                 self.hf_name(i, n) for i, spec in enumerate(self.layers()) for n, _ in spec.build().named_parameters()
             }
