@@ -41,13 +41,18 @@ def test_the_wheel_installs_and_runs_from_anywhere(tmp_path):
     )
     (wheel,) = dist.glob("dapple_launch-*.whl")
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    # A fresh environment, filled by this environment's pip (`pip --python`) rather than a copy of
+    # pip installed into it first, and without compiling every installed file up front (the
+    # modules a run imports are compiled as it imports them): the same packages, in a third of the
+    # time (92 s -> 27 s alone).
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     py = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-compile"]
     # torch first, pinned to the version this machine holds (the range would pull a CUDA build)
     import torch
 
-    run([str(py), "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"], tmp_path)
-    run([str(py), "-m", "pip", "install", "-q", str(wheel)], tmp_path)
+    run([*pip, f"torch=={torch.__version__.split('+')[0]}"], tmp_path)
+    run([*pip, str(wheel)], tmp_path)
     away = tmp_path / "elsewhere"
     away.mkdir()
     # nothing of the checkout is on the path: the package is the installed one
