@@ -147,6 +147,7 @@ def test_auto_plans_the_local_job_from_measured_layers_and_links(compose_cfg, tm
     assert plan_from_config(custom).num_layers == 6
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_measured_profile_is_timed_again_where_the_plan_runs(compose_cfg, tmp_path, monkeypatch):
     """plan_config.at_operating_point: a plan whose device runs 32 samples per micro-batch is not
     costed from a line through 2 and 8 samples: the layers are timed again at 8 and 32 and the plan's

@@ -53,6 +53,7 @@ def test_a_stages_floor_stays_below_every_simulated_cut_and_its_masks_below_the_
     assert checked > 100 and floors > 1000 and tight > 10 and raised > 1, (checked, floors, tight, raised)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_shapes_bound_is_the_same_on_the_searchs_shared_tables_and_counts_only_what_it_makes():
     """GroupBound finds its tables over every span (each group size's work at the micro-batch size,
     its all-reduces, tails and stage floors) among the search's once another shape made them: the
@@ -84,6 +85,7 @@ def test_a_shapes_bound_is_the_same_on_the_searchs_shared_tables_and_counts_only
     assert compared > 40 and fewer > compared / 2, (compared, fewer)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_shape_whose_groups_cannot_hold_the_model_has_no_cut_that_fits():
     """shape_memory.holds_model leaves out a shape only where no cut of it fits memory: every
     device of a group holds its stages' weights and optimizer state, and micro-batch 0's

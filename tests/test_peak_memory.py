@@ -70,6 +70,7 @@ def estimate(profile) -> float:
 @pytest.mark.parametrize(
     "precision", ["32", pytest.param("bf16-mixed", marks=pytest.mark.slow)]
 )  # (bf16: slow on CPUs)
+@pytest.mark.slow  # (over a second: out of the fast tier)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_the_estimate_bounds_the_exact_peak_of_a_step_closely(shape, precision):
     torch.manual_seed(0)

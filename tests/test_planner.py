@@ -577,6 +577,7 @@ def test_each_layer_s_seconds_are_its_span_s_seconds():
             assert (forward[l], backward[l]) == pytest.approx(profile.seconds(l, l + 1, samples), rel=1e-12)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_every_bound_table_stays_below_every_plan_where_the_links_bind():
     """A stage's outgoing link carries its M activations one after another, the first after one
     forward, and the last one's way on and back follows: the proof's tables (bounds.py: links) hold

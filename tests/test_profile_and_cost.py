@@ -248,6 +248,7 @@ def test_a_layer_costs_its_fixed_part_once_and_the_rest_per_sample():
     assert per_call(3.0, 2.0, 2, 8) == 3.0 and per_call(3.0, 30.0, 2, 8) == 0.0  # noise: kept within [0, t]
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_measured_profile_is_real_and_cached(tmp_path, monkeypatch):
     from dapple_launch.profile import measure_profile
 

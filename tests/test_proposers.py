@@ -27,6 +27,7 @@ def _instance(seed: int):
     return profile, topo, rng.choice([16, 32])
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 @pytest.mark.parametrize("seed", range(6))
 def test_the_driver_asks_every_wanted_proposer_and_its_gap_is_the_incumbent_against_the_least_bound(seed):
     profile, topo, G = _instance(seed)

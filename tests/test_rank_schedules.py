@@ -101,6 +101,7 @@ def test_one_stage_per_rank_simulates_as_the_stage_simulator():
         assert b.peak_activation_bytes == pytest.approx(a.peak_activation_bytes, rel=1e-12)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_validator_accepts_every_generated_schedule():
     count = 0
     for ranks in range(1, 7):

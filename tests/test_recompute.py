@@ -63,6 +63,7 @@ def test_segments_group_consecutive_layers_and_refuse_strangers():
         segments([4], 4)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 @pytest.mark.parametrize("name", ["gpt", "skipnet", "vgg19"])
 def test_kept_and_backward_bytes_counted_exactly_equal_the_cost_model(name):
     """On a measured profile (per-layer saves counted by the same hooks), what one micro-batch keeps
@@ -304,6 +305,7 @@ def test_the_planners_prefix_shortcut_equals_the_general_count():
                 assert again == pytest.approx(profile.recompute_seconds(a, z, marks, 3), rel=1e-12)
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_plan_started_from_a_recomputing_one_is_costed_with_its_own_recomputation():
     """ZB-H1 on the layouts found so far (zero_bubble_search.starts) and 1F1B at deeper warm-ups
     (warmup.deepen_best_layouts) start from plans that may recompute: each costs its layout afresh

@@ -247,6 +247,7 @@ def test_the_least_slowest_layout_is_the_least_over_every_cut_and_device_count_a
                 assert sum(replicas) == D and min(replicas) >= 1
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_the_bound_over_every_cut_of_copies_stays_below_the_simulator_and_above_the_compute_bound():
     """copies_bound.CopiesBound (the least slowest stage over every cut and device count: its fill,
     its busiest copy's turns, the all-reduce its lowest layers leave exposed, each cut's busiest

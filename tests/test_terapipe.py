@@ -176,6 +176,7 @@ def test_the_sliced_floor_stays_below_the_simulation_and_its_peaks_are_the_simul
     assert tight > 150
 
 
+@pytest.mark.slow  # (over a second: out of the fast tier)
 def test_a_sliced_plans_proof_is_over_the_families_searched_and_says_slices_are_unbounded():
     """Where token slices beat every plan of the families searched, plan.json's proof gap is the
     sliced plan's distance above their bound (0 where it is faster than any of them can be, never
