@@ -59,6 +59,7 @@ def _layers(model) -> list:
 
 def _key(model, batch_size: int, device_tflops: float, device: str, efficiency: float, precision: str) -> str:
     from ..models import identity
+    from ..models.contract import as_tuple
 
     real, target = model.batch(batch_size)  # shapes and dtypes: what the trace starts from
     ident = json.dumps(
@@ -67,7 +68,7 @@ def _key(model, batch_size: int, device_tflops: float, device: str, efficiency: 
             "model": identity(model),
             "class": f"{type(model).__module__}.{type(model).__qualname__}",
             "layers": _layers(model),
-            "inputs": [(tuple(t.shape), str(t.dtype)) for t in (*_members(real), *_members(target))],
+            "inputs": [(tuple(t.shape), str(t.dtype)) for t in (*as_tuple(real), *as_tuple(target))],
             "batch": batch_size,
             "device": device,
             "tflops": device_tflops,
@@ -80,10 +81,6 @@ def _key(model, batch_size: int, device_tflops: float, device: str, efficiency: 
         default=str,
     )
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
-
-
-def _members(x) -> tuple:
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
 def _digest(path: str) -> str | None:
