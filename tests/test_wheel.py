@@ -21,7 +21,11 @@ LICENSE = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
 
 
 def run(cmd, cwd, timeout=900, env=None):
-    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # as a user's environment runs: nothing of the checkout on the path, and modules compiled once,
+    # on first import, and kept (a machine with PYTHONDONTWRITEBYTECODE=1 recompiled torch, Lightning
+    # and transformers in each of the run's processes: ~10 s each)
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+    e = {k: v for k, v in os.environ.items() if k not in drop}
     e.update({"WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})})
     out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=e)
     assert out.returncode == 0, f"{cmd}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
