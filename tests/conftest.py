@@ -38,7 +38,11 @@ def cli(args, cwd, timeout=600, env=None, module=("dapple_launch",)):
     )
 
 
-NOT_FAST = ("slow", "multiprocess", "faults", "slurm", "nodes", "wheel")
+NOT_FAST = ("slow", "multiprocess", "faults", "slurm", "nodes", "wheel", "more_seeds")
+# A property test over random instances (parametrized by `seed`) runs its first FAST_SEEDS in the
+# fast tier and every seed in CI's: the same property, checked before each commit on fewer draws
+# (90 cases past the second seed were 23 s of the fast tier's 121 s of tests).
+FAST_SEEDS = 2
 
 
 def pytest_configure(config):
@@ -52,6 +56,9 @@ def pytest_collection_modifyitems(config, items):
     """`pytest -m fast`: every test without a slower tier's marker (pure and one-process checks, in
     about a minute), what a contributor runs before each commit."""
     for item in items:
+        params = getattr(item, "callspec", None)
+        if params is not None and params.params.get("seed", 0) >= FAST_SEEDS:
+            item.add_marker(pytest.mark.more_seeds)
         if not any(item.get_closest_marker(m) for m in NOT_FAST):
             item.add_marker(pytest.mark.fast)
     # the wheel's install first: two minutes mostly waiting on pip, beside the other tests rather

@@ -196,7 +196,7 @@ def test_vgg_large_batch_beats_dapples_published_plan_with_uneven_replicas():
     assert "optimal under the cost model over layouts, micro-batches and 1F1B warm-ups ×1-×4" in chosen.planner
 
 
-@pytest.mark.parametrize("G", [64, 256])
+@pytest.mark.parametrize("G", [64, pytest.param(256, marks=pytest.mark.slow)])  # (each over a second)
 def test_never_worse_than_any_baseline(G):
     p = read_profile_file(PROFILES / "vgg-19-pbs-32.txt", 32, device_tflops=125)
     best, _, baselines, _ = search(p, V100X16, G, Limits())
