@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster import Topology
-from ..profile.model_profile import ModelProfile
+from ..profile.model_profile import ModelProfile, kept_of
 from .allreduce import tied_floor_s
 from .in_flight import runs_of_holds
 from .recompute_room import recompute_room
@@ -232,9 +232,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
         stage_fwd_fixed_all = (fwd_fixed[z_all] - fwd_fixed[i]) * x.speed
         stage_param_bytes_all = params[z_all] - params[i]
         stage_params_all = stage_param_bytes_all * x.optimizer_factor
-        # kept per micro-batch = each call's fixed part + the rest per sample (ModelProfile.kept_bytes)
+        # what the stage's layers save: each call's fixed part, and the rest (kept_of)
         stage_kept_fixed_all = kept_fixed[z_all] - kept_fixed[i]
-        stage_kept_all = (kept[z_all] - kept[i] - stage_kept_fixed_all + cut[i]) / pbs
+        stage_kept_all = kept[z_all] - kept[i]
         sent_all = np.where(z_all < L, cut[np.minimum(z_all, L - 1)] * x.micro_batch / pbs, 0.0)
         # the most workspace one layer of [i, z) holds beside the saves, fixed and per sample
         ws_fixed_all = np.maximum.accumulate(ws_fixed[i:])[z_all - i - 1]
@@ -278,10 +278,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             stage_kept, sent = stage_kept_all[:useful], sent_all[:useful]
             stage_kept_fixed = stage_kept_fixed_all[:useful]
             stage_ws_fixed, stage_ws_slope = ws_fixed_all[:useful], ws_slope_all[:useful]
+            # what a micro-batch of n samples keeps on the stage (ModelProfile.kept_bytes)
+            kept_mb = kept_of(stage_kept_fixed[None, :], stage_kept[None, :], cut[i], n[:, None], pbs)
             kept_scale = 0.0 if x.activations_may_shrink else 1.0
             t = np.where(
-                stage_params[None, :] + kept_scale * (stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None])
-                > x.capacity_bytes,
+                stage_params[None, :] + kept_scale * kept_mb > x.capacity_bytes,
                 np.inf,
                 stage_fixed[None, :] + stage_work[None, :] * n[:, None],
             )[:, :, None]
@@ -331,7 +332,6 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             own = np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i])
             keep_least(0, np.maximum(own, forward_in + ahead(reach_l)))
             # what the device's memory leaves micro-batches beside the weights and one layer's workspace
-            kept_mb = stage_kept_fixed[None, :] + stage_kept[None, :] * n[:, None]  # (ModelProfile.kept_bytes)
             room = (
                 x.capacity_bytes
                 - stage_params[None, :]

@@ -53,7 +53,7 @@ import math
 import numpy as np
 
 from ..cluster import Topology, ring_allreduce_s
-from ..profile.model_profile import ModelProfile
+from ..profile.model_profile import ModelProfile, kept_of
 from .allreduce import tied_floor_s
 from .in_flight import runs_of_holds
 
@@ -190,7 +190,8 @@ class CopiesBound:
                         + np.maximum.accumulate(ws_slope[i:])[:, None] * per,
                         w * optimizer_factor,
                         capacity_bytes,
-                        per,
+                        n,
+                        pbs,
                         turns,
                         back_and_forth + light,
                     ),
@@ -222,7 +223,7 @@ class CopiesBound:
         self._pair_inputs = (topology, M, b, cut, trip, drain) if D <= PAIR_DEVICES else None
 
     @staticmethod
-    def _in_flight(kept, kept_fixed, received, workspace, weights, capacity, per, turns, hold):
+    def _in_flight(kept, kept_fixed, received, workspace, weights, capacity, samples, pbs, turns, hold):
         """The busiest copy's micro-batches, K at most in flight (memory), each held a round trip.
 
         Without recomputation (none under strategy.recompute=auto or none: cost.recompute_sets) a
@@ -235,7 +236,7 @@ class CopiesBound:
         ceil(n / K) of the copy's n, one after another, the first after a forward: this returns
         ceil(n / K) hold (inf where none fits). Memory-bound models (Llama 3 70B on 256 A100s: three
         layers a device leave room for two micro-batches) are bound here, not by their compute."""
-        held = kept_fixed + (kept - kept_fixed + received) * per  # ModelProfile.kept_bytes
+        held = kept_of(kept_fixed, kept, received, samples, pbs)  # (ModelProfile.kept_bytes)
         room = capacity - weights - workspace
         runs = runs_of_holds(room, held, turns)
         with np.errstate(invalid="ignore"):

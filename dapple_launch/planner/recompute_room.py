@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..profile.model_profile import kept_of
 from .in_flight import runs_of_holds
 
 
@@ -62,18 +63,18 @@ def recompute_room(
     if cells.size == 0:
         return out
     ri, zi, di = np.unravel_index(cells, shape)
-    stop, m = np.asarray(z)[zi], np.asarray(n, dtype=float)[ri] / pbs
+    stop, samples = np.asarray(z)[zi], np.asarray(n, dtype=float)[ri]
+    m = samples / pbs
     t_c, f_c = t[ri, zi, 0], forward[ri, zi, 0]
     hold_c, ar_c = np.broadcast_to(hold, shape)[ri, zi, di], np.broadcast_to(ar, shape)[ri, zi, di]
     r = room[ri, zi]
-    received = cut[i] * m
+    received = cut[i] * samples / pbs  # (ModelProfile.first_layers_recomputed's operations)
 
     def sides(k, at: slice | np.ndarray = slice(None)):
         """(A_k, B_k) of the cells `at` at their counts k."""
         j, st, mm = i + k, stop[at], m[at]
         again = ((fwd_fixed[j] - fwd_fixed[i]) + (fwd[j] - fwd[i]) * mm) * speed
-        tail_fixed = kept_fixed[st] - kept_fixed[j]
-        keeps = received[at] + tail_fixed + (kept[st] - kept[j] - tail_fixed) * mm
+        keeps = received[at] + kept_of(kept_fixed[st] - kept_fixed[j], kept[st] - kept[j], 0.0, samples[at], pbs)
         runs = runs_of_holds(r[at], keeps, M)
         with np.errstate(invalid="ignore"):
             after = np.maximum(np.maximum(ar_c[at] - again, 0.0), drain)

@@ -44,7 +44,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..cluster import Topology
-from ..profile.model_profile import ModelProfile
+from ..profile.model_profile import ModelProfile, kept_of
 from ..schedule import build_rank_schedule
 from .chunked import chunks_of, group_of, keeps_activations
 from .in_flight import fitting, runs_of_holds
@@ -137,7 +137,7 @@ def _single_layers(profile: ModelProfile, factor: float, samples: int) -> tuple[
     pre, pbs, L = profile._prefix, profile.batch_size, profile.num_layers
     kept, fixed, params = (np.diff(np.asarray(pre[key], dtype=float)) for key in ("m", "mf", "p"))
     received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float)))
-    held = fixed + (kept - fixed + received) * samples / pbs
+    held = kept_of(fixed, kept, received, samples, pbs)
     fixed_ws, slope_ws = (np.asarray(table[0]) for table in profile._workspace_tables)  # (ModelProfile.workspace)
     workspace = fixed_ws + slope_ws * samples
     return held, params * factor + workspace
@@ -271,8 +271,9 @@ def room_bound(
     after = z > i  # (the rest is no span)
     ws_fixed_most, ws_slope_most = (table[:L, 1:] for table in span_workspace(profile))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        fixed = kept_fixed[z] - kept_fixed[i]
-        held = fixed + (kept[z] - kept[i] - fixed + received[i]) * n / pbs  # ModelProfile.kept_bytes
+        held = kept_of(
+            kept_fixed[z] - kept_fixed[i], kept[z] - kept[i], received[i], n, pbs
+        )  # (ModelProfile.kept_bytes)
         workspace = ws_fixed_most + ws_slope_most * n
         if recomputed:  # (the input alone kept; the saves, held received aside, beside during a backward)
             workspace, held = (

@@ -9,7 +9,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from .graph_file import ProfileFileError, parse_graph_text, read_profile_file
-from .model_profile import LayerProfile, ModelProfile, chain
+from .model_profile import LayerProfile, ModelProfile, chain, kept_of
 
 if TYPE_CHECKING:  # (what the lazy names below are, for a type checker)
     from .analytic import analytic_profile
@@ -23,6 +23,7 @@ __all__ = [
     "ProfileFileError",
     "analytic_profile",
     "chain",
+    "kept_of",
     "measure_profile",
     "parse_graph_text",
     "read_profile_file",

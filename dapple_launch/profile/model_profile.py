@@ -8,6 +8,15 @@ from functools import cached_property
 from itertools import accumulate
 
 
+def kept_of(fixed, saved, received, samples, batch_size):
+    """What one micro-batch of `samples` keeps until its backward: `fixed`, each call's part of the
+    layers' saves whatever its batch, and the rest of `saved` and the `received` input, both given
+    at `batch_size`, scaled to the samples. The one formula, in one order of operations, that the
+    simulator's memory (ModelProfile.kept_bytes) and the planner's bounds (floats or numpy arrays of
+    spans) compute, so that a bound's memory test agrees with the plan's to the last bit."""
+    return fixed + (saved - fixed + received) * samples / batch_size
+
+
 @dataclass(frozen=True)
 class LayerProfile:
     name: str  # the id plans show (a profile file's node id, or the model's layer name)
@@ -158,9 +167,8 @@ class ModelProfile:
         the layers save (the part that scales with the samples, and each call's fixed part) and
         the input the stage received."""
         p = self._prefix
-        fixed = p["mf"][stop] - p["mf"][start]
         received = self.cut_bytes[start - 1] if start > 0 else 0.0
-        return fixed + (p["m"][stop] - p["m"][start] - fixed + received) * samples / self.batch_size
+        return kept_of(p["mf"][stop] - p["mf"][start], p["m"][stop] - p["m"][start], received, samples, self.batch_size)
 
     def layer_bytes(self, i: int, samples: float) -> float:
         """What layer i saves for backward on `samples` samples (its fixed part once)."""
@@ -202,8 +210,7 @@ class ModelProfile:
     def bytes_between(self, start: int, stop: int, samples: float) -> float:
         """Σ layer_bytes over [start, stop), from prefix sums."""
         p = self._prefix
-        fixed = p["mf"][stop] - p["mf"][start]
-        return fixed + (p["m"][stop] - p["m"][start] - fixed) * samples / self.batch_size
+        return kept_of(p["mf"][stop] - p["mf"][start], p["m"][stop] - p["m"][start], 0.0, samples, self.batch_size)
 
     def first_layers_recomputed(self, start: int, stop: int, k: int, samples: float) -> tuple[float, float, float]:
         """recompute_bytes and recompute_seconds for the stage's first k layers, in O(1): the
