@@ -845,9 +845,11 @@ def test_the_floors_baselines_skip_by_stay_below_the_simulator(seed):
     its all-reduce leaves after its last backward) and link_floor (the busiest link's m sends) are
     lower bounds: no layout, micro-batch size or schedule family runs faster under the simulator,
     with transfers, all-reduces, recomputation and each action's own overhead. On slow links the
-    last two say more than the compute, and come within 20 % of the simulated time."""
+    last two say more than the compute, and come within 20 % of the simulated time. The busy floor's
+    all-reduce is its buckets' rings one after another, at least one ring of all the stage's bytes."""
+    from dapple_launch.cluster import ring_allreduce_s
     from dapple_launch.planner.baselines import busy_floor, compute_floor, link_floor
-    from dapple_launch.planner.cost import speed_ratio
+    from dapple_launch.planner.cost import bucket_rings_s, speed_ratio
 
     rng = random.Random(90 + seed)
     profile = random_profile(rng, 7)
@@ -871,11 +873,36 @@ def test_the_floors_baselines_skip_by_stay_below_the_simulator(seed):
             floor = max(busy_floor(profile, topo, layout, b, m, speed), link_floor(profile, topo, layout, b, m))
             assert floor >= compute * (1 - 1e-12)
             more += floor > compute * 1.01
+            for st in layout:  # (the busy floor's all-reduce: at least one ring of every byte)
+                nbytes, link = profile.span(st.start, st.stop)[3], topo.allreduce_link(st.spans_nodes(topo))
+                one = ring_allreduce_s(st.replicas, nbytes, link) if st.replicas > 1 and nbytes > 0 else 0.0
+                assert bucket_rings_s(profile, topo, st) >= one * (1 - 1e-12)
             for limits in (Limits(), Limits(schedule="gpipe"), Limits(schedule="zb_h1"), Limits(recompute="full")):
                 time = evaluate(profile, topo, layout, b, m, limits).iteration_s
                 assert floor <= time * (1 + 1e-12), (layout, b, m, limits.schedule)
                 close += floor > time * 0.8
     assert more > 10 and close > 10, (more, close)
+
+
+def test_the_busy_floor_pays_each_buckets_ring_latency():
+    """A stage's buckets are all-reduced one ring after another (allreduce.exposed), each with its own
+    2 (r - 1) latency steps: k buckets take one ring of all their bytes and (k - 1) more rings'
+    latency. On 1,024 devices that latency is what sets the DAPPLE P:Q baseline apart (BERT-96: 565
+    layouts costed, not 10,845, for the same answer), so the baselines' busy floor counts it."""
+    from dapple_launch.cluster import ring_allreduce_s
+    from dapple_launch.planner.allreduce import bucket_layers
+    from dapple_launch.planner.cost import StageSpec, bucket_rings_s
+
+    layers = [LayerProfile(f"l{i}", 1e-3, 2e-3, 1e6, 3e7) for i in range(12)]
+    profile = chain("buckets", layers, batch_size=4)
+    topo = Topology("t", 8, 8, 80e9, 100, 300e9, 25e9, 3e-6, 8e-6)
+    for devices in (tuple(range(8)), tuple(range(64))):  # one node, eight
+        st = StageSpec(2, 11, devices)
+        k, r = len(bucket_layers([x.parameter_bytes for x in layers[2:11]])), len(devices)
+        bw, lat = topo.allreduce_link(st.spans_nodes(topo))
+        one = ring_allreduce_s(r, 9 * 3e7, (bw, lat))
+        assert k > 1
+        assert bucket_rings_s(profile, topo, st) == pytest.approx(one + (k - 1) * 2 * (r - 1) * lat, rel=1e-12)
 
 
 def test_the_screen_never_drops_a_candidate_that_fits_and_beats():

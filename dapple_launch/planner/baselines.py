@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from ..cluster import Topology, ring_allreduce_s
+from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from ..schedule.one_f_one_b import deeper_warmup
 from .branch import replica_choices
-from .cost import Costed, StageSpec, evaluate, send_s, speed_ratio, stage_costs
+from .cost import Costed, StageSpec, bucket_rings_s, evaluate, send_s, speed_ratio, stage_costs
 from .limits import Limits
 from .shapes import divisors
 from .warmup import warmup_bound
@@ -118,13 +118,11 @@ def busy_floor(
 ) -> float:
     """No schedule runs the layout faster: every stage's device runs m forwards and m backwards of its
     layers on its share of b samples, one after another, and then what its gradient all-reduce leaves
-    after the last of them, at least one all-reduce of every byte less that backward (allreduce.py)."""
+    after the last of them: its buckets' rings one after another, less that backward (allreduce.py)."""
     most = 0.0
     for st in layout:
         forward, backward = profile.seconds(st.start, st.stop, math.ceil(b / st.replicas))
-        nbytes = profile.span(st.start, st.stop)[3]
-        ring = ring_allreduce_s(st.replicas, nbytes, topology.allreduce_link(st.spans_nodes(topology)))
-        left = (ring if st.replicas > 1 and nbytes > 0 else 0.0) - backward * speed  # (Topology.allreduce_s)
+        left = bucket_rings_s(profile, topology, st) - backward * speed
         most = max(most, m * speed * (forward + backward) + max(0.0, left))
     return most
 

@@ -392,6 +392,22 @@ def _stage_allreduce(
     return total, after_b, after_w
 
 
+def bucket_rings_s(profile: ModelProfile, topology: Topology, st: StageSpec) -> float:
+    """The stage's buckets' ring all-reduces, one after another: stage_allreduce's total, whatever
+    the samples. The rings queue behind one another from their buckets' ready times, all within the
+    last backward or W (allreduce.exposed), so what is left after that action is at least this less
+    its duration (the baselines' busy floor)."""
+    if st.replicas <= 1:
+        return 0.0
+    memo = profile.__dict__.setdefault("_bucket_rings_memo", {})  # (as stage_allreduce's memo)
+    key = (topology, st.start, st.stop, st.replicas, st.spans_nodes(topology))
+    if key not in memo:
+        nbytes = _bucket_arrays(profile, st.start, st.stop)[1]
+        link = topology.allreduce_link(st.spans_nodes(topology))
+        memo[key] = float(ring_allreduce_s(st.replicas, nbytes, link).sum()) if len(nbytes) else 0.0
+    return memo[key]
+
+
 def _prefix_arrays(profile: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
     """The profile's backward prefix sums (all, and the part each call costs regardless) as arrays."""
     found = profile.__dict__.get("_backward_prefix_arrays")
