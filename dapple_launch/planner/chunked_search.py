@@ -82,6 +82,11 @@ PATH_CELLS = 2.0
 # and the third (the shapes left lowest again: the paths with the critical paths of the cuts they
 # answer with, each a simulation of the rank orders) this many times as many again: about 0.15 s
 CRITICAL_CELLS = 0.7
+# and where the other families' bound rose above what those passes aimed at (cut_bounds' raise_to),
+# this many times as many again toward it (AmoebaNet-36 on 16 × 1 V100 at G 64: as many again left
+# the device groups at the copies' cheaper bound, the proof at 25.1 %; twice, 16.0 %, as aiming at
+# the dearer one from the first pass did, without that aim's loss elsewhere)
+RAISE_CELLS = 2.0
 
 
 # the gain (a share of its time) a shape's first descent step is taken to promise, before it makes one
@@ -212,11 +217,13 @@ def search_chunked(
     sizes: list[int],
     incumbent: float,
     floor: float = math.inf,
+    first_floor: float | None = None,
 ) -> tuple[list[Costed], dict[int, float], int]:
     """(candidates found, per micro-batch size the least bound of any shape not searched exactly,
     candidates scored). `incumbent`: the best plan so far (shapes that cannot beat it are cut);
     `floor`: the least bound the other families proved (no shape's bound is raised above it: the
-    proven gap would not change)."""
+    proven gap would not change); `first_floor`: the least of their cheaper bounds (Proposal.lower),
+    which the bounds over cuts aim at first (cut_bounds' `raise_to`)."""
     L = profile.num_layers
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
@@ -385,7 +392,10 @@ def search_chunked(
     for bound, _, _, _, b in open_shapes:
         bounds[b] = min(bounds.get(b, math.inf), bound)
     cells = limits.search_nodes * BOUND_CELLS_PER_NODE
-    return found, cut_bounds(profile, topology, global_batch, open_shapes, min(best, floor), memo, cells, again), scored
+    first = floor if first_floor is None else min(floor, first_floor)
+    raise_to = min(best, floor) if first < floor else None
+    bounds = cut_bounds(profile, topology, global_batch, open_shapes, min(best, first), memo, cells, again, raise_to)
+    return found, bounds, scored
 
 
 def _bounded_shapes(
@@ -438,6 +448,7 @@ def cut_bounds(
     memo: dict,
     cells: float,
     recomputed: tuple[ModelProfile, set] | None = None,
+    raise_to: float | None = None,
 ) -> dict[int, float]:
     """Per micro-batch size, the least bound of the shapes left open, each raised by the bound over
     its cuts (group_bound.py) as far as it decides the gap: in increasing shape bound, each only up
@@ -450,7 +461,11 @@ def cut_bounds(
     many, the paths with the critical paths of the cuts they answer with (GroupBound.critical).
     Each pass only raises what the one before left. `recomputed`: the profile whose backwards run
     their forward again, and the shapes (family, v, groups, b) every candidate of which recomputes
-    every layer, whose bounds read it (memo's "recomputed" tables)."""
+    every layer, whose bounds read it (memo's "recomputed" tables). `raise_to`: where the other
+    families' least bound is above `best` (a dearer bound of theirs that the passes above do not aim
+    at, so they spend as they would without it: Proposal.lower), one more pass within RAISE_CELLS
+    as many cells raises the shapes left below it, in increasing bound, each up to the least so
+    far: no shape ends lower than it would without that bound."""
     heavier, whole = recomputed if recomputed is not None else (profile, set())
 
     def group_bound(family, v, groups, b) -> GroupBound:
@@ -480,23 +495,28 @@ def cut_bounds(
         least = min(least, bound)
         rows.append([bound, family, v, groups, b, dual])
     rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))  # (ties: by shape, never by the objects)
-    paths, warm = given * PATH_CELLS, {}  # (warm: per rank orders, the path weights that did best so far)
-    least = best  # what the shapes raised so far are all at or above
-    for row in rows:
-        if row[0] >= least or paths <= 0:
-            break  # (every shape after it is as high: none is below the least any more)
-        # the dual again (above, it stopped at the least bound of the shapes before it, which may
-        # be higher now), then the paths
-        family, v, groups, b = row[1:5]
-        dual = row[5]
-        if dual is None:
-            dual = group_bound(family, v, groups, b)
-        else:
-            dual.cells = 0  # (its tables are made: counted in the first pass)
-        dual.with_paths, dual.warm, dual.lead = True, warm, lead
-        row[0] = max(row[0], dual.bound(least, paths))
-        paths -= dual.cells
-        least = min(least, row[0])
+    warm: dict = {}  # (per rank orders, the path weights that did best so far)
+
+    def raise_rows(least: float, cells: float) -> None:
+        """The rows below `least` in increasing bound, each raised by the dual again and the paths
+        of its rank orders up to the least so far, within `cells`."""
+        for row in sorted(rows, key=lambda x: (x[0], x[1], x[2], x[3], x[4])):
+            if row[0] >= least or cells <= 0:
+                break  # (every shape after it is as high: none is below the least any more)
+            family, v, groups, b = row[1:5]
+            dual = row[5]
+            if dual is None:
+                dual = group_bound(family, v, groups, b)
+            else:
+                dual.cells = 0  # (its tables are made: counted in a pass before)
+            dual.with_paths, dual.warm, dual.lead = True, warm, lead
+            row[0] = max(row[0], dual.bound(least, cells))
+            cells -= dual.cells
+            least = min(least, row[0])
+
+    # the dual again (above, it stopped at the least bound of the shapes before it, which may be
+    # higher now), then the paths; from `best`: what the shapes raised so far are all at or above
+    raise_rows(best, given * PATH_CELLS)
     # and, within CRITICAL_CELLS of as many again, the paths once more with the critical paths of
     # the cuts they answer with (path_bound.py): where transfers chain the groups' steps. A shape
     # whose rank orders and one critical path the cells left cannot pay for is left as it is
@@ -516,6 +536,8 @@ def cut_bounds(
             row[0] = max(row[0], dual.critical(least, critical))
             critical -= dual.cells
         least = min(least, row[0])
+    if raise_to is not None and raise_to > best:
+        raise_rows(raise_to, given * RAISE_CELLS)
     bounds: dict[int, float] = {}
     for bound, _, _, _, b, _ in rows:
         bounds[b] = min(bounds.get(b, math.inf), bound)
@@ -558,6 +580,7 @@ class DeviceGroups:
             state.sizes,
             best.iteration_s if best is not None else math.inf,
             min(state.bounds.values(), default=math.inf),
+            min(state.lower.values(), default=math.inf),
         )
         state.stats.nodes += scored
         if best is not None and state.stats.gap_without_chunked is None:  # (the statement's: copies may have set it)

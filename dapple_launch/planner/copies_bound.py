@@ -44,7 +44,9 @@ families (a split backward may end on a W). The search over copies returns only 
 of copies (r not dividing b): an all-plain layout is a plan of the exact families, bounded there. So
 with `copies_required` the first programme carries whether a stage of copies came yet and counts
 only the layouts that hold one (BERT-48 on 16 × 1 V100 at 10 Gbps, G 64: where every stage plain
-fit the relaxation, 759 -> 919 ms); the second, every link priced, starts from its value."""
+fit the relaxation, 759 -> 919 ms); the second, every link priced, starts from its value. Up to
+copies_paths.PATH_DEVICES devices and under a cap, a third carries each stage's path through the
+stages before it, their sends included (copies_paths.py), from the second's value."""
 
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ import numpy as np
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile, kept_of
 from .allreduce import tied_floor_s
+from .copies_paths import PATH_BISECTIONS, PATH_DEVICES, StagePaths
 from .in_flight import runs_of_holds
 
 BISECTIONS = 30  # halvings of [lo, hi]: within 1e-9 of the relaxation's optimum
@@ -220,7 +223,10 @@ class CopiesBound:
         self.L, self.D = L, D
         self.pairs: np.ndarray | None = None  # (made when bound() first needs them: _pair_tables)
         self.fitting, self.priced_links = math.inf, False  # (bound()'s: what relaxed_layout reads)
+        self.before_paths = math.nan  # (bound()'s value before its third programme)
         self._pair_inputs = (topology, M, b, cut, trip, drain) if D <= PAIR_DEVICES else None
+        paths = D <= PATH_DEVICES and D <= PAIR_DEVICES  # (its links are the pairs')
+        self._path_inputs = (profile, topology, global_batch, b, speed) if paths else None
 
     @staticmethod
     def _in_flight(kept, kept_fixed, received, workspace, weights, capacity, samples, pbs, turns, hold):
@@ -359,6 +365,7 @@ class CopiesBound:
         finite = np.concatenate([least[np.isfinite(least)] for least, _ in self.kinds])
         value, self.fitting = _least_fitting(self.fits, finite, above, cap)
         self.priced_links = False
+        self.before_paths = value  # (the bound without the paths' programme: layout_bounds' `lower`)
         if self._pair_inputs is None or value >= cap or not math.isfinite(value):
             return value
         if self.pairs is None:
@@ -367,6 +374,14 @@ class CopiesBound:
         finite = np.concatenate([finite, self.pairs[np.isfinite(self.pairs)]])
         value, self.fitting = _least_fitting(self._fits_pairs, finite, value, cap)
         self.priced_links = True
+        self.before_paths = value
+        # then (up to PATH_DEVICES devices, and only up to a cap: its terms are not among `finite`)
+        # with each stage's path through the stages before it (copies_paths.py), which only raises
+        # it; self.fitting stays the pairs' (relaxed_layout's start is their layout)
+        if self._path_inputs is not None and value < cap and math.isfinite(cap):
+            paths, pairs = StagePaths(*self._path_inputs), self.pairs
+            fits = lambda T: paths.fits(T, self.stage_by_count, pairs)
+            value = _least_fitting(fits, finite, value, cap, PATH_BISECTIONS)[0]
         return value
 
     def relaxed_layout(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -391,7 +406,9 @@ class CopiesBound:
         return tuple(reversed(stops)), tuple(reversed(replicas))
 
 
-def _least_fitting(fits, finite: np.ndarray, lo: float, cap: float) -> tuple[float, float]:
+def _least_fitting(
+    fits, finite: np.ndarray, lo: float, cap: float, bisections: int = BISECTIONS
+) -> tuple[float, float]:
     """Bisection for the least T where fits(T), from lo (a bound already) up to cap (a T there that
     does not fit is returned as it is). Past the largest finite term (`finite`: every stage's and
     link's) no span needs fewer devices and no link blocks: a T there fits if any does. Returns the
@@ -403,7 +420,7 @@ def _least_fitting(fits, finite: np.ndarray, lo: float, cap: float) -> tuple[flo
         return lo, lo
     if not math.isfinite(hi) or not fits(hi):
         return (cap if math.isfinite(cap) else math.inf), math.inf
-    for _ in range(BISECTIONS):
+    for _ in range(bisections):
         mid = (lo + hi) / 2
         if fits(mid):
             hi = mid

@@ -31,6 +31,10 @@ class Proposal:
     # the candidates and bounds so far were this proposer's starts only (their family is not allowed):
     # the driver keeps only its families' candidates and its bounds
     supersedes: bool = False
+    # per micro-batch size, a cheaper bound of the same plans, at most `bounds` (the copies' without
+    # the stages' paths): what the proposers after first aim their own bounds at, so that their
+    # budgeted passes spend as they would without the dearer one (chunked_search.cut_bounds)
+    lower: dict[int, float] | None = None
 
 
 @dataclass
@@ -43,6 +47,7 @@ class SearchState:
     stats: SearchStats = field(default_factory=SearchStats)
     found: list[Costed] = field(default_factory=list)  # every admissible candidate, in the order found
     bounds: dict[int, float] = field(default_factory=dict)
+    lower: dict[int, float] = field(default_factory=dict)  # (the proposals' lower where given, else their bounds)
     prior: list[Costed] = field(default_factory=list)  # the default budget's plans (a larger budget starts there)
     # one branch and bound per micro-batch size (their tables: bounds.py), made by the per-stage
     # proposer and walked again by ZB-H1's
@@ -65,10 +70,13 @@ class SearchState:
     def take(self, proposal: Proposal) -> None:
         if proposal.supersedes:
             self.found = [c for c in self.found if c.schedule in proposal.families]
-            self.bounds = {}
+            self.bounds, self.lower = {}, {}
         self.found += proposal.found
         keys = {*self.bounds, *proposal.bounds}
         self.bounds = {b: min(self.bounds.get(b, math.inf), proposal.bounds.get(b, math.inf)) for b in keys}
+        lower = proposal.bounds if proposal.lower is None else proposal.lower
+        keys = {*self.lower, *lower}
+        self.lower = {b: min(self.lower.get(b, math.inf), lower.get(b, math.inf)) for b in keys}
 
 
 def proven_gap(best: float, bounds: dict[int, float]) -> float:

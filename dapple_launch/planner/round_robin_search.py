@@ -96,13 +96,15 @@ def layout_bounds(
     sizes: list[int],
     incumbent: float,
     memo: dict,
+    lower: dict[int, float] | None = None,
 ) -> tuple[dict[int, float], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
     """Per micro-batch size, the greater of the compute bound at its granularity and the least
     slowest stage over every cut and device count (copies_bound.py), the latter only up to what
     decides the gap: sizes in increasing compute bound, each only up to the least bound so far
     (or the incumbent), since a size whose stages cannot fit below it leaves the gap as it is.
     And per size whose relaxation fit under that, its own layout (CopiesBound.relaxed_layout:
-    stops, device counts), a start for the search."""
+    stops, device counts), a start for the search. `lower`: filled, per size, with its bound
+    without the stages' paths (copies_paths.py; Proposal.lower)."""
     speed = speed_ratio(profile, topology)
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     floor = {b: granularity_bound(profile, topology, global_batch, b, memo) for b in sizes}
@@ -112,6 +114,8 @@ def layout_bounds(
     for b in sorted(sizes, key=lambda b: (floor[b], b)):
         if floor[b] >= least:
             out[b] = floor[b]
+            if lower is not None:
+                lower[b] = floor[b]
             continue
         cut = CopiesBound(
             profile,
@@ -125,6 +129,8 @@ def layout_bounds(
             keeps_activations=limits.recompute not in ("full", "selective"),  # (evaluate_rr's recompute_sets)
         )
         out[b] = cut.bound(above=floor[b], cap=least)
+        if lower is not None:
+            lower[b] = min(out[b], cut.before_paths)
         least = min(least, out[b])
         layout = cut.relaxed_layout()
         if layout is not None:
@@ -148,8 +154,10 @@ def search_round_robin(
     starts: list[Costed],
     families: list[str],
     incumbent: float,
+    lower: dict[int, float] | None = None,
 ) -> tuple[list[Costed], dict[int, float], int]:
-    """(candidates found, bound per micro-batch size, candidates simulated)."""
+    """(candidates found, bound per micro-batch size, candidates simulated). `lower`: filled with
+    the bounds without the stages' paths (layout_bounds)."""
     memo: dict = {}
     # a budget of simulated steps, not candidates: a candidate's simulation walks every (stage,
     # micro-batch) step, so 512 devices' 35 stages × 1024 micro-batches cost what 100 small ones do
@@ -161,7 +169,7 @@ def search_round_robin(
     full = budget
     limit = budget - int(FINISH * budget)
     spare = int(SPARE * budget)
-    bounds, relaxed = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo)
+    bounds, relaxed = layout_bounds(profile, topology, global_batch, limits, sizes, incumbent, memo, lower)
     best: Costed | None = None
     if not any(may_win(bounds[b], incumbent, None) for b in sizes):  # (no size where copies may win)
         return [], bounds, 0
@@ -458,6 +466,7 @@ class Copies:
         assert best is not None  # (wanted)
         starts = [c for c in state.found if c.schedule in ("1f1b", "zb_h1")]
         families = [f for f in RR if f in state.limits.allowed()]
+        lower: dict[int, float] = {}
         found, bounds, scored = search_round_robin(
             state.profile,
             state.topology,
@@ -467,8 +476,9 @@ class Copies:
             starts,
             families,
             best.iteration_s,
+            lower,
         )
         state.stats.nodes += scored
         if state.stats.gap_without_chunked is None:
             state.stats.gap_without_chunked = state.gap()
-        return Proposal(tuple(families), found, bounds)
+        return Proposal(tuple(families), found, bounds, lower=lower)
