@@ -21,22 +21,15 @@ from dapple_launch.planner.round_robin_search import contiguous
 from dapple_launch.schedule.round_robin import round_robin_constraint
 
 from .test_rank_schedules import random_profile
+from .test_round_robin import two_node_cluster
 
 
 def _draw(seed: int):
     """A random profile on a random two-node cluster whose network may be much slower than its nodes."""
     rng = random.Random(seed)
     profile = random_profile(rng, rng.choice([5, 7, 9]))
-    topo = Topology(
-        "t",
-        2,
-        rng.choice([2, 4]),
-        32e9,
-        10,
-        20e9,
-        rng.choice([5e9, 1e8, 1e7]),  # (a slow network: the sends are what the paths add)
-        inter_node_allreduce_bandwidth=rng.choice([3e9, 1e8]),
-    )
+    # (a slow network: the sends are what the paths add)
+    topo = two_node_cluster(rng, networks=(5e9, 1e8, 1e7), all_reduce=(3e9, 1e8))
     return rng, profile, topo
 
 

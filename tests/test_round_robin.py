@@ -46,6 +46,21 @@ from .test_rank_schedules import random_profile
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def two_node_cluster(rng: random.Random, networks: tuple[float, ...], all_reduce: tuple[float, ...]) -> Topology:
+    """Two nodes of 2 or 4 devices (32 GB, 20 GB/s inside a node), the network's and the all-reduce's
+    bandwidths drawn from `networks` and `all_reduce`, in that order."""
+    return Topology(
+        "t",
+        2,
+        rng.choice([2, 4]),
+        32e9,
+        10,
+        20e9,
+        rng.choice(list(networks)),
+        inter_node_allreduce_bandwidth=rng.choice(list(all_reduce)),
+    )
+
+
 @pytest.mark.parametrize("family", ["1f1b_rr", "zb_h1_rr"])
 def test_every_generated_order_of_copies_is_valid_and_routes_micro_batches_round_robin(family):
     for copies in [(1,), (3,), (2, 1), (1, 2), (3, 1), (2, 3, 1), (1, 1, 1), (4, 2, 2, 1)]:
@@ -268,16 +283,8 @@ def test_the_bound_over_every_cut_of_copies_stays_below_the_simulator_and_above_
         if seed >= 10:  # a weight the first and last layers share (a tied embedding), summed after both stages'
             nbytes = random.Random(100 + seed).choice([1e7, 1e8, 1e9])
             profile = replace(profile, tied=(((0, profile.num_layers - 1), nbytes),))
-        topo = Topology(
-            "t",
-            2,
-            rng.choice([2, 4]),
-            32e9,
-            10,
-            20e9,
-            rng.choice([5e9, 1e8, 40e9]),  # (the network may be faster than the node's links)
-            inter_node_allreduce_bandwidth=rng.choice([3e9, 1e8, 6e10]),
-        )
+        # (the network may be faster than the node's links)
+        topo = two_node_cluster(rng, networks=(5e9, 1e8, 40e9), all_reduce=(3e9, 1e8, 6e10))
         D, limits = topo.num_devices, Limits()
         for _ in range(8):
             S = rng.randint(1, min(4, D))
