@@ -72,11 +72,13 @@ class SearchState:
             self.found = [c for c in self.found if c.schedule in proposal.families]
             self.bounds, self.lower = {}, {}
         self.found += proposal.found
-        keys = {*self.bounds, *proposal.bounds}
-        self.bounds = {b: min(self.bounds.get(b, math.inf), proposal.bounds.get(b, math.inf)) for b in keys}
-        lower = proposal.bounds if proposal.lower is None else proposal.lower
-        keys = {*self.lower, *lower}
-        self.lower = {b: min(self.lower.get(b, math.inf), lower.get(b, math.inf)) for b in keys}
+        self.bounds = _least(self.bounds, proposal.bounds)
+        self.lower = _least(self.lower, proposal.bounds if proposal.lower is None else proposal.lower)
+
+
+def _least(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    """Per micro-batch size, the lesser of two bounds (a size one lacks: the other's)."""
+    return {k: min(a.get(k, math.inf), b.get(k, math.inf)) for k in {*a, *b}}
 
 
 def proven_gap(best: float, bounds: dict[int, float]) -> float:
