@@ -13,7 +13,6 @@ import pytest
 
 from dapple_launch.cluster import Topology
 from dapple_launch.planner.copies_bound import CopiesBound
-from dapple_launch.planner.copies_paths import StagePaths
 from dapple_launch.planner.cost import speed_ratio
 from dapple_launch.planner.limits import Limits
 from dapple_launch.planner.round_robin import canonical_copies, evaluate_rr
@@ -59,10 +58,11 @@ def test_each_stage_s_path_term_stays_below_the_simulated_time():
             if round_robin_constraint(copies, G // b):
                 continue
             speed = speed_ratio(profile, topo)
-            paths = StagePaths(profile, topo, G, b, speed)
-            terms = paths.terms(list(stops), replicas)
             capacity = topo.device_memory_bytes * (1 - limits.memory_headroom)
             own = CopiesBound(profile, topo, G, b, speed, limits.optimizer_factor, capacity)
+            paths = own.stage_paths()
+            assert paths is not None  # (up to 16 devices)
+            terms = paths.terms(list(stops), replicas)
             starts = (0, *stops[:-1])
             for family, depth in itertools.product(("1f1b_rr", "zb_h1_rr"), (1, 2, 4)):
                 layout = contiguous((0, *stops), tuple(replicas))

@@ -145,10 +145,15 @@ class CopiesBound:
         ws_slope = np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed
         plain = np.nonzero(g == r)[0]  # the columns of plain stages (one copy: r divides b)
         other = np.nonzero(g != r)[0]
+        # (up to copies_paths.PATH_DEVICES devices, each start's forwards and backwards are kept for
+        # the third programme, which reads them and the sends again: its links are the pairs')
+        spans = [] if D <= PATH_DEVICES and D <= PAIR_DEVICES else None
         for i in range(L):
             z = np.arange(i + 1, L + 1)[:, None]
             forward = ((ff[z] - ff[i]) + (f[z] - f[i] - (ff[z] - ff[i])) * per) * speed
             backward = ((bf[z] - bf[i]) + (bw[z] - bw[i] - (bf[z] - bf[i])) * per) * speed  # B(i, z)
+            if spans is not None:
+                spans.append((forward, backward))
             # the buckets holding layers i .. z - 1 are complete no sooner than a backward over
             # [i, stop) has run its layers down to z - 1, and their all-reduces (one after another,
             # together at least one ring of their bytes) begin no sooner: they end at least
@@ -225,8 +230,7 @@ class CopiesBound:
         self.fitting, self.priced_links = math.inf, False  # (bound()'s: what relaxed_layout reads)
         self.before_paths = math.nan  # (bound()'s value before its third programme)
         self._pair_inputs = (topology, M, b, cut, trip, drain) if D <= PAIR_DEVICES else None
-        paths = D <= PATH_DEVICES and D <= PAIR_DEVICES  # (its links are the pairs')
-        self._path_inputs = (profile, topology, global_batch, b, speed) if paths else None
+        self._path_inputs = (spans, send, turns, back) if spans is not None else None
 
     @staticmethod
     def _in_flight(kept, kept_fixed, received, workspace, weights, capacity, samples, pbs, turns, hold):
@@ -378,11 +382,16 @@ class CopiesBound:
         # then (up to PATH_DEVICES devices, and only up to a cap: its terms are not among `finite`)
         # with each stage's path through the stages before it (copies_paths.py), which only raises
         # it; self.fitting stays the pairs' (relaxed_layout's start is their layout)
-        if self._path_inputs is not None and value < cap and math.isfinite(cap):
-            paths, pairs = StagePaths(*self._path_inputs), self.pairs
+        paths = self.stage_paths()
+        if paths is not None and value < cap and math.isfinite(cap):
+            pairs = self.pairs
             fits = lambda T: paths.fits(T, self.stage_by_count, pairs)
             value = _least_fitting(fits, finite, value, cap, PATH_BISECTIONS)[0]
         return value
+
+    def stage_paths(self) -> StagePaths | None:
+        """The third programme's tables (copies_paths.py) on this bound's, up to its devices."""
+        return None if self._path_inputs is None else StagePaths(*self._path_inputs, self.column_of)
 
     def relaxed_layout(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """The relaxation's own layout where bound() priced every link and found a T that fits: the

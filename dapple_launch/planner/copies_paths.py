@@ -28,37 +28,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cluster import Topology
-from ..profile.model_profile import ModelProfile
-
 PATH_DEVICES = 16  # up to this many devices (its states and steps grow as D^2 per cut)
 PATH_BISECTIONS = 12  # halvings of [the pairs' bound, the cap]: a bound within 1/4096 of that span
 
 
 class StagePaths:
     """Per start i, each stop's and device count's path step and stage term (the docstring's), and
-    fits(T)."""
+    fits(T). Read from copies_bound's tables, whose columns are classes of alike device counts
+    (`column_of[r]`: r's class; a class shares its copies' devices, turns and links, so its
+    forwards, backwards and sends are every member's): `spans[i]`, the forwards and backwards of
+    every stop after i per class; `send[z - 1]`, the send over cut z per class; `turns` per class;
+    `back`, ModelProfile.least_input_share."""
 
-    def __init__(self, profile: ModelProfile, topology: Topology, global_batch: int, b: int, speed: float):
-        L, D, k, pbs = profile.num_layers, topology.num_devices, topology.devices_per_node, profile.batch_size
-        pre = profile._prefix
-        f, bw, ff, bf = (np.asarray(pre[key]) for key in ("f", "b", "ff", "bf"))
-        r = np.arange(1, D + 1)
-        g = np.gcd(r, b)  # each copy's devices (copies_bound.py)
-        per = (b // g) / pbs
-        self.turns = -(-(global_batch // b) // (r // g))  # the busiest copy's micro-batches
-        back = profile.least_input_share()
-        (across_bw, across_lat), (best_bw, best_lat) = topology.fastest_p2p_link(True), topology.fastest_p2p_link(False)
-        link_bw, link_lat = np.where(r >= k, across_bw, best_bw), np.where(r >= k, across_lat, best_lat)
-        cut = np.asarray(profile.cut_bytes[: L - 1], dtype=float) * b / pbs
+    def __init__(self, spans: list, send: np.ndarray, turns: np.ndarray, back: float, column_of: list[int]):
+        L, D = len(spans), len(column_of) - 1
+        columns = np.asarray(column_of[1:])  # (count r at index r - 1)
+        self.turns = turns[columns]  # the busiest copy's micro-batches
         self.rows = []  # per start i: (step, core, held), each (stops i + 1 .. L, counts 1 .. D)
-        for i in range(L):
-            z = np.arange(i + 1, L + 1)[:, None]
-            forward = ((ff[z] - ff[i]) + (f[z] - f[i] - (ff[z] - ff[i])) * per) * speed
-            backward = ((bf[z] - bf[i]) + (bw[z] - bw[i] - (bf[z] - bf[i])) * per) * speed
-            send = link_lat + cut[i - 1] / (g * link_bw) if i > 0 else np.zeros(D)
-            step = forward + (back * backward if i > 0 else backward) + 2 * send  # (what it adds to a path)
-            core = self.turns * (forward + backward) + 2 * send  # (its work and its cut both ways)
+        for i, (forward, backward) in enumerate(spans):
+            forward, backward = forward[:, columns], backward[:, columns]
+            over = send[i - 1, columns] if i > 0 else np.zeros(D)  # (over cut i)
+            step = forward + (back * backward if i > 0 else backward) + 2 * over  # (what it adds to a path)
+            core = self.turns * (forward + backward) + 2 * over  # (its work and its cut both ways)
             self.rows.append((step, core, (1 - back) * backward))  # (held: a W at most)
         self.L, self.D = L, D
 
