@@ -332,6 +332,32 @@ def _exhaustive_chunked(profile, topo, G, limits):
     return best
 
 
+def test_the_busiest_group_of_unlike_groups_is_weighed_where_the_layers_balance_them():
+    """busiest_group: a group of 1 device and one of 15 at b = 16 (the one runs a layer on 16 samples,
+    16 w; the fifteen on 2 each, 2 w). Layers split fractionally so both groups are as busy: x on the
+    one, 16 x = 2 (1 - x), x = 1 / 9, each busy 16 / 9 Σ w, and no cut does better. The groups'
+    average says Σ w (uniform weights) and the compute bound Σ w too (weights by devices)."""
+    import numpy as np
+
+    from dapple_launch.planner.shape_bound import busiest_group
+
+    w = np.array([1.0, 3.0, 2.0, 5.0])
+    one = lambda ends: busiest_group(np.array([16 * w, 2 * w]), np.ones(2), np.array([1.0, 15.0]), ends)
+    assert one(np.zeros(2)) == pytest.approx(16 / 9 * w.sum())
+    # with its ends: each y is a bound, so at least the balancing y's (1/9 of the weight on the one's
+    # class... here y = (2, 16) / 18 balances the work, and the ends add y · ends)
+    assert one(np.array([0.0, 9.0])) >= 16 / 9 * w.sum() + 16 / 18 * 9.0 - 1e-9
+    # three classes, one alike to another: the same optimum as two (the third weighs nothing extra)
+    three = busiest_group(np.array([16 * w, 2 * w, 2 * w]), np.ones(3), np.array([1.0, 15.0, 15.0]), np.zeros(3))
+    assert three == pytest.approx(
+        busiest_group(np.array([16 * w, 2 * w]), np.array([1.0, 2.0]), np.array([1.0, 15.0]), np.zeros(2))
+    )
+    # one class: the uniform average
+    assert busiest_group(np.array([2 * w]), np.array([4.0]), np.array([3.0]), np.array([1.0])) == pytest.approx(
+        1.0 + 2 * w.sum() / 4
+    )
+
+
 def test_the_fill_ahead_of_a_group_counts_the_layers_it_must_cross():
     """pipeline_ends: the k stages ahead of a group's earliest stage hold at least layers 0 .. k - 1,
     so the group waits for their forwards (and, with a whole backward, their backwards after it):
@@ -423,12 +449,22 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     forwards and all-reduces) is a lower bound on every plan of the shape, as the simulator of its
     rank orders times it; the link, tail and all-reduce terms decide the bound on some shapes (on
     clusters whose all-reduce is fast, slow or very slow), so they are tested, not idle."""
+    import numpy as np
+
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import shapes
-    from dapple_launch.planner.shape_bound import allreduce_bound, link_bound, num_stages, shape_bound, tail_bound
+    from dapple_launch.planner.shape_bound import (
+        _layer_times,
+        allreduce_bound,
+        link_bound,
+        num_stages,
+        pipeline_ends,
+        shape_bound,
+        tail_bound,
+    )
 
     rng = random.Random(7)
-    checked = link_decides = tail_decides = allreduce_decides = 0
+    checked = link_decides = tail_decides = allreduce_decides = weighed = 0
     for _ in range(12):
         topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
         if rng.random() < 0.5:  # every layer's output alike (a transformer's): the least cut is a real one
@@ -442,12 +478,29 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
                 link_decides += 1
             tail_decides += tail_bound(profile, topo, G, family, groups, b, {}) == bound
             allreduce_decides += allreduce_bound(profile, topo, G, family, v, groups, b, {}) == bound
+            # the two averages the weights start from (by group with the ends, by device): the best
+            # weights between decide some shapes of unlike groups
+            M, P, D = G // b, len(groups), sum(groups)
+            times = [(r, _layer_times(profile, topo, r, b, {})) for r in set(groups)]
+            least = np.min([t for _, t in times], axis=0)
+            averages = max(
+                M / P * np.min([t.sum(axis=1) for _, t in times], axis=0).sum()
+                + pipeline_ends(family, v, P, least[:, 0], least[:, 1]),
+                M / D * np.min([r * t.sum(axis=1) for r, t in times], axis=0).sum(),
+            )
+            assert bound >= averages * (1 - 1e-12)
+            weighed += bound > averages * (1 + 1e-6) and bound > max(
+                tail_bound(profile, topo, G, family, groups, b, {}),
+                allreduce_bound(profile, topo, G, family, v, groups, b, {}),
+                link_bound(profile, topo, G, family, v, groups, b) if family != "chimera" else 0.0,
+            )
             checked += _random_cuts_at_or_above(rng, bound, profile, topo, G, limits, family, v, groups, b, 3)
-    assert checked > 500 and min(link_decides, tail_decides, allreduce_decides) > 20, (
+    assert checked > 500 and min(link_decides, tail_decides, allreduce_decides, weighed) > 20, (
         checked,
         link_decides,
         tail_decides,
         allreduce_decides,
+        weighed,
     )
     # the fill and drain term where it is tightest: alike layers, one per stage, free transfers
     for family in ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera"):

@@ -2,15 +2,18 @@
 
 A shape is (family, stages per group v, the groups' replica counts, micro-batch size b). Group g
 runs each of the M micro-batches through every layer it holds, so it is busy at least
-M Σ_{l on g} t_l(r_g); the iteration is at least the busiest group's time, hence at least the
-average: T >= (M / P) Σ_l min_g t_l(r_g), t_l(r) a layer's forward and backward on ceil(b / r)
-samples; with each group's fill and drain (pipeline_ends), each layer's tail (tail_bound), the
-groups' all-reduces (allreduce_bound) and the busiest link (link_bound). These order and prune the
-shapes; group_bound.py raises the ones left open over their cuts.
+M Σ_{l on g} t_l(r_g); the iteration is at least the busiest group's time, hence at least any
+weighted average of the groups' times: T >= Σ_g y_g (ends_g + M Σ_{l on g} t_l(r_g)) >= Σ_g y_g
+ends_g + M Σ_l min_g y_g t_l(r_g) for every y on the simplex (busiest_group), t_l(r) a layer's
+forward and backward on ceil(b / r) samples and ends_g the group's fill and drain (group_ends);
+with each layer's tail (tail_bound), the groups' all-reduces (allreduce_bound) and the busiest link
+(link_bound). These order and prune the shapes; group_bound.py raises the ones left open over
+their cuts.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -38,22 +41,28 @@ def shape_bound(
     family: str | None = None,
     v: int = 2,
 ) -> float:
-    """T >= the busiest group's time >= any weighted average of the groups' busy times: by group
-    (M / P) Σ_l min_g t_l(r_g), and by device (M / D) Σ_l min_g r_g t_l(r_g) — the compute bound at
-    this micro-batch size, each replica paying a call's fixed cost. With `family`, the by-group
-    average also counts each group's fill and drain (pipeline_ends), and T >= the busiest link's
-    time (link_bound; not Chimera, whose routes depend on the micro-batch). `memo`: per (replicas,
-    b), each layer's forward and backward, shared by the shapes of one search."""
+    """T >= the busiest group's time >= any weighted average of the groups' busy times
+    (busiest_group): by group (M / P) Σ_l min_g t_l(r_g), by device (M / D) Σ_l min_g r_g t_l(r_g)
+    — the compute bound at this micro-batch size, each replica paying a call's fixed cost — and the
+    best weights between. With `family`, the average also counts each group's fill and drain
+    (group_ends), and T >= the busiest link's time (link_bound; not Chimera, whose routes depend on
+    the micro-batch). `memo`: per (replicas, b), each layer's forward and backward, shared by the
+    shapes of one search."""
     memo = {} if memo is None else memo
-    M, P, D = global_batch // b, len(groups), sum(groups)
-    times = [(r, _layer_times(profile, topology, r, b, memo)) for r in sorted(set(groups))]
-    by_group = np.min([t.sum(axis=1) for _, t in times], axis=0).sum()
-    by_device = np.min([r * t.sum(axis=1) for r, t in times], axis=0).sum()
-    ends = 0.0
+    M, P = global_batch // b, len(groups)
+    sizes = sorted(set(groups))
+    times = [(r, _layer_times(profile, topology, r, b, memo)) for r in sizes]
+    ends = np.zeros(P)
     if family is not None:
         least = np.min([t for _, t in times], axis=0)  # each layer's forward and backward at its fastest
-        ends = pipeline_ends(family, v, P, least[:, 0], least[:, 1])
-    bound = float(max(M / P * by_group + ends, M / D * by_device))
+        ends = group_ends(family, v, P, least[:, 0], least[:, 1])
+    members = [[g for g in range(P) if groups[g] == r] for r in sizes]
+    bound = busiest_group(
+        np.array([M * t.sum(axis=1) for _, t in times]),
+        np.array([len(m) for m in members], dtype=float),
+        np.array(sizes, dtype=float),
+        np.array([ends[m].mean() for m in members]),
+    )
     if family is not None:
         bound = max(bound, tail_bound(profile, topology, global_batch, family, groups, b, memo))
         bound = max(bound, allreduce_bound(profile, topology, global_batch, family, v, groups, b, memo))
@@ -116,12 +125,13 @@ def allreduce_bound(
     b: int,
     memo: dict,
 ) -> float:
-    """T >= the groups' average of fill_g + M Σ_{s on g} F_s + Σ_{s on g} AR_s (group_bound.py's
-    ar_g), whatever the cut: no all-reduce of a group starts before its stages have run every
+    """T >= any weighted average over the groups of fill_g + M Σ_{s on g} F_s + Σ_{s on g} AR_s
+    (group_bound.py's ar_g; busiest_group finds the weights), whatever the cut: no all-reduce of a group starts before its stages have run every
     forward (a stage's all-reduce follows its last gradient action, which follows the last
     micro-batch's forward on every stage), and a group's all-reduces run one after another. Summed
-    over the groups, each layer adds its M forwards and its share of a ring all-reduce's bytes
-    (latencies left out) on the group that holds it, at least the least over the groups; Chimera's
+    over the groups with weights y, each layer adds its M forwards and its share of a ring
+    all-reduce's bytes (latencies left out) on the group that holds it, times that group's weight:
+    at least the least over the groups; Chimera's
     stages run M / 2 on each of two alike groups and all-reduce over both (2 r devices), so each
     layer adds M forwards and two all-reduces of its bytes. Where weights are heavy against the
     forwards (GNMT-32 on 16 × 1 V100 at 10 Gbps: a group of 2 all-reduces across nodes), it is what
@@ -129,37 +139,101 @@ def allreduce_bound(
     M, P, k = global_batch // b, len(groups), topology.devices_per_node
     both = 2 if family == "chimera" else 1
     weights = _layer_weights(profile, memo)
-    least, fastest = None, None
-    for r in set(groups):
+    sizes = sorted(set(groups))
+    work, fastest = [], None
+    for r in sizes:
         forwards = _layer_times(profile, topology, r, b, memo)[:, 0]
         over = r * both  # the all-reduce's devices (at their best placement)
         per_byte = 2 * (over - 1) / over / topology.fastest_allreduce_link(over > k)[0]
-        each = M * forwards + both * per_byte * weights
-        least = each if least is None else np.minimum(least, each)
+        work.append(M * forwards + both * per_byte * weights)
         fastest = forwards if fastest is None else np.minimum(fastest, forwards)
-    if least is None or fastest is None:
+    if fastest is None:
         return 0.0
-    # (the fills: pipeline_ends' with no backward)
-    return float(least.sum() / P + pipeline_ends(family, v, P, fastest, np.zeros_like(fastest)))
+    # (the fills: group_ends' with no backward), and the groups weighed as busiest_group weighs them
+    fills = group_ends(family, v, P, fastest, np.zeros_like(fastest))
+    members = [[g for g in range(P) if groups[g] == r] for r in sizes]
+    counts = np.array([len(m) for m in members], dtype=float)
+    return busiest_group(
+        np.array(work), counts, np.array(sizes, dtype=float), np.array([fills[m].mean() for m in members])
+    )
 
 
-def pipeline_ends(family: str, v: int, groups: int, forwards: np.ndarray, backwards: np.ndarray) -> float:
-    """The groups' average idle time at the ends of any plan of the shape. A group's first compute
-    waits for micro-batch 0's forward through the k stages ahead of its earliest stage (k: that
-    stage's position in its pipeline). Those k stages hold the layers before it, at least one each
-    and from layer 0: at least layers 0 .. k - 1, each at its fastest (`forwards[l]`, on any group's
+def busiest_group(
+    work: np.ndarray, counts: np.ndarray, replicas: np.ndarray, ends: np.ndarray, sweeps: int = 2
+) -> float:
+    """max over y on the simplex of Σ_g y_g ends_g + Σ_l min_g y_g w_l(r_g), the groups in classes
+    of one replica count (work[c, l]: what layer l costs a group of the class, M t_l(r) for the
+    busy term, counts[c] such groups of replicas[c] devices, ends[c] their average fill and drain),
+    each class's groups weighed alike (y_g = u_c / n_c, u on the simplex: the function is concave
+    and symmetric within a class, so these reach its most). Uniform weights are the by-group
+    average, weights by devices (for the busy term) the compute bound; where the classes differ (a group of 1 and one of 15 at
+    b = 16: the one device runs its layers on 16 samples, the fifteen on 2 each) the best y between
+    is up to 1.8 times either: the busiest group's time where the layers, split fractionally,
+    balance the two. Found by exact line searches over each pair of classes (on a line the
+    function is piecewise linear: its breakpoints are the candidates), from the better of the two
+    averages; every y tried is a bound."""
+    k = len(counts)
+    if k == 1:  # (one class: uniform weights, the groups' average)
+        return float(ends[0] + work[0].sum() / counts[0])
+    per = work / counts[:, None]  # [c, l]: a layer's time on the class's groups, over their number
+
+    def value(u: np.ndarray) -> np.ndarray:  # u: [..., k] -> [...]
+        return u @ ends + np.min(u[..., :, None] * per, axis=-2).sum(axis=-1)
+
+    # by group, by device, and by speed: each group weighed as the inverse of its whole model's
+    # time (u_c ∝ n_c / Σ_l w_c[l]), the optimum where the classes' times are proportional (the
+    # layers then balance the groups exactly, every layer's terms alike across them)
+    starts = [counts / counts.sum(), counts * replicas / (counts * replicas).sum()]
+    if (work.sum(axis=1) > 0).all():  # (no micro-batch, no work: the averages alone)
+        speed = counts / work.sum(axis=1)
+        starts.append(speed / speed.sum())
+    starts = np.stack(starts)
+    values = value(starts)
+    u, best = starts[int(np.argmax(values))], float(values.max())
+    for _ in range(0 if k == 1 else 1 if k == 2 else sweeps):  # (two classes: one line, searched whole)
+        for a, c in itertools.combinations(range(k), 2):
+            s = u[a] + u[c]
+            others = [o for o in range(k) if o not in (a, c)]
+            rest = np.min(u[others, None] * per[others], axis=0) if others else np.full(per.shape[1], np.inf)
+            with np.errstate(divide="ignore", invalid="ignore"):  # (a layer of no time: no breakpoint)
+                x = np.concatenate((s * per[c] / (per[a] + per[c]), rest / per[a], s - rest / per[c], [0.0, s]))
+            x = np.unique(np.clip(x[np.isfinite(x)], 0.0, s))
+            trial = np.repeat(u[None, :], len(x), axis=0)
+            trial[:, a], trial[:, c] = x, s - x
+            values = value(trial)
+            if values.max() > best:
+                u, best = trial[int(np.argmax(values))], float(values.max())
+    return best
+
+
+def group_ends(family: str, v: int, groups: int, forwards: np.ndarray, backwards: np.ndarray) -> np.ndarray:
+    """Each group's idle time at the ends of any plan of the shape. A group's first compute waits
+    for micro-batch 0's forward through the k stages ahead of its earliest stage (k: that stage's
+    position in its pipeline). Those k stages hold the layers before it, at least one each and from
+    layer 0: at least layers 0 .. k - 1, each at its fastest (`forwards[l]`, on any group's
     replicas): T >= Σ_{l<k_g} F_l + busy_g + ..., on every group. With a whole backward the group's
-    last action is a B of its earliest stage (any later one would precede the B's of its own earlier
-    stages), after which the last micro-batch's gradient still crosses those layers on other
-    groups: + Σ_{l<k_g} B_l. A split backward may end a group on a W, so it counts no drain."""
+    last action is a B of its earliest stage (any later one would precede the B's of its own
+    earlier stages), after which the last micro-batch's gradient still crosses those layers on
+    other groups: + Σ_{l<k_g} B_l. A split backward may end a group on a W, so it counts no drain."""
+    per_layer = forwards + (backwards if family not in SPLIT_BACKWARD else 0.0)
+    ahead = np.concatenate(([0.0], np.cumsum(per_layer)))  # ahead[k]: layers 0 .. k - 1
+    return ahead[np.minimum(np.array(_earliest_stages(family, v, groups)), len(per_layer))]
+
+
+@functools.cache
+def _earliest_stages(family: str, v: int, groups: int) -> tuple[int, ...]:
+    """Each group's earliest stage (its position in its pipeline)."""
     S = num_stages(family, v, (1,) * groups)
     first = [S] * groups
     for s in range(S):
         for g in groups_of(family, s, groups):  # (Chimera: both copies of stage s are s-th in their pipeline)
             first[g] = min(first[g], s)
-    per_layer = forwards + (backwards if family not in SPLIT_BACKWARD else 0.0)
-    ahead = np.concatenate(([0.0], np.cumsum(per_layer)))  # ahead[k]: layers 0 .. k - 1
-    return float(sum(ahead[min(k, len(per_layer))] for k in first) / groups)
+    return tuple(first)
+
+
+def pipeline_ends(family: str, v: int, groups: int, forwards: np.ndarray, backwards: np.ndarray) -> float:
+    """The groups' average idle time at the ends of any plan of the shape (group_ends)."""
+    return float(group_ends(family, v, groups, forwards, backwards).mean())
 
 
 def link_bound(
