@@ -603,8 +603,9 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
     fill, its stages' work and drain, or its forwards and all-reduces, weighted and minimised by a
     programme over cuts) is below the simulated time of every cut of the shape, for every chunked
     family, and decides more than the cut-blind shape bound on a good share of the shapes."""
-    from dapple_launch.planner.chunked_search import _layer_times, shape_bound, shapes
+    from dapple_launch.planner.chunked_search import _layer_times, shapes
     from dapple_launch.planner.group_bound import GroupBound
+    from dapple_launch.planner.shape_bound import shape_bound
 
     rng = random.Random(3)
     checked = higher = total = 0

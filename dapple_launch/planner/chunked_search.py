@@ -29,9 +29,11 @@ take contiguous devices in order.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..cluster import Topology
@@ -64,7 +66,7 @@ from .path_bound import (
     order_actions,
 )
 from .proposal import Proposal, SearchState
-from .shape_bound import _layer_times, num_stages, shape_bound
+from .shape_bound import _layer_times, num_stages, shape_bounds
 from .shape_memory import holds_model, room_bound, span_masks
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
@@ -194,19 +196,19 @@ def _shape_bound(
     memo: dict,
     room: tuple[float, float] | None,
     recomputed: bool = False,
-) -> float:
-    """shape_bound, and where `room` (optimizer factor, usable bytes a device) the room memory
-    leaves for micro-batches in flight (shape_memory.room_bound: the stages keep their activations,
-    or where `recomputed` their inputs alone)."""
-    bound = shape_bound(profile, topology, global_batch, groups, b, memo, family, v)
+    cap: float = math.inf,
+) -> tuple[float, float]:
+    """shape_bounds (the bound, and the plain one the search orders by), each with, where `room`
+    (optimizer factor, usable bytes a device), the room memory leaves for micro-batches in flight
+    (shape_memory.room_bound: the stages keep their activations, or where `recomputed` their inputs
+    alone)."""
+    bound, plain = shape_bounds(profile, topology, global_batch, groups, b, memo, family, v, cap)
     if room is None:
-        return bound
+        return bound, plain
     least = _layer_times(profile, topology, max(groups), b, memo)  # (the fewest samples a device runs)
     factor, usable = room
-    return max(
-        bound,
-        room_bound(profile, topology, global_batch, family, v, groups, b, factor, usable, least, memo, recomputed),
-    )
+    roomy = room_bound(profile, topology, global_batch, family, v, groups, b, factor, usable, least, memo, recomputed)
+    return max(bound, roomy), max(plain, roomy)
 
 
 def search_chunked(
@@ -228,6 +230,7 @@ def search_chunked(
     budget = max(1, int(limits.search_nodes * SHARE))
     memo: dict = {}
     todo, again = _bounded_shapes(profile, topology, global_batch, limits, sizes, memo)
+    weighing = memo.pop("weighed")  # (per shape, its bound with the groups weighed, when asked: _bounded_shapes)
     # the shapes whose every candidate recomputes (strategy.recompute=auto: no cut fits keeping)
     forced = again[1] if again is not None and limits.recompute == "auto" else set()
     found: list[Costed] = []
@@ -394,14 +397,24 @@ def search_chunked(
     cells = limits.search_nodes * BOUND_CELLS_PER_NODE
     first = floor if first_floor is None else min(floor, first_floor)
     raise_to = min(best, floor) if first < floor else None
-    bounds = cut_bounds(profile, topology, global_batch, open_shapes, min(best, first), memo, cells, again, raise_to)
+    weighed = lambda shape: weighing[shape]()[0]
+    bounds = cut_bounds(
+        profile, topology, global_batch, open_shapes, min(best, first), memo, cells, again, raise_to, weighed
+    )
     return found, bounds, scored
 
 
 def _bounded_shapes(
-    profile: ModelProfile, topology: Topology, global_batch: int, limits: Limits, sizes: list[int], memo: dict
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    sizes: list[int],
+    memo: dict,
 ) -> tuple[list[tuple], tuple[ModelProfile, set] | None]:
-    """The shapes (bound, family, v, groups, b) in increasing bound, and where some recompute every
+    """The shapes (bound, family, v, groups, b) in increasing bound, the plain one (shape_bounds:
+    memo["weighed"] holds per shape a call that gives its bound with the groups weighed), and where
+    some recompute every
     layer of every candidate (strategy.recompute=full, or auto where no cut fits keeping the
     activations: chunked.recomputes_to_fit), the profile their bounds read (each layer's backward
     runs its forward again: recomputed_profile) with the set of those shapes (family, v, groups, b).
@@ -412,27 +425,48 @@ def _bounded_shapes(
     some = limits.recompute == "full" or any(recomputes_to_fit(limits, f) for f in limits.allowed())
     heavier = recomputed_profile(profile) if some else profile
     rmemo = memo.setdefault("recomputed", {}) if some else memo
-    rows, whole = [], set()
+    rows, whole, weighed = [], set(), memo.setdefault("weighed", {})
     keeps = {}  # per shape, whether its candidates keep their activations (None: either; cut_bounds' masks)
     if limits.recompute != "selective":
         memo["room"] = (*room, keeps)
+
+    def bounds_of(f: str, v: int, g: tuple[int, ...], b: int, cap: float) -> tuple[float, float]:
+        """(bound, plain) of a shape as keeps[shape] says it may run (shape_bounds' `cap`)."""
+        kept = keeps[(f, v, g, b)]
+        if kept is True:
+            return _shape_bound(
+                profile,
+                topology,
+                global_batch,
+                f,
+                v,
+                g,
+                b,
+                memo,
+                room if keeps_activations(limits, f) else None,
+                cap=cap,
+            )
+        recomputing = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True, cap)
+        if kept is False:
+            return recomputing
+        keeping = _shape_bound(profile, topology, global_batch, f, v, g, b, memo, room, cap=cap)
+        return min(keeping[0], recomputing[0]), min(keeping[1], recomputing[1])
+
     for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes):
         if keeps_activations(limits, f) or not some:  # (selective: the plain bound holds)
             keeps[(f, v, g, b)] = True
-            bound = _shape_bound(
-                profile, topology, global_batch, f, v, g, b, memo, room if keeps_activations(limits, f) else None
-            )
         elif limits.recompute == "auto" and holds_model(
             profile, topology, global_batch, limits, f, v, g, b, keeps=True
         ):
             keeps[(f, v, g, b)] = None
-            kept = _shape_bound(profile, topology, global_batch, f, v, g, b, memo, room)
-            bound = min(kept, _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True))
         else:
             keeps[(f, v, g, b)] = False
-            bound = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True)
             whole.add((f, v, g, b))
-        rows.append((bound, f, v, g, b))
+        # the plain bound now (a cap below every bound: no weights), the weighed one only for the
+        # shapes the search leaves open (search_chunked), a few of the thousands
+        plain = bounds_of(f, v, g, b, -math.inf)[1]
+        rows.append((plain, f, v, g, b))
+        weighed[(f, v, g, b)] = functools.partial(bounds_of, f, v, g, b, math.inf)
     rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
     if some:
         rmemo["built"] = memo.setdefault("built", set())  # (the rank orders are the same: built once)
@@ -449,6 +483,7 @@ def cut_bounds(
     cells: float,
     recomputed: tuple[ModelProfile, set] | None = None,
     raise_to: float | None = None,
+    weighed: Callable[[tuple], float] | None = None,
 ) -> dict[int, float]:
     """Per micro-batch size, the least bound of the shapes left open, each raised by the bound over
     its cuts (group_bound.py) as far as it decides the gap: in increasing shape bound, each only up
@@ -465,7 +500,11 @@ def cut_bounds(
     families' least bound is above `best` (a dearer bound of theirs that the passes above do not aim
     at, so they spend as they would without it: Proposal.lower), one more pass within RAISE_CELLS
     as many cells raises the shapes left below it, in increasing bound, each up to the least so
-    far: no shape ends lower than it would without that bound."""
+    far: no shape ends lower than it would without that bound. `weighed`: a shape's bound with the
+    groups weighed (shape_bound.busiest_group), which each shape's result is raised to at the end
+    (asked only of the shapes that could be their size's least: a few of the open ones): the passes
+    run on the plain bounds, as the search orders and prunes by them, so the cells go where they
+    went without the weights and no shape ends lower than it would without them."""
     heavier, whole = recomputed if recomputed is not None else (profile, set())
 
     def group_bound(family, v, groups, b) -> GroupBound:
@@ -539,7 +578,11 @@ def cut_bounds(
     if raise_to is not None and raise_to > best:
         raise_rows(raise_to, given * RAISE_CELLS)
     bounds: dict[int, float] = {}
-    for bound, _, _, _, b, _ in rows:
+    for bound, family, v, groups, b, _ in sorted(rows, key=lambda x: (x[0], x[1], x[2], x[3], x[4])):
+        if b in bounds and bound >= bounds[b]:  # (raised or not, it is no less than its size's least)
+            continue
+        if weighed is not None:
+            bound = max(bound, weighed((family, v, groups, b)))
         bounds[b] = min(bounds.get(b, math.inf), bound)
     return bounds
 
