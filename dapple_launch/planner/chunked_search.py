@@ -196,13 +196,13 @@ def _shape_bound(
     memo: dict,
     room: tuple[float, float] | None,
     recomputed: bool = False,
-    cap: float = math.inf,
+    weigh: bool = True,
 ) -> tuple[float, float]:
     """shape_bounds (the bound, and the plain one the search orders by), each with, where `room`
     (optimizer factor, usable bytes a device), the room memory leaves for micro-batches in flight
     (shape_memory.room_bound: the stages keep their activations, or where `recomputed` their inputs
     alone)."""
-    bound, plain = shape_bounds(profile, topology, global_batch, groups, b, memo, family, v, cap)
+    bound, plain = shape_bounds(profile, topology, global_batch, groups, b, memo, family, v, weigh)
     if room is None:
         return bound, plain
     least = _layer_times(profile, topology, max(groups), b, memo)  # (the fewest samples a device runs)
@@ -414,8 +414,7 @@ def _bounded_shapes(
 ) -> tuple[list[tuple], tuple[ModelProfile, set] | None]:
     """The shapes (bound, family, v, groups, b) in increasing bound, the plain one (shape_bounds:
     memo["weighed"] holds per shape a call that gives its bound with the groups weighed), and where
-    some recompute every
-    layer of every candidate (strategy.recompute=full, or auto where no cut fits keeping the
+    some recompute every layer of every candidate (strategy.recompute=full, or auto where no cut fits keeping the
     activations: chunked.recomputes_to_fit), the profile their bounds read (each layer's backward
     runs its forward again: recomputed_profile) with the set of those shapes (family, v, groups, b).
     Where a shape's stages keep their activations (chunked.keeps_activations) the room memory
@@ -430,8 +429,8 @@ def _bounded_shapes(
     if limits.recompute != "selective":
         memo["room"] = (*room, keeps)
 
-    def bounds_of(f: str, v: int, g: tuple[int, ...], b: int, cap: float) -> tuple[float, float]:
-        """(bound, plain) of a shape as keeps[shape] says it may run (shape_bounds' `cap`)."""
+    def bounds_of(f: str, v: int, g: tuple[int, ...], b: int, weigh: bool) -> tuple[float, float]:
+        """(bound, plain) of a shape as keeps[shape] says it may run (shape_bounds' `weigh`)."""
         kept = keeps[(f, v, g, b)]
         if kept is True:
             return _shape_bound(
@@ -444,12 +443,12 @@ def _bounded_shapes(
                 b,
                 memo,
                 room if keeps_activations(limits, f) else None,
-                cap=cap,
+                weigh=weigh,
             )
-        recomputing = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True, cap)
+        recomputing = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True, weigh)
         if kept is False:
             return recomputing
-        keeping = _shape_bound(profile, topology, global_batch, f, v, g, b, memo, room, cap=cap)
+        keeping = _shape_bound(profile, topology, global_batch, f, v, g, b, memo, room, weigh=weigh)
         return min(keeping[0], recomputing[0]), min(keeping[1], recomputing[1])
 
     for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes):
@@ -462,11 +461,11 @@ def _bounded_shapes(
         else:
             keeps[(f, v, g, b)] = False
             whole.add((f, v, g, b))
-        # the plain bound now (a cap below every bound: no weights), the weighed one only for the
-        # shapes the search leaves open (search_chunked), a few of the thousands
-        plain = bounds_of(f, v, g, b, -math.inf)[1]
+        # the plain bound now, the weighed one only for the shapes the search leaves open that could
+        # be their size's least (cut_bounds), a few of the thousands
+        plain = bounds_of(f, v, g, b, False)[1]
         rows.append((plain, f, v, g, b))
-        weighed[(f, v, g, b)] = functools.partial(bounds_of, f, v, g, b, math.inf)
+        weighed[(f, v, g, b)] = functools.partial(bounds_of, f, v, g, b, True)
     rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
     if some:
         rmemo["built"] = memo.setdefault("built", set())  # (the rank orders are the same: built once)

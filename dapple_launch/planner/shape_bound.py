@@ -7,8 +7,8 @@ weighted average of the groups' times: T >= Σ_g y_g (ends_g + M Σ_{l on g} t_l
 ends_g + M Σ_l min_g y_g t_l(r_g) for every y on the simplex (busiest_group), t_l(r) a layer's
 forward and backward on ceil(b / r) samples and ends_g the group's fill and drain (group_ends);
 with each layer's tail (tail_bound), the groups' all-reduces (allreduce_bound) and the busiest link
-(link_bound). These order and prune the shapes; group_bound.py raises the ones left open over
-their cuts.
+(link_bound). With the plain averages (uniform, by device) these order and prune the shapes; the
+best weights raise what the ones left open prove, and group_bound.py raises those over their cuts.
 """
 
 from __future__ import annotations
@@ -60,15 +60,15 @@ def shape_bounds(
     memo: dict | None = None,
     family: str | None = None,
     v: int = 2,
-    cap: float = math.inf,
+    weigh: bool = True,
 ) -> tuple[float, float]:
     """shape_bound, and the same with the plain averages alone (uniform weights with the ends, by
     device without; the all-reduce term's uniform): the search orders, prunes and spends its bounds'
     cells by the plain one, and takes the weighed one where it states what it proved
     (chunked_search.cut_bounds' `weighed`): a bound that moved the shapes' order moved where the
     budget went, and left some shapes' proofs lower than before (14 of 1,200 fuzz seeds, 0.6 % ->
-    17.6 % on one). Where the plain one reaches `cap` (the best plan so far: the shape is cut
-    either way) it is both."""
+    17.6 % on one). Without `weigh`, both are the plain one (the weights cost 0.1-0.2 ms a shape,
+    and a search has thousands of shapes, a few of them left open)."""
     memo = {} if memo is None else memo
     M, P, D = global_batch // b, len(groups), sum(groups)
     sizes = sorted(set(groups))
@@ -87,7 +87,7 @@ def shape_bounds(
         plain = max(plain, reduced[-1])
     if family is not None and family != "chimera":
         plain = max(plain, link_bound(profile, topology, global_batch, family, v, groups, b))
-    if len(sizes) == 1 or plain >= cap:  # (alike groups: the weights are uniform; past the cap: no use)
+    if len(sizes) == 1 or not weigh:  # (alike groups: the weights are uniform)
         return float(plain), float(plain)
     members = [[g for g in range(P) if groups[g] == r] for r in sizes]
     counts = np.array([len(m) for m in members], dtype=float)
@@ -153,14 +153,14 @@ def allreduce_bound(
     memo: dict,
 ) -> float:
     """T >= any weighted average over the groups of fill_g + M Σ_{s on g} F_s + Σ_{s on g} AR_s
-    (group_bound.py's ar_g; busiest_group finds the weights), whatever the cut: no all-reduce of a group starts before its stages have run every
-    forward (a stage's all-reduce follows its last gradient action, which follows the last
-    micro-batch's forward on every stage), and a group's all-reduces run one after another. Summed
-    over the groups with weights y, each layer adds its M forwards and its share of a ring
-    all-reduce's bytes (latencies left out) on the group that holds it, times that group's weight:
-    at least the least over the groups; Chimera's
-    stages run M / 2 on each of two alike groups and all-reduce over both (2 r devices), so each
-    layer adds M forwards and two all-reduces of its bytes. Where weights are heavy against the
+    (group_bound.py's ar_g; busiest_group finds the weights), whatever the cut: no all-reduce of a
+    group starts before its stages have run every forward (a stage's all-reduce follows its last
+    gradient action, which follows the last micro-batch's forward on every stage), and a group's
+    all-reduces run one after another. Summed over the groups with weights y, each layer adds its M
+    forwards and its share of a ring all-reduce's bytes (latencies left out) on the group that
+    holds it, times that group's weight: at least the least over the groups; Chimera's stages run
+    M / 2 on each of two alike groups and all-reduce over both (2 r devices), so each layer adds M
+    forwards and two all-reduces of its bytes. Where weights are heavy against the
     forwards (GNMT-32 on 16 × 1 V100 at 10 Gbps: a group of 2 all-reduces across nodes), it is what
     a shape's bound is short of without a programme over its cuts."""
     each, counts, sizes, fills, uniform = _allreduce_terms(profile, topology, global_batch, family, v, groups, b, memo)
@@ -208,9 +208,9 @@ def busiest_group(
     busy term, counts[c] such groups of replicas[c] devices, ends[c] their average fill and drain),
     each class's groups weighed alike (y_g = u_c / n_c, u on the simplex: the function is concave
     and symmetric within a class, so these reach its most). Uniform weights are the by-group
-    average, weights by devices (for the busy term) the compute bound; where the classes differ (a group of 1 and one of 15 at
-    b = 16: the one device runs its layers on 16 samples, the fifteen on 2 each) the best y between
-    is up to 1.8 times either: the busiest group's time where the layers, split fractionally,
+    average, weights by devices (for the busy term) the compute bound; where the classes differ (a
+    group of 1 and one of 15 at b = 16: the one device runs its layers on 16 samples, the fifteen
+    on 2 each) the best y between is up to 1.8 times either: the busiest group's time where the layers, split fractionally,
     balance the two. Found by exact line searches over each pair of classes (on a line the
     function is piecewise linear: its breakpoints are the candidates), from the best of the two
     averages and the speeds' weights (the optimum where the classes' times are proportional, as a
