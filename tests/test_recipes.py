@@ -99,7 +99,7 @@ def test_the_vgg_recipe_is_dapples_uneven_split(tmp_path):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_cpu_recipes_train(tmp_path, recipe):
     # (which recipes run here is asked when the test runs: composing all of them at collection cost
-    # every pytest run's workers 3 s each, the fast tier's included, which never runs this test)
+    # every pytest worker 0.5-1 s of its collection, the fast tier's included, which never runs this test)
     cluster = compose([f"+recipe={recipe}"]).cluster
     if cluster.name != "local":
         pytest.skip(f"recipe {recipe} runs on {cluster.name}: its dry run is test_every_recipe_plans_in_a_dry_run's")
