@@ -215,7 +215,7 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             nxt = np.where(nxt <= D, nxt, D + 1)
             lat, bw = (np.stack(v) for v in zip(*(_links(x, int(r)) for r in R)))
             slope, fixed = (np.stack(v) for v in zip(*(_allreduce_factors(topo, int(r)) for r in R)))
-            out.append((R, nxt, lat, bw, slope, fixed, np.ceil(x.micro_batch / R)))
+            out.append((c, R, nxt, lat, bw, slope, fixed, np.ceil(x.micro_batch / R)))
         return out
 
     every_stop = chunked(max(1, 65536 // (L * D)))
@@ -256,7 +256,10 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             link_stop_at[table, a:w] = np.where(better, z[flat % len(z)], link_stop_at[table, a:w])
             link_replicas_at[table, a:w] = np.where(better, R[flat // len(z)], link_replicas_at[table, a:w])
 
-        for R, nxt, lat, bw, slope, fixed, n_all in last_stop if last_only else every_stop:  # (replicas, stop, start)
+        # the tied weights' sums (links' tables) of every stop and count at once: one call a row
+        tied_all = tied_floor_s(p, i, z_all, np.asarray(replicas), topo) if p.tied else None
+        chunks = last_stop if last_only else every_stop
+        for c, R, nxt, lat, bw, slope, fixed, n_all in chunks:  # (offset, replicas, stop, start)
             # stops whose stage is too slow even with the chunk's most replicas are left out
             useful = int(np.searchsorted(stage_fixed_all + stage_work_all * n_all[-1], x.stage_time_cap, side="right"))
             if useful == 0:
@@ -286,9 +289,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 np.inf,
                 stage_fixed[None, :] + stage_work[None, :] * n[:, None],
             )[:, :, None]
-            link = np.where(
-                (z < L)[None, :, None], lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :], 0.0
-            )
+            link = lat[:, None, :] + (sent[None, :] / R[:, None])[:, :, None] / bw[:, None, :]
+            if z[-1] == L:  # (a stage that ends the model sends nothing)
+                link = np.where((z < L)[None, :, None], link, 0.0)
             rest = ahead(bound)  # the completion from device s + r on
             value = np.maximum(np.maximum(t, link), rest).reshape(-1, w - a)
             flat = value.argmin(axis=0)
@@ -304,13 +307,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             forward = stage_fwd_fixed[None, :, None] + stage_fwd[None, :, None] * n[:, None, None]
             # what is left of the all-reduce after the last backward, whose buckets it may overlap
             # (planner/allreduce.py): at least one all-reduce of every byte less that backward
-            ar = np.where(
-                stage_param_bytes[None, :, None] > 0,
-                np.maximum(
-                    0.0, stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :] - (t - forward)
-                ),
-                0.0,
+            ar = np.maximum(
+                0.0, stage_param_bytes[None, :, None] * slope[:, None, :] + fixed[:, None, :] - (t - forward)
             )
+            if not (stage_param_bytes > 0).all():  # (a stage without weights all-reduces nothing)
+                ar = np.where(stage_param_bytes[None, :, None] > 0, ar, 0.0)
             forward_in = forward + link
             end = np.maximum(M * t + two_links + ar + rest_sum, forward_in + ahead(stage_end))
             end_at[a:w] = np.minimum(end_at[a:w], end.min(axis=(0, 1)))
@@ -327,8 +328,8 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             sends = t + (M + 1) * link
             # and, for the proof only too, a weight the stage shares with a layer outside it: summed
             # after its own all-reduce (allreduce.tied_floor_s)
-            if p.tied:
-                ar = ar + tied_floor_s(p, i, z, R, topo).T[:, :, None]
+            if tied_all is not None:
+                ar = ar + tied_all[:useful, c : c + len(R)].T[:, :, None]
             own = np.maximum(trip, sends + rest_sum) + np.maximum(ar, drain[i])
             keep_least(0, np.maximum(own, forward_in + ahead(reach_l)))
             # what the device's memory leaves micro-batches beside the weights and one layer's workspace
@@ -338,8 +339,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 - (stage_ws_fixed[None, :] + stage_ws_slope[None, :] * n[:, None])
             )
             if reach_r is not None:  # the same with the room for micro-batches in flight (recompute_room)
-                # a micro-batch's hold: its way on, the later stages' passes and back, this stage's backward
-                hold = two_links + rest_sum + (t - forward)
+                # a micro-batch's hold: its way on, the later stages' passes and back, this stage's
+                # backward (at the cells recompute_room raises: most of a row's are not)
+                def hold(at, two_links=two_links, rest_sum=rest_sum, back_t=t - forward):
+                    return (_at(two_links, at) + _at(rest_sum, at)) + _at(back_t, at)
+
                 roomy = recompute_room(
                     str(x.recompute),  # (one of none, full, auto: reach_r is built)
                     M,
@@ -379,8 +383,11 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
             # and at most `most` at once within memory; they split into `most` runs of disjoint
             # holds (copies_bound.CopiesBound._in_flight), one of M / most after the first forward
             runs = runs_of_holds(room, kept_mb, M)[:, :, None]
-            with np.errstate(invalid="ignore"):  # (inf where none fits, not inf × 0)
-                held = np.where(np.isfinite(runs), forward + runs * (way + input_), np.inf)
+            if np.isfinite(runs).all():
+                held = forward + runs * (way + input_)
+            else:
+                with np.errstate(invalid="ignore"):  # (inf where none fits, not inf × 0)
+                    held = np.where(np.isfinite(runs), forward + runs * (way + input_), np.inf)
             last_i = np.maximum(last_i, held)
             computed = np.maximum(np.maximum(last_w + ar, last_i + back * drain[i]), forward_in + ahead(compute_l))
             keep_least(1, computed)
@@ -437,6 +444,11 @@ def _first_starts(x: BoundInputs, replicas: list[int], call, work, params) -> np
         least = np.where(fits, R[:, None], np.inf).min(axis=0)  # each stop's fewest replicas
         fewest[j + 1 :] = np.minimum(fewest[j + 1 :], fewest[j] + least)
     return np.where(np.isfinite(fewest), np.minimum(fewest, x.topology.num_devices), x.topology.num_devices).astype(int)
+
+
+def _at(values: np.ndarray, at: tuple) -> np.ndarray:
+    """values, broadcast to the (replicas, stop, start) cells, at the cells `at` (index arrays)."""
+    return values[tuple(ix if n > 1 else 0 * ix for ix, n in zip(at, values.shape))]
 
 
 def _last_finite(finite: np.ndarray) -> int:
