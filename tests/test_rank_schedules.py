@@ -767,7 +767,8 @@ def test_a_chimera_groups_bound_counts_the_drain_after_its_last_backward():
     crosses the layers ahead of the group's earliest stage, so its bound counts that drain as it
     does under interleaved 1F1B. Four alike layers on four groups (one cut): group 1 runs 2 × 2
     micro-batches through stages 1 and 2 (12), waits for layer 0's forward (1) and leaves its
-    backward (2): the bound passes the 13 of the fill alone and stays under the simulator."""
+    backward (2): the bound reaches those 15, past the 13 of the fill alone, and stays under the
+    simulator (the paths' game, solved exactly, adds the steps' small fixed costs too)."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
     from dapple_launch.planner.chunked_search import _layer_times
     from dapple_launch.planner.group_bound import GroupBound
@@ -779,7 +780,7 @@ def test_a_chimera_groups_bound_counts_the_drain_after_its_last_backward():
     bound = GroupBound(alike, free, 4, "chimera", 2, (1, 1, 1, 1), 1, times).bound()
     layout = chunked_layout("chimera", [1] * 4, [1, 2, 3, 4], None)
     simulated = evaluate_chunked(alike, free, layout, 1, 4, Limits(schedules=("chimera",)), "chimera", 2).iteration_s
-    assert 13.0 < bound <= 15.0 + 1e-9 and bound <= simulated, (bound, simulated)
+    assert 15.0 - 1e-9 <= bound <= simulated, (bound, simulated)
 
 
 def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candidates_no_faster():
