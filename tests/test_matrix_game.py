@@ -81,6 +81,7 @@ def test_the_games_known_values_and_its_fallback_where_pivots_run_out():
     assert (pivots, steps) == (1, 50) and fallback <= value + 1e-12 and math.isclose(lam.sum(), 1.0)
 
 
+@pytest.mark.slow  # (2-4 s: a shipped profile's tables over every span; out of the fast tier)
 def test_the_exact_game_lifts_a_shape_the_approximate_one_left_at_its_groups_work():
     """BERT-48 on 8 × 8 A100s at G 256, interleaved zero bubble with 3 chunks on 2 groups of 32,
     b 128 (M 2): multiplicative weights at 300 steps stopped the paths' game at the groups' work
