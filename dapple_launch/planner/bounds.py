@@ -339,11 +339,9 @@ def suffix_bound(x: BoundInputs) -> SuffixBounds:
                 - (stage_ws_fixed[None, :] + stage_ws_slope[None, :] * n[:, None])
             )
             if reach_r is not None:  # the same with the room for micro-batches in flight (recompute_room)
-                # a micro-batch's hold: its way on, the later stages' passes and back, this stage's
-                # backward (at the cells recompute_room raises: most of a row's are not)
-                def hold(at, two_links=two_links, rest_sum=rest_sum, back_t=t - forward):
-                    return (_at(two_links, at) + _at(rest_sum, at)) + _at(back_t, at)
-
+                # a micro-batch's hold, in its parts: its way on, the later stages' passes and back,
+                # this stage's backward (summed at the cells recompute_room raises: most are not)
+                hold = (two_links, rest_sum, t - forward)
                 roomy = recompute_room(
                     str(x.recompute),  # (one of none, full, auto: reach_r is built)
                     M,
@@ -444,11 +442,6 @@ def _first_starts(x: BoundInputs, replicas: list[int], call, work, params) -> np
         least = np.where(fits, R[:, None], np.inf).min(axis=0)  # each stop's fewest replicas
         fewest[j + 1 :] = np.minimum(fewest[j + 1 :], fewest[j] + least)
     return np.where(np.isfinite(fewest), np.minimum(fewest, x.topology.num_devices), x.topology.num_devices).astype(int)
-
-
-def _at(values: np.ndarray, at: tuple) -> np.ndarray:
-    """values, broadcast to the (replicas, stop, start) cells, at the cells `at` (index arrays)."""
-    return values[tuple(ix if n > 1 else 0 * ix for ix, n in zip(at, values.shape))]
 
 
 def _last_finite(finite: np.ndarray) -> int:

@@ -47,8 +47,9 @@ def recompute_room(
     just before it, found by bisection per cell. Only cells that may still attain their start's least
     are bisected (`best`: the least so far per start): the others keep max(A_0, B_deepest), a bound.
     `room` and `whole` are (replicas, stop): the bytes memory leaves beside the weights and workspace,
-    and what a micro-batch keeps with no layer recomputed (ModelProfile.kept_bytes). `hold` maps the
-    cells (index arrays) to theirs: asked only of the cells raised here, most of a row's are not."""
+    and what a micro-batch keeps with no layer recomputed (ModelProfile.kept_bytes). `hold` comes in its
+    three parts (way on, the rest's passes, this stage's backward), summed only at the cells raised
+    here: most of a row's are not."""
     fwd_fixed, fwd, kept, kept_fixed, cut = prefix
     shape = reach.shape
     # Where memory leaves room for all M micro-batches whole (K_0 >= M) the k = 0 term is within
@@ -67,7 +68,8 @@ def recompute_room(
     stop, samples = np.asarray(z)[zi], np.asarray(n, dtype=float)[ri]
     m = samples / pbs
     t_c, f_c = t[ri, zi, 0], forward[ri, zi, 0]
-    hold_c, ar_c = hold((ri, zi, di)), np.broadcast_to(ar, shape)[ri, zi, di]
+    way_on, passes, backward_c = (np.broadcast_to(x, shape)[ri, zi, di] for x in hold)
+    hold_c, ar_c = (way_on + passes) + backward_c, np.broadcast_to(ar, shape)[ri, zi, di]
     r = room[ri, zi]
     received = cut[i] * samples / pbs  # (ModelProfile.first_layers_recomputed's operations)
 
