@@ -54,6 +54,8 @@ LEAST = 0.5  # of the budget, on top of it, for the layouts of least slowest sta
 LEAST_STAGES = 8  # the most stages those layouts have
 LEAST_FINISHED = 2  # of those, the best of this many stage counts finished
 LEAST_DEVICES = 64  # up to this many devices (its tables and shares grow with D: BERT-96 on 1024 A100s, +31 % CPU)
+SHRINK = 0.25  # of the budget, on top of it, for the winner's stages shrunk and the finish of the best
+SHRUNK = 8  # per step of that pass, the shrunk layouts the proxy ranks best, simulated
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
 
 
@@ -397,6 +399,40 @@ def search_round_robin(
     if best is not None:  # the winner's finish
         finish(best)
 
+    def shrink(here: Costed) -> Costed:
+        """From `here`: one stage's devices cut to one or to half, those freed left idle or given to
+        another stage, the cuts kept or balanced for the new counts; the SHRUNK best by the proxy
+        simulated, and from the best of them that is faster, its finish, while one is. A stage whose
+        weights' all-reduce outweighs its compute is fastest on fewer devices than any neighbouring
+        layout has: no walk gets there a few devices at a time, as each step adds compute and saves
+        little of the all-reduce (VGG-19 on 8 x 8 A100, G 64: its classifier's first layer, 411 MB
+        of weights, on 8 devices, 4.51 ms; on one, 4.08 ms)."""
+        while walked < limit:
+            stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
+            b, S = here.micro_batch_size, len(stops)
+            shrunk = set()
+            for i in range(S):
+                for to in {1, replicas[i] // 2} - {0, replicas[i]}:
+                    for j in (i, *(j for j in range(S) if j != i)):  # (j = i: those freed stay idle)
+                        r = list(replicas)
+                        r[i] = to
+                        if j != i:
+                            r[j] += replicas[i] - to
+                        shrunk.add(tuple(r))
+            moves = {
+                (st, r) for r in shrunk for st in (stops, balance_cuts(profile, topology, global_batch, r, b, memo))
+            }
+            ranked = sorted(moves, key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m))
+            step = here
+            for st, r in ranked[:SHRUNK]:
+                c = consider(contiguous((0, *st), r), b, here.schedule, _depth_of(here), step.iteration_s)
+                if c is not None and c.iteration_s < step.iteration_s:
+                    step = c
+            if step is here:
+                return here
+            here = finish(step)
+        return here
+
     def hopeful(b: int) -> bool:
         """Whether a plan of copies at size b may still win (may_win). The tiers on top of the
         budget, each with a budget of its own, skip the sizes that cannot: what the others find
@@ -451,6 +487,11 @@ def search_round_robin(
         here = finish(here)
         if not own_depths:
             walk(here)
+    # last, on top of the budget too (SHRINK of it): the winner's stages shrunk (shrink)
+    budget = walked + int(SHRINK * full)
+    limit = budget
+    if best is not None:
+        shrink(best)
     return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored
 
 
