@@ -485,6 +485,30 @@ def test_the_search_of_copies_walks_from_the_layouts_of_least_slowest_stage(monk
     assert best.iteration_s < without.iteration_s * 0.95, (best.summary(), without.summary())
 
 
+@pytest.mark.slow  # (two searches of a second or two: out of the fast tier)
+def test_the_copies_pass_shrinks_a_stage_whose_all_reduce_outweighs_its_compute(monkeypatch):
+    """VGG-19 on 8 × 8 A100, G 64: the classifier's first layer holds 411 MB of weights and little
+    compute, so its stage is fastest on one device, where no all-reduce is left; every walk moves a
+    few devices at a time, each step adding compute and saving little of the all-reduce, and ends
+    with it on 8 (4.51 ms). The last pass cuts one stage's devices to one or to half and finishes
+    the best: faster by a tenth, with the stage holding that layer on one device."""
+    from dapple_launch.planner import round_robin_search
+
+    profile = read_profile_file(ROOT / "dapple_launch" / "profiles" / "vgg-19-pbs-32.txt", 32, device_tflops=125.0)
+    profile = replace(
+        profile, layers=tuple(replace(x, parameter_bytes=x.parameter_bytes * 1.048576) for x in profile.layers)
+    )
+    topo, G = shipped_topology("a100x64"), 64
+    limits = Limits(schedules=DEFAULT_SCHEDULES)
+    heaviest = max(range(profile.num_layers), key=lambda i: profile.layers[i].parameter_bytes)
+    best = search(profile, topo, G, limits)[0]
+    monkeypatch.setattr(round_robin_search, "SHRINK", 0.0)
+    without = search(profile, topo, G, limits)[0]
+    assert best.iteration_s < without.iteration_s * 0.92, (best.summary(), without.summary())
+    (holder,) = [st for st in best.layout if st.start <= heaviest < st.stop]
+    assert holder.replicas == 1 and [st.replicas for st in without.layout if st.start <= heaviest < st.stop] != [1]
+
+
 def test_the_copies_pass_stops_at_once_where_no_size_may_win(monkeypatch):
     """Where every micro-batch size's copies bound is at or above the incumbent, no plan of copies
     can win: the pass returns its bounds at once, without building a start (the proxy's device

@@ -12,7 +12,8 @@ the budget, the bound's own layouts (below: where its stages and links fit, per 
 at their fitted depths, and then per small size and stage count the layout whose slowest stage
 (compute, all-reduce, busiest link) is least over every cut and device count at once
 (copies_proxy.least_slowest_layouts); the best of the first, and of the second those of the two
-best stage counts, finished as the winner is.
+best stage counts, finished as the winner is; and from the winner, one stage's devices cut to one
+or to half (shrink: a stage whose all-reduce outweighs its compute, which no walk reaches).
 Bound over the families, per micro-batch size b, the greater of two: each device runs whole
 copy-micro-batches, so the M micro-batches' work over all layers, each layer at its cheapest copy
 size g (g devices running ceil(b / g) samples each), is shared by at most D devices:
