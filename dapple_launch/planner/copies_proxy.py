@@ -110,7 +110,21 @@ def proxy(
     memo: dict,
 ) -> float:
     """The layout's slowest stage's load (_contiguous_loads), all-reduce included: what ranks moves."""
-    return max(_contiguous_loads(profile, topology, global_batch // b, b, stops, replicas, memo))
+    return max(stage_loads(profile, topology, global_batch, stops, replicas, b, memo))
+
+
+def stage_loads(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    stops: tuple[int, ...],
+    replicas: tuple[int, ...],
+    b: int,
+    memo: dict,
+) -> list[float]:
+    """Each stage's load in the layout (_contiguous_loads): its busiest copy's compute and its
+    all-reduce."""
+    return _contiguous_loads(profile, topology, global_batch // b, b, stops, replicas, memo)
 
 
 def share_devices(

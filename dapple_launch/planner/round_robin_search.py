@@ -34,7 +34,7 @@ from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
 from ..schedule.round_robin import copy_warmup, deepest_copy_depth, round_robin_constraint
 from .copies_bound import CopiesBound
-from .copies_proxy import balance_cuts, compute_floor, least_slowest_layouts, proxy, share_devices
+from .copies_proxy import balance_cuts, compute_floor, least_slowest_layouts, proxy, share_devices, stage_loads
 from .cost import Costed, StageSpec, speed_ratio
 from .limits import Limits
 from .polish import depth_steps
@@ -401,28 +401,31 @@ def search_round_robin(
         finish(best)
 
     def shrink(here: Costed) -> Costed:
-        """From `here`: one stage's devices cut to one or to half, those freed left idle or given to
-        another stage, the cuts kept or balanced for the new counts; the SHRUNK best by the proxy
-        simulated, and from the best of them that is faster, its finish, while one is. A stage whose
-        weights' all-reduce outweighs its compute is fastest on fewer devices than any neighbouring
-        layout has: no walk gets there a few devices at a time, as each step adds compute and saves
-        little of the all-reduce (VGG-19 on 8 x 8 A100, G 64: its classifier's first layer, 411 MB
-        of weights, on 8 devices, 4.51 ms; on one, 4.08 ms)."""
+        """From `here`: one stage's devices cut to one or to half where that lowers the stage's own
+        load (its all-reduce outweighs what its compute grows by), those freed left idle or given to
+        another stage; the SHRUNK best by the proxy, with their cuts kept and balanced for the new
+        counts, simulated, and from the best of them that is faster, its finish, while one is. No
+        walk gets there a few devices at a time, as each step adds compute and saves little of the
+        all-reduce (VGG-19 on 8 x 8 A100, G 64: its classifier's first layer, 411 MB of weights, on
+        8 devices, 4.51 ms; on one, 4.08 ms)."""
         while walked < limit:
             stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
             b, S = here.micro_batch_size, len(stops)
+            loads = stage_loads(profile, topology, global_batch, stops, replicas, b, memo)
             shrunk = set()
             for i in range(S):
                 for to in {1, replicas[i] // 2} - {0, replicas[i]}:
-                    for j in (i, *(j for j in range(S) if j != i)):  # (j = i: those freed stay idle)
-                        r = list(replicas)
-                        r[i] = to
+                    r = list(replicas)
+                    r[i] = to
+                    if stage_loads(profile, topology, global_batch, stops, tuple(r), b, memo)[i] >= loads[i]:
+                        continue  # (its compute grows by more than its all-reduce falls)
+                    shrunk.add(tuple(r))  # (those freed idle)
+                    for j in range(S):
                         if j != i:
-                            r[j] += replicas[i] - to
-                        shrunk.add(tuple(r))
-            moves = {
-                (st, r) for r in shrunk for st in (stops, balance_cuts(profile, topology, global_batch, r, b, memo))
-            }
+                            shrunk.add(tuple(x + (replicas[i] - to if k == j else 0) for k, x in enumerate(r)))
+            kept = sorted(shrunk, key=lambda r: (proxy(profile, topology, global_batch, stops, r, b, memo), r))
+            moves = {(stops, r) for r in kept[:SHRUNK]}
+            moves |= {(balance_cuts(profile, topology, global_batch, r, b, memo), r) for r in kept[:SHRUNK]}
             ranked = sorted(moves, key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m))
             step = here
             for st, r in ranked[:SHRUNK]:
