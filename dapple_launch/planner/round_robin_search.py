@@ -401,9 +401,10 @@ def search_round_robin(
         finish(best)
 
     def shrink(here: Costed) -> Costed:
-        """From `here`: one stage's devices cut to one or to half where that lowers the stage's own
-        load (its all-reduce outweighs what its compute grows by), those freed left idle or given to
-        another stage; the SHRUNK best by the proxy, with their cuts kept and balanced for the new
+        """From `here`: one stage's devices cut to one or to half, those freed left idle or given to
+        another stage, where that lowers the stage's own load (its all-reduce outweighs what its
+        compute grows by) or the slowest stage's (the proxy; moves of many devices at once, which
+        the walk's of one to three do not reach); the SHRUNK best by the proxy, with their cuts kept and balanced for the new
         counts, simulated, and from the best of them that is faster, its finish, while one is. No
         walk gets there a few devices at a time, as each step adds compute and saves little of the
         all-reduce (VGG-19 on 8 x 8 A100, G 64: its classifier's first layer, 411 MB of weights, on
@@ -412,17 +413,19 @@ def search_round_robin(
             stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
             b, S = here.micro_batch_size, len(stops)
             loads = stage_loads(profile, topology, global_batch, stops, replicas, b, memo)
+            slowest = max(loads)
             shrunk = set()
             for i in range(S):
                 for to in {1, replicas[i] // 2} - {0, replicas[i]}:
                     r = list(replicas)
                     r[i] = to
-                    if stage_loads(profile, topology, global_batch, stops, tuple(r), b, memo)[i] >= loads[i]:
-                        continue  # (its compute grows by more than its all-reduce falls)
-                    shrunk.add(tuple(r))  # (those freed idle)
-                    for j in range(S):
-                        if j != i:
-                            shrunk.add(tuple(x + (replicas[i] - to if k == j else 0) for k, x in enumerate(r)))
+                    lower = stage_loads(profile, topology, global_batch, stops, tuple(r), b, memo)[i] < loads[i]
+                    for j in range(S):  # (j = i: those freed idle)
+                        given = tuple(x + (replicas[i] - to if k == j != i else 0) for k, x in enumerate(r))
+                        # the stage's own load falls (its all-reduce outweighs what its compute grows
+                        # by), or the slowest stage's does (those freed where they are wanted most)
+                        if lower or proxy(profile, topology, global_batch, stops, given, b, memo) < slowest:
+                            shrunk.add(given)
             kept = sorted(shrunk, key=lambda r: (proxy(profile, topology, global_batch, stops, r, b, memo), r))
             moves = {(stops, r) for r in kept[:SHRUNK]}
             moves |= {(balance_cuts(profile, topology, global_batch, r, b, memo), r) for r in kept[:SHRUNK]}
