@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -273,7 +275,7 @@ class _Busy(torch.nn.Module):
 
     calls = 0
     sleep_s = staticmethod(lambda n: 0.002)
-    wait = staticmethod(lambda s: __import__("time").sleep(s))
+    wait = staticmethod(time.sleep)
 
     def __init__(self):
         super().__init__()
@@ -313,8 +315,6 @@ def _named_layers(line: str) -> list[int]:
 
 def test_a_pass_slowed_throughout_by_other_work_is_outvoted_by_later_passes(tmp_path, monkeypatch):
     import logging
-    import time
-    import types
 
     import dapple_launch.profile.measure as measure
     from dapple_launch.log import get_logger
