@@ -50,13 +50,13 @@ def pytest_configure(config):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         # Every command a test starts imports much of the package: where its bytecode is stale and
         # the environment never writes it (PYTHONDONTWRITEBYTECODE=1, this machine's), each one
-        # compiles it again, 1.2 s a process (the fast tier: 63 s stale, 53 s compiled). Compiled
-        # once here, before the workers start; a no-op (0.1 s) where it is current.
+        # compiles it again, 1.2 s a process (the fast tier: 63-64 s stale, 42-54 s compiled on a
+        # quieter host). Compiled once here, before the workers start; a no-op (0.1 s) where current.
         import compileall
 
         for folder in ("dapple_launch", "tests"):
             compileall.compile_dir(str(ROOT / folder), quiet=1)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    else:
         import torch
 
         torch.set_num_threads(1)

@@ -403,18 +403,17 @@ def search_round_robin(
     def shrink(here: Costed) -> Costed:
         """From `here`: one stage's devices cut to one or to half, those freed left idle or given to
         another stage, where that lowers the stage's own load (its all-reduce outweighs what its
-        compute grows by) or the slowest stage's (the proxy; moves of many devices at once, which
-        the walk's of one to three do not reach); the SHRUNK best by the proxy, with their cuts kept and balanced for the new
-        counts, simulated, and from the best of them that is faster, its finish, while one is. No
-        walk gets there a few devices at a time, as each step adds compute and saves little of the
-        all-reduce (VGG-19 on 8 x 8 A100, G 64: its classifier's first layer, 411 MB of weights, on
-        8 devices, 4.51 ms; on one, 4.08 ms)."""
+        compute grows by) or the slowest stage's (the proxy: a move of many devices at once, which
+        the walk's of one to three never makes). The SHRUNK best by the proxy, their cuts kept and
+        balanced for the new counts, are simulated, and from the best of them that is faster, its
+        finish, while one is. No walk gets there a few devices at a time, as each step adds compute
+        and saves little of the all-reduce (VGG-19 on 8 x 8 A100, G 64: its classifier's first
+        layer, 411 MB of weights, on 8 devices, 4.51 ms; on one, 4.08 ms)."""
         while walked < limit:
             stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
             b, S = here.micro_batch_size, len(stops)
             loads = stage_loads(profile, topology, global_batch, stops, replicas, b, memo)
-            slowest = max(loads)
-            shrunk = set()
+            shrunk: dict[tuple[int, ...], float] = {}  # replica counts -> their proxy, the cuts kept
             for i in range(S):
                 for to in {1, replicas[i] // 2} - {0, replicas[i]}:
                     r = list(replicas)
@@ -422,13 +421,13 @@ def search_round_robin(
                     lower = stage_loads(profile, topology, global_batch, stops, tuple(r), b, memo)[i] < loads[i]
                     for j in range(S):  # (j = i: those freed idle)
                         given = tuple(x + (replicas[i] - to if k == j != i else 0) for k, x in enumerate(r))
-                        # the stage's own load falls (its all-reduce outweighs what its compute grows
-                        # by), or the slowest stage's does (those freed where they are wanted most)
-                        if lower or proxy(profile, topology, global_batch, stops, given, b, memo) < slowest:
-                            shrunk.add(given)
-            kept = sorted(shrunk, key=lambda r: (proxy(profile, topology, global_batch, stops, r, b, memo), r))
-            moves = {(stops, r) for r in kept[:SHRUNK]}
-            moves |= {(balance_cuts(profile, topology, global_batch, r, b, memo), r) for r in kept[:SHRUNK]}
+                        slowest = proxy(profile, topology, global_batch, stops, given, b, memo)
+                        if lower or slowest < max(loads):
+                            shrunk[given] = slowest
+            kept = sorted(shrunk, key=lambda r: (shrunk[r], r))[:SHRUNK]
+            moves = {(stops, r) for r in kept} | {
+                (balance_cuts(profile, topology, global_batch, r, b, memo), r) for r in kept
+            }
             ranked = sorted(moves, key=lambda m: (proxy(profile, topology, global_batch, m[0], m[1], b, memo), m))
             step = here
             for st, r in ranked[:SHRUNK]:
