@@ -24,7 +24,7 @@ SHARE_MOVES_STAGES = 16  # up to this many stages, device moves refine the greed
 
 class _Loads(dict):
     """(start, stop) -> the load of a stage of layers [start, stop) on r devices (see
-    _contiguous_loads), computed on first use: the cut balancer asks O(S L^2) of them, most again."""
+    stage_loads), computed on first use: the cut balancer asks O(S L^2) of them, most again."""
 
     def __init__(self, profile: ModelProfile, topology: Topology, M: int, b: int, r: int, spans_nodes: bool):
         super().__init__()
@@ -59,19 +59,20 @@ def _run_loads(profile: ModelProfile, topology: Topology, M: int, b: int, first:
     return table
 
 
-def _contiguous_loads(
+def stage_loads(
     profile: ModelProfile,
     topology: Topology,
-    M: int,
-    b: int,
+    global_batch: int,
     stops: tuple[int, ...],
     replicas: tuple[int, ...] | list[int],
+    b: int,
     memo: dict,
 ) -> list[float]:
     """Each stage's load in the layout contiguous((0, *stops), replicas): its busiest copy's compute
     with canonical copies (ceil(M / c) micro-batches of b / g samples) and its gradient all-reduce
     over all its devices, what the stage adds to the iteration at the least. The proxy the layout
     moves are ranked by (each pick is then simulated)."""
+    M = global_batch // b
     out, first, start = [], 0, 0
     for stop, r in zip(stops, replicas):
         out.append(_run_loads(profile, topology, M, b, first, r, memo)[start, stop])
@@ -109,22 +110,8 @@ def proxy(
     b: int,
     memo: dict,
 ) -> float:
-    """The layout's slowest stage's load (_contiguous_loads), all-reduce included: what ranks moves."""
+    """The layout's slowest stage's load (stage_loads), all-reduce included: what ranks moves."""
     return max(stage_loads(profile, topology, global_batch, stops, replicas, b, memo))
-
-
-def stage_loads(
-    profile: ModelProfile,
-    topology: Topology,
-    global_batch: int,
-    stops: tuple[int, ...],
-    replicas: tuple[int, ...],
-    b: int,
-    memo: dict,
-) -> list[float]:
-    """Each stage's load in the layout (_contiguous_loads): its busiest copy's compute and its
-    all-reduce."""
-    return _contiguous_loads(profile, topology, global_batch // b, b, stops, replicas, memo)
 
 
 def share_devices(
@@ -145,7 +132,7 @@ def share_devices(
     if start is None or sum(start) != D or len(start) != S:
         replicas = [1] * S
         for _ in range(D - S):
-            loads = _contiguous_loads(profile, topology, global_batch // b, b, stops, replicas, memo)
+            loads = stage_loads(profile, topology, global_batch, stops, replicas, b, memo)
             replicas[max(range(S), key=lambda k: (loads[k], -k))] += 1
     else:
         replicas = list(start)
@@ -344,11 +331,11 @@ def least_slowest_layouts(
             # each where the slowest stage then ends least, and of those where its own stage gains
             # most (each to the slowest stage piles them where its all-reduce only grows)
             options = []
-            now = _contiguous_loads(profile, topology, M, b, stops, replicas, memo)
+            now = stage_loads(profile, topology, global_batch, stops, replicas, b, memo)
             for s in range(S):
                 more = list(replicas)
                 more[s] += 1
-                stage = _contiguous_loads(profile, topology, M, b, stops, more, memo)
+                stage = stage_loads(profile, topology, global_batch, stops, more, b, memo)
                 options.append((max(stage), stage[s] - now[s], s))
             replicas[min(options)[2]] += 1
         out[S] = (stops, tuple(replicas))

@@ -416,6 +416,7 @@ def search_round_robin(
             stops, replicas = tuple(st.stop for st in here.layout), tuple(st.replicas for st in here.layout)
             b, S = here.micro_batch_size, len(stops)
             loads = stage_loads(profile, topology, global_batch, stops, replicas, b, memo)
+            slowest_now = max(loads)
             every: dict[tuple[int, ...], tuple[float, bool]] = {}  # replica counts -> proxy, screen passed
             for i in range(S):
                 for to in {1, replicas[i] // 2} - {0, replicas[i]}:
@@ -425,7 +426,7 @@ def search_round_robin(
                     for j in range(S):  # (j = i: those freed idle)
                         given = tuple(x + (replicas[i] - to if k == j != i else 0) for k, x in enumerate(r))
                         slowest = proxy(profile, topology, global_batch, stops, given, b, memo)
-                        every[given] = (slowest, lower or slowest < max(loads))
+                        every[given] = (slowest, lower or slowest < slowest_now)
             # (where few, all: the proxy misses what the simulator sees of an all-reduce's overlap,
             # as a stage of 4 devices in one node against one of 8 across two does)
             few = len(every) <= SHRUNK * FEW_SHRUNK
