@@ -165,17 +165,21 @@ def costed_afresh(profile, topology: Topology, p, limits: Limits) -> None:
 
 def groups_afresh(profile, topology: Topology, p, limits: Limits) -> None:
     """A device-group plan's stage costs and memory are its layout's, costed afresh by the one path
-    that costs them (chunked.evaluate_chunked) with the recomputation it lists: every layer of
-    every stage (strategy.recompute=auto's fit, or full) or none."""
+    that costs them (chunked.evaluate_chunked) with the recomputation it lists (strategy.recompute=auto's
+    fit: each stage's first layers, group_recompute.py; full: every layer; or none), as the layer
+    positions strategy.recompute=selective takes."""
     layout = tuple(StageSpec(st.layers[0], st.layers[1], tuple(st.devices)) for st in p.stages)
-    every = all(tuple(st.recompute_layers) == tuple(range(*st.layers)) for st in p.stages)
-    assert every or not any(st.recompute_layers for st in p.stages), ("partly recomputed", p.schedule)
+    marks = tuple(i for st in p.stages for i in st.recompute_layers)
+    for st in p.stages:  # (auto recomputes a stage's first layers: one segment at its start)
+        assert tuple(st.recompute_layers) == tuple(range(st.layers[0], st.layers[0] + len(st.recompute_layers)))
     # (the Limits of that plan alone: its family, its recomputation, no token slices)
     alone = replace(
         limits,
         schedule=p.schedule,
         schedules=(p.schedule,),
-        recompute="full" if every else "none",
+        recompute="selective" if marks else "none",
+        recompute_layers=marks,
+        recompute_counts=(),
         token_slices=(),
         auto_token_slices=False,
     )

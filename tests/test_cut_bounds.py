@@ -298,13 +298,15 @@ def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cu
 
 @pytest.mark.slow  # (several seconds: out of the fast tier)
 def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomputed_or_not():
-    """strategy.recompute=auto: interleaved 1F1B and Chimera recompute every layer of a candidate
-    that does not fit keeping its activations (chunked.recomputes_to_fit); under full, every
-    candidate does. A shape no cut of which fits keeping them is bounded on the recomputed profile
-    (each layer's backward runs its forward again: the recomputed stages' own costs, to the last
-    float's rounding), one that may do either by the lesser of that and its bound with the room for
-    micro-batches in flight. On memory-tight random chains, random cuts of every shape, the
-    recomputed ones among them, are at or above the shape's bound and its bound over cuts."""
+    """strategy.recompute=auto: interleaved 1F1B and Chimera recompute each stage's fewest first
+    layers in a candidate that does not fit keeping its activations (chunked.recomputes_to_fit,
+    group_recompute.py); under full, every candidate recomputes every layer. Under full a shape is
+    bounded on the recomputed profile (each layer's backward runs its forward again: the recomputed
+    stages' own costs, to the last float's rounding); under auto, one whose candidates may recompute
+    by the room any count of each stage's first layers leaves for micro-batches in flight (as little
+    as half a stage's saves beside one alone). On memory-tight random chains, random cuts of every
+    shape, the recomputed ones among them (some in part), are at or above the shape's bound and its
+    bound over cuts."""
 
     from dapple_launch.cluster import Topology
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, recomputed_profile
@@ -314,7 +316,7 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
 
     from .test_rank_schedules import random_profile, tight_chain
 
-    checked = recomputed = whole = either = 0
+    checked = recomputed = whole = either = partly = 0
     for seed, L, saved, usable in itertools.product((1, 2), (8, 10), (5e8, 1.5e9), (3.2e9, 4.8e9)):
         rng, profile, topo = tight_chain(seed, L, saved, usable)
         for limits in (
@@ -338,8 +340,15 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
                         continue
                     checked += 1
                     recomputed += bool(c.recompute)
+                    partly += any(len(m) < st.stop - st.start for m, st in zip(c.recompute, layout) if c.recompute)
                     assert over_cuts[b] <= c.iteration_s * (1 + 1e-9), (seed, limits.recompute, family, v, groups, cut)
-    assert checked > 300 and recomputed > 100 and whole > 20 and either > 20, (checked, recomputed, whole, either)
+    assert checked > 300 and recomputed > 100 and whole > 20 and either > 20 and partly > 20, (
+        checked,
+        recomputed,
+        whole,
+        either,
+        partly,
+    )
     # where keeping fits, the lesser of the two is what holds: on a compute-bound chain whose
     # activations fit, even cuts keep them and beat every recomputed plan's bound
     layers = [LayerProfile(f"l{i}", 2e-3, 2e-3, 1e6, 1e6) for i in range(8)]
@@ -399,11 +408,12 @@ def test_memory_leaves_out_no_span_a_stage_of_a_fitting_cut_takes():
         ):
             G, memo = 8, {}
             rows, again = _bounded_shapes(profile, topo, G, limits, [1, 2, 4], memo)
-            factor, capacity, keeps = memo["room"]
+            factor, capacity, keeps, first = memo["room"]
             tables: dict = {}
             for bound, family, v, groups, b in rows:
+                key = (family, v, groups, b)
                 masks, _, _ = span_masks(
-                    profile, factor, capacity, family, v, groups, b, G // b, keeps[(family, v, groups, b)], tables
+                    profile, factor, capacity, family, v, groups, b, G // b, keeps[key], tables, first
                 )
                 S = num_stages(family, v, groups)
                 masks = masks or [np.zeros((L + 1, L + 1))] * S  # (None: no span left out)

@@ -388,7 +388,7 @@ def test_llama_70b_on_1024_a100s_is_planned_with_the_recomputation_its_plan_runs
     of 8 A100s, G 1024, as the CLI plans it): the plan fits the card, and each stage's costs are its
     layers' with the recompute_layers plan.json lists and no others. (It was once ZB-H1 at 58 GB a
     device, costed with a 1F1B plan's recomputation and listing none.) It is now interleaved 1F1B,
-    every layer recomputed: 7 % faster than the 1F1B plan that recomputes its first stages' layers."""
+    each stage recomputing its fewest first layers that fit (group_recompute.py)."""
     from benchmarks.fuzz_plan import FRESH, costed_afresh, groups_afresh
     from dapple_launch import plan_config
     from dapple_launch.cli import compose
@@ -403,7 +403,7 @@ def test_llama_70b_on_1024_a100s_is_planned_with_the_recomputation_its_plan_runs
     # every stage cost (activation bytes and backward seconds among them) and the memory, costed
     # afresh from the layout and the listed recomputation, within 1e-9 (the fuzz's check)
     assert any(st.recompute_layers for st in p.stages)
-    # (device groups fit it only recomputing every layer: chunked.recomputes_to_fit)
+    # (device groups fit it only recomputing: chunked.recomputes_to_fit)
     (costed_afresh if p.schedule in FRESH else groups_afresh)(profile, topology, p, limits)
     assert 0 <= p.proof["gap"] < 1
 

@@ -202,11 +202,12 @@ def test_zero_bubble_alone_is_refused_when_none_of_the_kept_layouts_fits():
 @pytest.mark.parametrize("families", [("1f1b_rr",), ("zbv", "interleaved_zb"), ("zb_h1", "1f1b_rr")])
 def test_families_that_recompute_nothing_are_refused_with_why_where_1f1b_fits_by_recomputing(families):
     """strategy.recompute=auto fits 1F1B (and GPipe) by recomputing a stage's first layers, and
-    interleaved 1F1B and Chimera by recomputing every layer; copies and the split backwards (ZB-V,
+    interleaved 1F1B and Chimera by recomputing each stage's first layers too (group_recompute.py);
+    copies and the split backwards (ZB-V,
     interleaved zero bubble) recompute none. Where the first layer keeps 1.5 GB a sample on 4 GB
     devices, 1F1B fits by recomputing it, and asking for the others alone names that, the 1F1B
     layout that fits and the fix (not the fully pipelined layout, which fits); interleaved 1F1B and
-    Chimera fit, every layer recomputed."""
+    Chimera fit, recomputing the heavy first layer and fewer than every layer."""
     from dapple_launch.profile import LayerProfile, chain
 
     layers = [LayerProfile(f"l{i}", 1e-3, 2e-3, 1e7, 2.5e8, saved_bytes=1.5e9 if i == 0 else 1e7) for i in range(4)]
@@ -224,7 +225,8 @@ def test_families_that_recompute_nothing_are_refused_with_why_where_1f1b_fits_by
     assert "under 1f1b 4 stages" in text and f"allow 1f1b (strategy.schedules=[1f1b,{','.join(families)}])" in text
     for family in ("interleaved_1f1b", "chimera"):
         fitted = plan(profile, topo, 8, Limits(schedules=("zbv", family), recompute="auto"))
-        assert fitted.schedule == family and all(s.recompute_layers for s in fitted.stages), fitted.summary()
+        marks = [i for s in fitted.stages for i in s.recompute_layers]
+        assert fitted.schedule == family and 0 in marks and len(marks) < 4, (family, marks)
         assert max(fitted.estimate.peak_memory_bytes) <= 4.0e9 * (1 - Limits().memory_headroom)
 
 

@@ -27,6 +27,7 @@ from ..schedule import SPLIT_BACKWARD, build_rank_schedule, busiest_rank_s, simu
 from ..schedule.chimera import chimera_constraint
 from ..schedule.interleaved import interleaved_constraint
 from .cost import Costed, StageSpec, recompute_sets, recomputed_costs, stage_allreduce, stage_costs
+from .group_recompute import first_layers_to_fit
 from .limits import Limits
 
 CHUNKED = ("interleaved_1f1b", "interleaved_zb", "zbv", "chimera")
@@ -50,8 +51,8 @@ def groups_of(schedule: str, stage: int, groups: int) -> tuple[int, ...]:
 
 def recomputes_to_fit(limits: Limits, schedule: str) -> bool:
     """strategy.recompute=auto on a family whose backward is not split (interleaved 1F1B, Chimera): a
-    candidate that does not fit keeping its activations recomputes every layer of every stage (the
-    runtime's "full"). A split backward's W would run the recomputed forward again: ZB-V and
+    candidate that does not fit keeping its activations recomputes each stage's fewest first layers
+    that fit (evaluate_chunked's refit). A split backward's W would run the recomputed forward again: ZB-V and
     interleaved zero bubble keep their activations (Limits refuses full with them)."""
     return limits.recompute == "auto" and schedule not in SPLIT_BACKWARD
 
@@ -65,14 +66,6 @@ def recomputed_profile(profile: ModelProfile) -> ModelProfile:
         for x in profile.layers
     )
     return replace(profile, layers=layers)
-
-
-def recomputing(limits: Limits, schedule: str) -> Limits:
-    """The Limits of a candidate of `schedule` that recomputes every layer (recomputes_to_fit):
-    full recomputation on its family alone, without token slices."""
-    return replace(
-        limits, recompute="full", schedule=schedule, schedules=(schedule,), token_slices=(), auto_token_slices=False
-    )
 
 
 def keeps_activations(limits: Limits, schedule: str) -> bool:
@@ -128,28 +121,18 @@ def evaluate_chunked(
     simulation passes it (simulate_ranks stops there). `walked`: appended to each time the simulator
     ran (a search's budget counts the simulation whole, however early it stopped: the same
     candidates are searched as without the cutoff). Under strategy.recompute=auto a candidate that
-    does not fit is costed again with every layer recomputed (recomputes_to_fit), and that is
-    returned where it fits (Llama 3 70B on 256 A100s: interleaved 1F1B fits only so, and beats
-    1F1B's per-stage recomputation by 6 %); `refit=False` skips that (a caller that wants only
-    candidates keeping their activations)."""
+    does not fit is costed again with each stage's fewest first layers recomputed that fit
+    (recomputes_to_fit, group_recompute.py), and that is returned where it fits (Llama 3 70B on 256
+    A100s: interleaved 1F1B fits only so, and beats 1F1B's per-stage recomputation); `refit=False`
+    skips that (a caller that wants only candidates keeping their activations)."""
     if refit and recomputes_to_fit(limits, schedule):  # (each costed once, through this function)
         args = (profile, topology, layout, micro_batch_size, num_micro_batches)
-        c = evaluate_chunked(*args, limits, schedule, chunks, cutoff, walked, refit=False)
-        if c is None or c.fits:
-            return c
-        again = evaluate_chunked(*args, recomputing(limits, schedule), schedule, chunks, cutoff, walked, refit=False)
-        return again if again is not None and again.fits else c
+        return evaluate_chunked(
+            *args, _fitting(*args, limits, schedule, chunks), schedule, chunks, cutoff, walked, False
+        )
     S = len(layout)
     P = groups_for(schedule, S, chunks)
-    if schedule == "chimera":  # each stage's costs on its down copy's devices; its all-reduce over both copies
-        down = tuple(StageSpec(st.start, st.stop, st.devices[: len(st.devices) // 2]) for st in layout)
-        costs = [
-            _over_both_copies(profile, topology, c, d, st, micro_batch_size)
-            for c, d, st in zip(stage_costs(profile, topology, down, micro_batch_size), down, layout)
-        ]
-        own = down
-    else:
-        costs, own = stage_costs(profile, topology, layout, micro_batch_size), layout
+    costs, own = _own_costs(profile, topology, layout, micro_batch_size, schedule)
     sets = recompute_sets(layout, limits)  # (Limits refuses it with a split backward)
     if sets:  # each stage's backward runs its recomputed layers' forward again (one copy's replicas)
         costs = recomputed_costs(profile, topology, own, costs, micro_batch_size, sets)
@@ -165,10 +148,7 @@ def evaluate_chunked(
     sim = simulate_ranks(orders, costs, record=False, cutoff=cutoff)
     if sim is None:
         return None
-    params = [0.0] * P
-    for s, st in enumerate(layout):
-        for g in groups_of(schedule, s, P):  # (Chimera: a weight copy on each of its two groups)
-            params[g] += profile.span(st.start, st.stop)[3] * limits.optimizer_factor
+    params = _group_weights(profile, layout, schedule, P, limits.optimizer_factor)
     per_group = [params[g] + sim.peak_activation_bytes[g] for g in range(P)]
     memory = [max(per_group[g] for g in groups_of(schedule, s, P)) for s in range(S)]
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
@@ -184,6 +164,64 @@ def evaluate_chunked(
         extra={"chunks": chunks},
         recompute=sets if any(sets) else (),
     )
+
+
+def _own_costs(
+    profile: ModelProfile, topology: Topology, layout: tuple[StageSpec, ...], micro_batch_size: int, schedule: str
+) -> tuple[list, tuple[StageSpec, ...]]:
+    """(each stage's costs, the stages on the devices whose samples they run): a stage's own, or
+    Chimera's on its down copy's devices with its all-reduce over both copies."""
+    if schedule != "chimera":
+        return stage_costs(profile, topology, layout, micro_batch_size), layout
+    down = tuple(StageSpec(st.start, st.stop, st.devices[: len(st.devices) // 2]) for st in layout)
+    costs = [
+        _over_both_copies(profile, topology, c, d, st, micro_batch_size)
+        for c, d, st in zip(stage_costs(profile, topology, down, micro_batch_size), down, layout)
+    ]
+    return costs, down
+
+
+def _group_weights(
+    profile: ModelProfile, layout: tuple[StageSpec, ...], schedule: str, P: int, factor: float
+) -> list[float]:
+    """Per group, the weights and optimizer state of the stages it holds (Chimera: a copy on each of a
+    stage's two groups)."""
+    params = [0.0] * P
+    for s, st in enumerate(layout):
+        for g in groups_of(schedule, s, P):
+            params[g] += profile.span(st.start, st.stop)[3] * factor
+    return params
+
+
+def _fitting(
+    profile: ModelProfile,
+    topology: Topology,
+    layout: tuple[StageSpec, ...],
+    micro_batch_size: int,
+    num_micro_batches: int,
+    limits: Limits,
+    schedule: str,
+    chunks: int,
+) -> Limits:
+    """The Limits of the candidate of a family that recomputes to fit (recomputes_to_fit): its
+    activations kept where they fit, else each stage's fewest first layers recomputed that fit
+    every device (group_recompute.first_layers_to_fit: what each rank holds at each step of its
+    orders, read without a simulation), else kept (over memory, as it is). One simulation follows,
+    whichever it is (before: the candidate kept, then again recomputing every layer where it did
+    not fit)."""
+    S = len(layout)
+    P = groups_for(schedule, S, chunks)
+    costs, own = _own_costs(profile, topology, layout, micro_batch_size, schedule)
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
+    held = _group_weights(profile, layout, schedule, P, limits.optimizer_factor)
+    orders = rank_orders(schedule, P, num_micro_batches, chunks)
+    workspace = [c.workspace_bytes for c in costs]
+    sets = first_layers_to_fit(profile, own, workspace, orders, held, capacity, micro_batch_size)
+    marks = tuple(i for st in sets or () for i in st)
+    alone = replace(limits, schedule=schedule, schedules=(schedule,), token_slices=(), auto_token_slices=False)
+    if not marks:
+        return replace(alone, recompute="none")
+    return replace(alone, recompute="selective", recompute_layers=marks, recompute_counts=())
 
 
 def simulate_chunked(c: Costed, record: bool = True):

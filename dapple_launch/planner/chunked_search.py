@@ -51,7 +51,6 @@ from .chunked import (
     rank_orders,
     recomputed_profile,
     recomputes_to_fit,
-    recomputing,
 )
 from .cost import Costed
 from .group_bound import GroupBound, weight_share_table
@@ -67,7 +66,7 @@ from .path_bound import (
 )
 from .proposal import Proposal, SearchState
 from .shape_bound import _layer_times, num_stages, shape_bounds
-from .shape_memory import holds_model, room_bound, span_masks
+from .shape_memory import holds_model, recompute_floor, room_bound, span_masks
 
 INTERLEAVED_CHUNKS = (2, 3, 4)  # interleaved schedules' stages per group, tried
 SHARE = 1 / 4  # of strategy.search_nodes, what this pass may score (each candidate simulated)
@@ -197,17 +196,20 @@ def _shape_bound(
     room: tuple[float, float] | None,
     recomputed: bool = False,
     weigh: bool = True,
+    first: bool = False,
 ) -> tuple[float, float]:
     """shape_bounds (the bound, and the plain one the search orders by), each with, where `room`
     (optimizer factor, usable bytes a device), the room memory leaves for micro-batches in flight
     (shape_memory.room_bound: the stages keep their activations, or where `recomputed` their inputs
-    alone)."""
+    alone, or where `first` too, any number of each stage's first layers recomputed)."""
     bound, plain = shape_bounds(profile, topology, global_batch, groups, b, memo, family, v, weigh)
     if room is None:
         return bound, plain
     least = _layer_times(profile, topology, max(groups), b, memo)  # (the fewest samples a device runs)
     factor, usable = room
-    roomy = room_bound(profile, topology, global_batch, family, v, groups, b, factor, usable, least, memo, recomputed)
+    roomy = room_bound(
+        profile, topology, global_batch, family, v, groups, b, factor, usable, least, memo, recomputed, first
+    )
     return max(bound, roomy), max(plain, roomy)
 
 
@@ -254,12 +256,9 @@ def search_chunked(
             scored += _cost(S, M)
         layout = chunked_layout(family, list(groups), list(stops), None)
         walked: list = []
-        if (family, v, groups, b) in forced:  # (no cut fits keeping: recomputed from the first)
-            c = evaluate_chunked(
-                profile, topology, layout, b, M, recomputing(limits, family), family, v, cutoff, walked
-            )
-        else:
-            c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff, walked, refit)
+        # (a shape no cut of which fits keeping: its candidates recompute, whatever the caller asks)
+        refit = refit or (family, v, groups, b) in forced
+        c = evaluate_chunked(profile, topology, layout, b, M, limits, family, v, cutoff, walked, refit)
         scored += _unsimulated_cost(S) + _cost(S, M) * len(walked)  # its stage costs, its simulations
         return c
 
@@ -325,9 +324,12 @@ def search_chunked(
             cuts[(family, v, groups)] = balanced(family, v, groups)
         stops = cuts[(family, v, groups)]
         if scored + _unsimulated_cost(S) + _cost(S, few) <= budget * SCREEN:
-            # (a shape that may keep its activations is screened keeping them: where it fits only
-            # recomputing, as one that does not fit, after those that do)
-            probe = full(family, v, groups, b, stops, micro_batches=few, refit=False)
+            # (a shape that may keep its activations is screened keeping them, and where that does
+            # not fit, recomputing the first layers that do: ranked with those that fit, by its
+            # estimate. Screened as not fitting, such shapes went after every shape that does not
+            # fit at all, and a budget could end first: fuzz seed 1081 then planned 1f1b_rr at 27.1 s
+            # against Chimera at 16.5 s)
+            probe = full(family, v, groups, b, stops, micro_batches=few)
             fits, estimate = probe.fits, probe.iteration_s
             if few == M:
                 start = probe
@@ -414,20 +416,23 @@ def _bounded_shapes(
 ) -> tuple[list[tuple], tuple[ModelProfile, set] | None]:
     """The shapes (bound, family, v, groups, b) in increasing bound, the plain one (shape_bounds:
     memo["weighed"] holds per shape a call that gives its bound with the groups weighed), and where
-    some recompute every layer of every candidate (strategy.recompute=full, or auto where no cut fits keeping the
-    activations: chunked.recomputes_to_fit), the profile their bounds read (each layer's backward
-    runs its forward again: recomputed_profile) with the set of those shapes (family, v, groups, b).
-    Where a shape's stages keep their activations (chunked.keeps_activations) the room memory
-    leaves for micro-batches in flight bounds it too; under auto, a shape that may do either is
-    bound by the lesser of the two."""
+    some recompute (strategy.recompute=full: every layer of every candidate; auto: where no cut fits
+    keeping the activations, each stage's first layers, chunked.recomputes_to_fit), the profile
+    their bounds read (full: each layer's backward runs its forward again, recomputed_profile; auto:
+    the profile itself, as a stage may recompute none of its layers) with the set of those shapes
+    (family, v, groups, b). Where a shape's stages keep their activations
+    (chunked.keeps_activations) the room memory leaves for micro-batches in flight bounds it too;
+    under auto, a shape whose candidates may recompute is bound by the room they leave recomputing
+    their first layers (room_bound's `first`: no less than keeping them all leaves)."""
     room = (limits.optimizer_factor, topology.device_memory_bytes * (1 - limits.memory_headroom))
     some = limits.recompute == "full" or any(recomputes_to_fit(limits, f) for f in limits.allowed())
-    heavier = recomputed_profile(profile) if some else profile
-    rmemo = memo.setdefault("recomputed", {}) if some else memo
+    first = limits.recompute == "auto"  # (group_recompute.py: any count of first layers a stage)
+    heavier = recomputed_profile(profile) if limits.recompute == "full" else profile
+    rmemo = memo.setdefault("recomputed", {}) if heavier is not profile else memo
     rows, whole, weighed = [], set(), memo.setdefault("weighed", {})
     keeps = {}  # per shape, whether its candidates keep their activations (None: either; cut_bounds' masks)
     if limits.recompute != "selective":
-        memo["room"] = (*room, keeps)
+        memo["room"] = (*room, keeps, first)
 
     def bounds_of(f: str, v: int, g: tuple[int, ...], b: int, weigh: bool) -> tuple[float, float]:
         """(bound, plain) of a shape as keeps[shape] says it may run (shape_bounds' `weigh`)."""
@@ -445,11 +450,14 @@ def _bounded_shapes(
                 room if keeps_activations(limits, f) else None,
                 weigh=weigh,
             )
-        recomputing = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True, weigh)
-        if kept is False:
-            return recomputing
-        keeping = _shape_bound(profile, topology, global_batch, f, v, g, b, memo, room, weigh=weigh)
-        return min(keeping[0], recomputing[0]), min(keeping[1], recomputing[1])
+        # (a shape that may either keep or recompute, kept None, only under auto: there the room
+        # its first layers recomputed leave is no less than keeping them leaves, on the same times)
+        bound, plain = _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True, weigh, first)
+        if first:  # (the forward work run again to fit, at least: recompute_floor)
+            times = _layer_times(profile, topology, max(g), b, memo)
+            floor = recompute_floor(profile, topology, global_batch, limits, f, v, g, b, times, memo)
+            return max(bound, floor), max(plain, floor)
+        return bound, plain
 
     for f, v, g, b in shapes(profile, topology, global_batch, limits, sizes):
         if keeps_activations(limits, f) or not some:  # (selective: the plain bound holds)
@@ -467,7 +475,7 @@ def _bounded_shapes(
         rows.append((plain, f, v, g, b))
         weighed[(f, v, g, b)] = functools.partial(bounds_of, f, v, g, b, True)
     rows.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4]))
-    if some:
+    if rmemo is not memo:
         rmemo["built"] = memo.setdefault("built", set())  # (the rank orders are the same: built once)
     return rows, ((heavier, whole) if whole else None)
 
@@ -493,9 +501,10 @@ def cut_bounds(
     far: the dual again (it stopped at the least bound of the shapes before it, which may have
     risen since) and the paths of the rank orders (path_bound.py). Then, within CRITICAL_CELLS as
     many, the paths with the critical paths of the cuts they answer with (GroupBound.critical).
-    Each pass only raises what the one before left. `recomputed`: the profile whose backwards run
-    their forward again, and the shapes (family, v, groups, b) every candidate of which recomputes
-    every layer, whose bounds read it (memo's "recomputed" tables). `raise_to`: where the other
+    Each pass only raises what the one before left. `recomputed`: the profile the shapes every
+    candidate of which recomputes read (under full, its backwards run their forward again: memo's
+    "recomputed" tables; under auto, the profile itself), and the set of those shapes (family, v,
+    groups, b). `raise_to`: where the other
     families' least bound is above `best` (a dearer bound of theirs that the passes above do not aim
     at, so they spend as they would without it: Proposal.lower), one more pass within RAISE_CELLS
     as many cells raises the shapes left below it, in increasing bound, each up to the least so
@@ -507,16 +516,16 @@ def cut_bounds(
     heavier, whole = recomputed if recomputed is not None else (profile, set())
 
     def group_bound(family, v, groups, b) -> GroupBound:
-        if (family, v, groups, b) in whole:
+        if (family, v, groups, b) in whole and heavier is not profile:
             dual = _group_bound(heavier, topology, global_batch, family, v, groups, b, memo["recomputed"])
         else:
             dual = _group_bound(profile, topology, global_batch, family, v, groups, b, memo)
         if "room" in memo:  # (the spans memory leaves out: _bounded_shapes says how each shape may run)
-            factor, usable, keeps = memo["room"]
+            factor, usable, keeps, first = memo["room"]
             key = (family, v, groups, b)
             masks = memo.setdefault("masks", {})
             dual.room, made, compared = span_masks(
-                profile, factor, usable, family, v, groups, b, global_batch // b, keeps[key], masks
+                profile, factor, usable, family, v, groups, b, global_batch // b, keeps[key], masks, first
             )
             dual.cells += made * TABLE_CELLS + compared * MASK_STAGE_CELLS
         return dual

@@ -24,7 +24,7 @@ first layer keeps, beside its weights, its workspace and the group's other stage
 
 Without recomputation only: "full" and "selective" shrink a stage's activations (there the weights
 alone count), and so does "auto" where the family's backward is not split (interleaved 1F1B and
-Chimera recompute every layer of a candidate that does not fit otherwise:
+Chimera recompute each stage's first layers in a candidate that does not fit otherwise:
 chunked.recomputes_to_fit). The orders are read only where the activations could decide it (held
 at twice the stage count, the most orders keep, they pass the capacity) and the orders are short
 (ORDER_ACTIONS_READ); elsewhere micro-batch m* alone counts, which only weakens the check: small
@@ -94,6 +94,92 @@ def holds_model(
         return True  # (orders too long to build for this: the check stays necessary, weaker)
     counts = forwards_held(family, P, M, v)
     return held + least_weighted_cut(layer, counts) <= capacity
+
+
+def recompute_floor(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    times: np.ndarray,
+    memo: dict,
+) -> float:
+    """T >= (M Σ_l (f_l + b_l) + W) / P for a shape of device groups whose stages may recompute any
+    number of their first layers (recompute=auto): the busiest group is at least as busy as the
+    average, every micro-batch runs every layer's forward and backward, and W is forward work run
+    again that every plan of the shape that fits runs, the more of two counts:
+
+    - each stage alone: at its most micro-batches in flight K_s (peak_in_flight; 1 where the orders
+      are not read) a device of its group holds K_s times what the stage keeps and, during the
+      backward after, what it holds beside (rank_simulate.py's peak), with its weights, the group's
+      other stages' (the lightest layer's each) and its workspace. A stage of one layer holds no
+      more of any of these than one of more layers from the same first layer recomputing as many
+      first layers or fewer, so where a stage from layer i fits, the one-layer stage [i, i + 1) fits
+      too, keeping its layer or recomputing it: the least such stage s may start at (layers s .. L -
+      S + s) runs none again where one keeps, else that layer's forward, for each of the M
+      micro-batches;
+    - all stages at once: at the first backward (the module's docstring) the groups together hold
+      the weights and, kept, at least the least weighted cut of the layers' saves (m* alone where
+      the orders are not read); a recomputed layer sheds at most its saves times the most any stage
+      holds then, so the excess over the groups' memory takes at least a fractional knapsack of
+      forwards (layers by saves per second).
+
+    `times`: each layer's (forward, backward) at the fewest samples a device of the shape runs, so
+    each term is at or below what any plan of the shape runs; inf where some stage fits nowhere.
+    `memo`: the search's (the one-layer stages' tables, per group size, shared by its shapes)."""
+    L, P, M = profile.num_layers, len(groups), global_batch // b
+    S = 2 * P if family == "zbv" else (P if family == "chimera" else v * P)
+    usable = topology.device_memory_bytes * (1 - limits.memory_headroom)
+    factor, forward = limits.optimizer_factor, times[:, 0]
+    work = M * float(times.sum()) / P
+    if S > L:
+        return math.inf
+    # each stage alone: per group size, every one-layer stage's room, input, saves (numpy, O(L))
+    counts = peak_in_flight(family, P, M, v) if S * M * 3 <= PEAK_ACTIONS_READ else (1,) * S
+    others = chunks_of(family, v) - 1
+    lightest = min(x.parameter_bytes for x in profile.layers) * others
+    whole_model = chunks_of(family, v) == S  # (Chimera on two groups: each holds every layer)
+    tables = memo.setdefault(("one-layer stages", others, whole_model, usable, factor), {})
+    alone = 0.0
+    for s in range(S):
+        n = math.ceil(b / groups[group_of(family, s, P)])
+        if n not in tables:
+            weights = np.array(
+                [profile.span(0, L)[3] if whole_model else profile.span(i, i + 1)[3] + lightest for i in range(L)]
+            )
+            ws = np.array([profile.workspace(i, i + 1, n) for i in range(L)])
+            saves = np.array([profile.bytes_between(i, i + 1, n) for i in range(L)])
+            received = np.array([profile.kept_bytes(i, i + 1, n) for i in range(L)]) - saves
+            tables[n] = (usable * (1 + 1e-9) - weights * factor - ws, received, saves)
+        room, received, saves = (x[s : L - S + s + 1] for x in tables[n])
+        if np.any(counts[s] * (received + saves) <= room):
+            continue  # (some one-layer stage keeps its layer: no forward run again need be)
+        again = np.where(counts[s] * received + saves <= room, forward[s : L - S + s + 1], np.inf)
+        alone += float(again.min())
+    # all stages at once (only where the excess can be positive: M in flight on every stage)
+    held = profile.span(0, L)[3] * factor * (2 if family == "chimera" else 1)
+    samples = math.ceil(b / max(groups))
+    layer = [profile.layer_bytes(l, samples) for l in range(L)]
+    excess, most = held + sum(layer) - P * usable, M  # (m* alone on every stage)
+    if held + M * sum(layer) > P * usable and S * M * 3 <= ORDER_ACTIONS_READ:
+        counted = forwards_held(family, P, M, v)
+        excess, most = max(excess, held + least_weighted_cut(layer, counted) - P * usable), max(counted)
+    shed = 0.0
+    for l in sorted(range(L), key=lambda l: (-layer[l] / forward[l] if forward[l] > 0 else -math.inf, l)):
+        can = most * layer[l]
+        if not excess > 0:
+            break
+        if can <= 0:
+            continue
+        if can >= excess:
+            shed += forward[l] * excess / can
+            break
+        shed, excess = shed + forward[l], excess - can
+    return work + M * max(alone, shed) / P
 
 
 def stages_hold(
@@ -223,6 +309,7 @@ def room_bound(
     times: np.ndarray,
     memo: dict,
     recomputed: bool = False,
+    first: bool = False,
 ) -> float:
     """T >= what the room to keep micro-batches leaves any plan of the shape, at every cut (where
     its stages keep their activations: chunked.keeps_activations, or where `recomputed`, every
@@ -245,13 +332,20 @@ def room_bound(
     whole stage) with the workspace. The stage's count is at its most K just before one of its
     backwards (a forward more would pass it), which runs with all K still kept: so K received +
     the stage's saves + its workspace fit beside the weights, the same runs follow, with `times`
-    those of the recomputed backward (chunked.recomputed_profile). A first stage keeps nothing."""
+    those of the recomputed backward (chunked.recomputed_profile). A first stage keeps nothing.
+
+    `first` (with `recomputed`): each stage may recompute any number k of its first layers, none to
+    all (strategy.recompute=auto: group_recompute.py), on `times` without recomputation: a stage
+    [i, z) recomputing its first k keeps received + tail_k a micro-batch, holds max(0, head_k -
+    tail_k) more during a backward (head_k + tail_k: the span's saves), and its backward runs the
+    head's forward again. Its term is the least over k (_first_layers_term): k = 0 is the kept one,
+    k = z - i the one above."""
     L = profile.num_layers
     M = global_batch // b
     turns = M // 2 if family == "chimera" else M
     others = chunks_of(family, v) - 1  # (the group's other stages)
     n = math.ceil(b / max(groups))  # (the fewest samples a device runs: the least it keeps)
-    key = ("room", turns, others, n, recomputed)
+    key = ("room", turns, others, n, recomputed, first)
     if key in memo:
         return memo[key]
     if turns < 1:  # (a copy that runs no micro-batch holds none)
@@ -275,7 +369,7 @@ def room_bound(
             kept_fixed[z] - kept_fixed[i], kept[z] - kept[i], received[i], n, pbs
         )  # (ModelProfile.kept_bytes)
         workspace = ws_fixed_most + ws_slope_most * n
-        if recomputed:  # (the input alone kept; the saves, held received aside, beside during a backward)
+        if recomputed and not first:  # (the input alone kept; the saves, received aside, beside during a backward)
             workspace, held = (
                 workspace + held - received[i] * n / pbs,
                 np.broadcast_to(received[i] * n / pbs, held.shape),
@@ -284,6 +378,8 @@ def room_bound(
         runs = runs_of_holds(room, held, turns)
         hold = trip[z] + input_[z] - input_[i]
         term = np.where(after & np.isfinite(runs), fill[z] + runs * hold, np.inf)  # (inf where none fits)
+        if recomputed and first:
+            term = _first_layers_term(profile, n, turns, room, received[i] * n / pbs, fill, hold, term, after)
     # least over the spans [i, z) holding layer l (i <= l < z): a running least over z from the
     # right, then over i from the top
     right = np.minimum.accumulate(term[:, ::-1], axis=1)[:, ::-1]  # [i, l]: least over stops > l
@@ -291,6 +387,67 @@ def room_bound(
     cover = np.where(starts[:, None] <= starts[None, :], right, np.inf).min(axis=0)  # [l]: over starts <= l
     memo[key] = out = float(cover.max()) if L else 0.0
     return out
+
+
+def _first_layers_term(
+    profile: ModelProfile,
+    n: int,
+    turns: int,
+    room: np.ndarray,
+    inputs: np.ndarray,
+    fill: np.ndarray,
+    hold: np.ndarray,
+    kept_term: np.ndarray,
+    after: np.ndarray,
+) -> np.ndarray:
+    """room_bound's term per span [i, z) (rows i, columns z - 1) where a stage may recompute any
+    number k of its first layers: the least over k of fill + ceil(M / K_k) (hold + the head's
+    forward again, at the input share), K_k the micro-batches that fit keeping the input and the
+    tail's saves each, with max(0, head - tail) beside during a backward (ModelProfile.
+    first_layers_recomputed). k = 0 is `kept_term` (every activation kept); only the spans whose
+    kept holds run in more than one go (runs > 1) can gain, so the others are not walked."""
+    L = profile.num_layers
+    pre, pbs = profile._prefix, profile.batch_size
+    kept, kept_fixed = np.asarray(pre["m"]), np.asarray(pre["mf"])
+    share = profile.least_input_share()
+    z = np.arange(1, L + 1)[None, :]
+    # (the least a term can be is one run, fill + hold: spans kept at that cannot gain)
+    need = after & (kept_term > (fill[z] + hold) * (1 + 1e-12))
+    rows = np.nonzero(need.any(axis=1))[0]
+    if not len(rows):
+        return kept_term
+    i, need = rows[:, None], need[rows]
+    room, inputs, hold, term = room[rows], np.broadcast_to(inputs, kept_term.shape)[rows], hold[rows], kept_term[rows]
+    for d in range(1, int(np.where(need, z - i, 0).max()) + 1):  # (k = d first layers, where the span has them)
+        h = np.minimum(i + d, L)
+        ok = need & (i + d <= z)
+        head = kept_of(kept_fixed[h] - kept_fixed[i], kept[h] - kept[i], 0.0, n, pbs)
+        tail = kept_of(kept_fixed[z] - kept_fixed[h], kept[z] - kept[h], 0.0, n, pbs)
+        runs = runs_of_holds(room - np.maximum(0.0, head - tail), inputs + tail, turns)
+        again = (fill[h] - fill[i]) * share
+        term = np.minimum(term, np.where(ok & np.isfinite(runs), fill[z] + runs * (hold + again), np.inf))
+    out = kept_term.copy()
+    out[rows] = term
+    return out
+
+
+def _most_first_layers(saves: np.ndarray, room: np.ndarray, inputs: np.ndarray, kept_k: np.ndarray) -> np.ndarray:
+    """span_masks' count per span [i, z) ((L + 1, L + 1) tables: `saves` of every span, `room` beside
+    its weights and workspace, `inputs` received) where the stage may recompute any number k of its
+    first layers: the most over k of the micro-batches that fit keeping the input and the tail's
+    saves each with max(0, head - tail) beside (ModelProfile.first_layers_recomputed). k = 0 is
+    `kept_k`."""
+    L1 = saves.shape[0]
+    i, z = np.arange(L1)[:, None], np.arange(L1)[None, :]
+    most = kept_k
+    for d in range(1, L1):
+        h = np.minimum(i + d, L1 - 1)
+        ok = i + d <= z
+        if not ok.any():
+            break
+        head, tail = saves[i, h], saves[h, z]
+        most = np.where(ok, np.maximum(most, fitting(room - np.maximum(0.0, head - tail), inputs + tail)), most)
+    return most
 
 
 def span_workspace(profile: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
@@ -317,6 +474,7 @@ def span_masks(
     micro_batches: int,
     keeps: bool | None,
     tables: dict,
+    first: bool = False,
 ) -> tuple[list[np.ndarray] | None, int, int]:
     """Per stage s, over every span [i, z) (an (L + 1, L + 1) table, as group_bound's): +inf where
     stage s cannot take that span in any plan of the shape for want of memory on a device of its
@@ -329,7 +487,9 @@ def span_masks(
       recomputed (False: every layer, the runtime's "full"): K_s received inputs and, during the
         backward that follows the K_s-th forward (a forward more would pass K_s), the span's saves
         (ModelProfile.recompute_bytes' extra);
-      either (None: recompute=auto, a candidate keeps its activations or recomputes every layer).
+      either (None: recompute=auto, a candidate keeps its activations or recomputes).
+    `first`: a stage that recomputes may recompute any number of its first layers (recompute=auto:
+    group_recompute.py): the most micro-batches over every count (_most_first_layers).
     A span over capacity every way it may run is no stage of any admissible plan: group_bound's
     programmes leave it out, as they leave out spans at or over their cap. None where no span is
     left out, on a check of the largest any may need (O(L)). `tables`: the search's, shared by its
@@ -373,7 +533,7 @@ def span_masks(
     out = []
     for s in range(S):
         n = math.ceil(b / groups[group_of(family, s, P)])
-        room_key = (*kind, n, capacity, keeps)
+        room_key = (*kind, n, capacity, keeps, first)
         if room_key not in tables:  # the most micro-batches in flight a span leaves room for
             with np.errstate(invalid="ignore", divide="ignore"):
                 saves_n = span_fixed + per_sample * n / pbs
@@ -381,6 +541,8 @@ def span_masks(
                 inputs = np.broadcast_to(received * n / pbs, room.shape)
                 kept_k = fitting(room, saves_n + inputs)  # (kept_bytes: its saves, its input)
                 again = fitting(room - saves_n, inputs)
+                if first and not keeps:  # (any count of first layers: the most over them)
+                    again = _most_first_layers(saves_n, room, inputs, kept_k)
             k = kept_k if keeps else again if keeps is False else np.maximum(kept_k, again)
             tables[room_key] = np.where(valid, k, -1.0)
             made += 1
