@@ -98,18 +98,20 @@ def test_where_nothing_fits_the_candidate_keeps_its_activations_over_memory():
     assert every is not None and not every.fits
 
 
-def test_the_recomputation_floor_is_below_every_plan_that_fits_and_counts_some_work():
-    """shape_memory.recompute_floor: on memory-tight random chains, every shape of interleaved 1F1B
-    and Chimera under auto, its floor (the average group's work and the forwards that must run
-    again to fit) is at or below every random cut of it that fits, the cuts evaluated as the
-    search evaluates them (recomputing their first layers where they must); and on some shapes it
-    counts forwards run again, above the average work alone."""
+def test_the_recomputation_floor_and_forced_layers_hold_for_every_plan_that_fits():
+    """shape_memory.recompute_floor and forced_layers: on memory-tight random chains, every shape of
+    interleaved 1F1B and Chimera under auto, its floor (the average group's work and the forwards
+    that must run again to fit) is at or below every random cut of it that fits, the cuts evaluated
+    as the search evaluates them (recomputing their first layers where they must), and every layer
+    forced_layers names is among the layers such a cut recomputes. On some shapes the floor counts
+    forwards run again, above the average work alone, and some layers are forced."""
     from dapple_launch.planner.chunked_search import shapes
     from dapple_launch.planner.shape_bound import _layer_times
-    from dapple_launch.planner.shape_memory import recompute_floor
+    from dapple_launch.planner.shape_memory import forced_layers, recompute_floor
 
-    checked = above = 0
-    for seed, L, saved, usable in itertools.product((1, 2), (10, 12), (5e8, 1.5e9), (3.2e9, 4.8e9)):
+    checked = above = forced = 0
+    covered = 0  # (fitting cuts of shapes with forced layers)
+    for seed, L, saved, usable in itertools.product((1, 2, 3), (10, 12), (5e8, 1.5e9, 2.5e9), (3.2e9, 4.8e9)):
         rng, profile, topo = tight_chain(seed, L, saved, usable)
         limits = Limits(schedules=("interleaved_1f1b", "chimera"), recompute="auto")
         memo: dict = {}
@@ -117,6 +119,8 @@ def test_the_recomputation_floor_is_below_every_plan_that_fits_and_counts_some_w
             times = _layer_times(profile, topo, max(groups), b, {})
             floor = recompute_floor(profile, topo, 8, limits, family, v, groups, b, times, memo)
             above += floor > 8 // b * float(times.sum()) / len(groups) * (1 + 1e-9)
+            must = set(forced_layers(profile, topo, 8, limits, family, v, groups, b))
+            forced += bool(must)
             S = num_stages(family, v, groups)
             for _ in range(3):
                 stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
@@ -126,4 +130,7 @@ def test_the_recomputation_floor_is_below_every_plan_that_fits_and_counts_some_w
                 if c is not None and c.fits:
                     checked += 1
                     assert floor <= c.iteration_s * (1 + 1e-9), (family, v, groups, b, stops, floor, c.iteration_s)
-    assert checked > 60 and above > 10, (checked, above)
+                    marks = {i for st in c.recompute for i in st} if c.recompute else set()
+                    assert must <= marks, (family, v, groups, b, stops, sorted(must - marks))
+                    covered += bool(must)
+    assert checked > 120 and above > 60 and forced > 10 and covered > 10, (checked, above, forced, covered)

@@ -57,15 +57,19 @@ def recomputes_to_fit(limits: Limits, schedule: str) -> bool:
     return limits.recompute == "auto" and schedule not in SPLIT_BACKWARD
 
 
-def recomputed_profile(profile: ModelProfile) -> ModelProfile:
-    """The profile whose every layer's backward runs its forward again: a stage recomputing all its
-    layers takes these times (cost.recomputed_costs adds each layer's forward, its fixed part
-    included), so a bound read on it holds for every candidate that recomputes every layer."""
-    layers = tuple(
+def recomputed_profile(profile: ModelProfile, layers: Sequence[int] | None = None) -> ModelProfile:
+    """The profile whose every layer's backward (or only `layers`') runs its forward again: a stage
+    recomputing all its layers takes these times (cost.recomputed_costs adds each layer's forward,
+    its fixed part included), so a bound read on it holds for every candidate that recomputes
+    every layer (or those layers)."""
+    again = set(range(profile.num_layers)) if layers is None else set(layers)
+    out = tuple(
         replace(x, backward_s=x.backward_s + x.forward_s, backward_fixed_s=x.backward_fixed_s + x.forward_fixed_s)
-        for x in profile.layers
+        if l in again
+        else x
+        for l, x in enumerate(profile.layers)
     )
-    return replace(profile, layers=layers)
+    return replace(profile, layers=out)
 
 
 def keeps_activations(limits: Limits, schedule: str) -> bool:

@@ -182,6 +182,54 @@ def recompute_floor(
     return work + M * max(alone, shed) / P
 
 
+def forced_layers(
+    profile: ModelProfile,
+    topology: Topology,
+    global_batch: int,
+    limits: Limits,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+) -> tuple[int, ...]:
+    """The layers every plan of the shape that fits recomputes, where its stages may recompute any
+    number of their first layers (recompute=auto). A stage s [i, z) that keeps layer l (l in its
+    tail: the layers after its recomputed head, l .. z - 1 among them) holds, at its most
+    micro-batches in flight K_s (peak_in_flight), K_s times its input and l's saves at least, beside
+    l's workspace and its weights (at least the lightest layer's, and the group's other stages' as
+    many). Where that passes a device's memory for every stage that may hold l (layers s .. L - S +
+    s) and every start i <= l it may take, no plan keeps l: its backward runs its forward again
+    (recomputed_profile), and the shape's bounds may read that. None where the orders are not read
+    (PEAK_ACTIONS_READ)."""
+    L, P, M = profile.num_layers, len(groups), global_batch // b
+    S = 2 * P if family == "zbv" else (P if family == "chimera" else v * P)
+    if S > L or S * M * 3 > PEAK_ACTIONS_READ:
+        return ()
+    counts = peak_in_flight(family, P, M, v)
+    usable = topology.device_memory_bytes * (1 - limits.memory_headroom) * (1 + 1e-9)
+    lightest = min(x.parameter_bytes for x in profile.layers)
+    whole_model = chunks_of(family, v) == S
+    weights = (profile.span(0, L)[3] if whole_model else lightest * chunks_of(family, v)) * limits.optimizer_factor
+    pbs, width = profile.batch_size, L - S + 1  # (stage s's window: layers s .. s + width - 1)
+    s_, l_ = np.arange(S)[:, None], np.arange(L)[None, :]
+    may = (l_ >= s_) & (l_ < s_ + width)  # (stage s may hold layer l)
+    cut = np.asarray([0.0, *profile.cut_bytes[: L - 1]], dtype=float)  # (what a stage from layer i receives)
+    received = np.minimum.accumulate(np.where(l_ >= s_, cut[None, :], np.inf), axis=1)  # [s, l]: least from s .. l
+    n = np.array([math.ceil(b / groups[group_of(family, s, P)]) for s in range(S)], dtype=float)[:, None]
+    pre = profile._prefix
+    fixed, saved = np.diff(np.asarray(pre["mf"], dtype=float)), np.diff(np.asarray(pre["m"], dtype=float))
+    ws_fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
+    ws_slope = (np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed) / pbs
+    with np.errstate(invalid="ignore"):
+        held = (
+            np.asarray(counts, dtype=float)[:, None] * kept_of(fixed[None, :], saved[None, :], received, n, pbs)
+            + ws_fixed[None, :]
+            + ws_slope[None, :] * n
+        )
+    kept = np.any(may & (held + weights <= usable), axis=0)
+    return tuple(l for l in range(L) if not kept[l])
+
+
 def stages_hold(
     profile: ModelProfile, factor: float, usable: float, family: str, v: int, P: int, M: int, samples: int
 ) -> bool:
