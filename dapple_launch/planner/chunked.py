@@ -129,14 +129,13 @@ def evaluate_chunked(
     (recomputes_to_fit, group_recompute.py), and that is returned where it fits (Llama 3 70B on 256
     A100s: interleaved 1F1B fits only so, and beats 1F1B's per-stage recomputation); `refit=False`
     skips that (a caller that wants only candidates keeping their activations)."""
-    if refit and recomputes_to_fit(limits, schedule):  # (each costed once, through this function)
-        args = (profile, topology, layout, micro_batch_size, num_micro_batches)
-        return evaluate_chunked(
-            *args, _fitting(*args, limits, schedule, chunks), schedule, chunks, cutoff, walked, False
-        )
     S = len(layout)
     P = groups_for(schedule, S, chunks)
     costs, own = _own_costs(profile, topology, layout, micro_batch_size, schedule)
+    if refit and recomputes_to_fit(limits, schedule):  # (each costed once, through this function)
+        capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
+        args = (micro_batch_size, num_micro_batches, limits, schedule, chunks, costs, own, capacity)
+        limits = _fitting(profile, layout, *args)
     sets = recompute_sets(layout, limits)  # (Limits refuses it with a split backward)
     if sets:  # each stage's backward runs its recomputed layers' forward again (one copy's replicas)
         costs = recomputed_costs(profile, topology, own, costs, micro_batch_size, sets)
@@ -199,24 +198,25 @@ def _group_weights(
 
 def _fitting(
     profile: ModelProfile,
-    topology: Topology,
     layout: tuple[StageSpec, ...],
     micro_batch_size: int,
     num_micro_batches: int,
     limits: Limits,
     schedule: str,
     chunks: int,
+    costs: list,
+    own: tuple[StageSpec, ...],
+    capacity: float,
 ) -> Limits:
     """The Limits of the candidate of a family that recomputes to fit (recomputes_to_fit): its
     activations kept where they fit, else each stage's fewest first layers recomputed that fit
     every device (group_recompute.first_layers_to_fit: what each rank holds at each step of its
     orders, read without a simulation), else kept (over memory, as it is). One simulation follows,
     whichever it is (before: the candidate kept, then again recomputing every layer where it did
-    not fit)."""
+    not fit). `costs`, `own`: the candidate's (_own_costs), before any recomputation; `capacity`:
+    a device's usable bytes."""
     S = len(layout)
     P = groups_for(schedule, S, chunks)
-    costs, own = _own_costs(profile, topology, layout, micro_batch_size, schedule)
-    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     held = _group_weights(profile, layout, schedule, P, limits.optimizer_factor)
     orders = rank_orders(schedule, P, num_micro_batches, chunks)
     workspace = [c.workspace_bytes for c in costs]

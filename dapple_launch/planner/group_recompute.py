@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ..profile.model_profile import ModelProfile
+from ..profile.model_profile import ModelProfile, kept_of
 from ..schedule.actions import CODE_OF, Kind
 from .cost import StageSpec
 
@@ -81,16 +81,8 @@ def first_layers_to_fit(
     samples they run (Chimera: the down copy's); `workspace`: each stage's step workspace
     (StageCosts.workspace_bytes); `orders`: the candidate's RankSchedule (chunked.rank_orders)."""
     S = len(layout)
-    # per stage and count k (0 .. its layers): what a micro-batch keeps, the extra its backward
-    # holds, and the forward run again (on the profile's device; only ratios between them matter)
-    kept, extra, again = [], [], []
-    for st in layout:
-        n = math.ceil(micro_batch_size / st.replicas)
-        rows = [profile.first_layers_recomputed(st.start, st.stop, k, n) for k in range(st.stop - st.start + 1)]
-        kept.append(np.array([x[0] for x in rows]))
-        extra.append(np.array([x[1] for x in rows]))
-        again.append(np.array([x[2] for x in rows]))
     steps = _rank_steps(orders)
+    kept, extra, again = _per_count(profile, layout, micro_batch_size)
     ranks_of = [[r for r, (stages, *_) in enumerate(steps) if s in stages] for s in range(S)]
     k = [0] * S
 
@@ -107,9 +99,10 @@ def first_layers_to_fit(
 
     if all(fits(r) for r in range(len(steps))):
         return ((),) * S  # (keeping fits)
-    chosen = _raise_counts(steps, k, kept, extra, again, held, capacity, values, fits)
-    if chosen is None:  # every layer recomputed, where that fits
-        k[:] = [len(x) - 1 for x in kept]
+    # (not every layer first, to skip where even that does not fit: a stage with one micro-batch in
+    # flight holds max(head, tail) beside its input, least part-way, so some counts may fit there)
+    if _raise_counts(steps, k, kept, extra, again, held, capacity, values, fits) is None:
+        k[:] = [len(x) - 1 for x in kept]  # every layer recomputed, where that fits
         if not all(fits(r) for r in range(len(steps))):
             return None
     # each count lowered as far as every rank holding the stage still fits: the dearest first
@@ -122,6 +115,27 @@ def first_layers_to_fit(
     return tuple(tuple(range(st.start, st.start + c)) for st, c in zip(layout, k))
 
 
+def _per_count(
+    profile: ModelProfile, layout: tuple[StageSpec, ...], micro_batch_size: int
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per stage, over its counts k = 0 .. its layers: what a micro-batch keeps, the extra its
+    backward holds, and the forward run again (ModelProfile.first_layers_recomputed, every k at once
+    from the same prefix sums, the same floats; on the profile's device: only ratios matter)."""
+    p, pbs = profile._prefix, profile.batch_size
+    mf, m, ff, f = (np.asarray(p[key], dtype=float) for key in ("mf", "m", "ff", "f"))
+    kept, extra, again = [], [], []
+    for st in layout:
+        n = math.ceil(micro_batch_size / st.replicas)
+        a, z, h = st.start, st.stop, np.arange(st.start, st.stop + 1)
+        received = profile.cut_bytes[a - 1] * n / pbs if a > 0 else 0.0
+        head = kept_of(mf[h] - mf[a], m[h] - m[a], 0.0, n, pbs)
+        tail = kept_of(mf[z] - mf[h], m[z] - m[h], 0.0, n, pbs)
+        kept.append(received + tail)
+        extra.append(np.maximum(0.0, head - tail))
+        again.append((ff[h] - ff[a]) + ((f[h] - f[a]) - (ff[h] - ff[a])) * (n / pbs))
+    return kept, extra, again
+
+
 def _raise_counts(steps, k: list[int], kept, extra, again, held, capacity: float, values, fits) -> list[int] | None:
     """Raise the counts k in place, one stage's at a time, on each rank over capacity (the module's
     docstring) until every rank fits: k, or None where some rank's excess no count lowers."""
@@ -132,9 +146,11 @@ def _raise_counts(steps, k: list[int], kept, extra, again, held, capacity: float
             break
         for r in over:
             limit = capacity - held[r]
-            while not fits(r):
-                stages, counts, at, forward = steps[r]
+            stages, counts, at, forward = steps[r]
+            while True:
                 now = values(r)
+                if held[r] + float(now.max()) <= capacity:
+                    break
                 excess = float(np.maximum(now - limit, 0.0).sum())
                 best = None  # (gain per second, stage, count)
                 for j, s in enumerate(stages):
