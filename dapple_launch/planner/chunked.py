@@ -132,8 +132,8 @@ def evaluate_chunked(
     S = len(layout)
     P = groups_for(schedule, S, chunks)
     costs, own = _own_costs(profile, topology, layout, micro_batch_size, schedule)
+    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     if refit and recomputes_to_fit(limits, schedule):  # (each costed once, through this function)
-        capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
         args = (micro_batch_size, num_micro_batches, limits, schedule, chunks, costs, own, capacity)
         limits = _fitting(profile, layout, *args)
     sets = recompute_sets(layout, limits)  # (Limits refuses it with a split backward)
@@ -154,7 +154,6 @@ def evaluate_chunked(
     params = _group_weights(profile, layout, schedule, P, limits.optimizer_factor)
     per_group = [params[g] + sim.peak_activation_bytes[g] for g in range(P)]
     memory = [max(per_group[g] for g in groups_of(schedule, s, P)) for s in range(S)]
-    capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     return Costed(
         layout,
         micro_batch_size,

@@ -449,10 +449,10 @@ def _bounded_shapes(
                 room if keeps_activations(limits, f) else None,
                 weigh=weigh,
             )
-        # (a shape that may either keep or recompute, kept None, only under auto: there the room
-        # its first layers recomputed leave is no less than keeping them leaves, on the same times)
-        if not first:
+        if not first:  # (full: every layer of every candidate recomputed)
             return _shape_bound(heavier, topology, global_batch, f, v, g, b, rmemo, room, True, weigh)
+        # (kept None or False, under auto: a candidate keeps every activation or recomputes some of
+        # each stage's first layers, and the least over every count, none included, bounds either)
         # any count of each stage's first layers: the layers every plan recomputes run their forward
         # again in the backward (forced_layers), the room is the least over the counts, and the
         # forward work run again to fit is at least recompute_floor's (in the bound the shape states
@@ -467,7 +467,8 @@ def _bounded_shapes(
 
     def forced_of(shape: tuple) -> tuple[ModelProfile, dict]:
         """The profile a shape's bounds read, with the layers every plan of it recomputes
-        (shape_memory.forced_layers) run again, and its tables (memo["forced"]: per set of layers)."""
+        (shape_memory.forced_layers) run again, and its tables (memo["forced_on"] per shape; one
+        profile and one set of tables per set of layers)."""
         if shape not in forced_on:
             layers = forced_layers(profile, topology, global_batch, limits, *shape)
             if not layers:
