@@ -87,6 +87,11 @@ def groups_for(schedule: str, num_stages: int, chunks: int) -> int:
     return num_stages if schedule == "chimera" else num_stages // chunks_of(schedule, chunks)
 
 
+def stages_for(schedule: str, groups: int, chunks: int) -> int:
+    """groups_for's inverse: Chimera's D stages on D groups, else chunks_of stages a group."""
+    return groups if schedule == "chimera" else groups * chunks_of(schedule, chunks)
+
+
 @lru_cache(maxsize=64)
 def rank_orders(schedule: str, groups: int, num_micro_batches: int, chunks: int):
     return build_rank_schedule(schedule, groups, num_micro_batches, chunks)

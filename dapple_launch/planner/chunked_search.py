@@ -462,6 +462,8 @@ def _bounded_shapes(
         bound, plain = shape_bounds(on, topology, global_batch, g, b, on_memo, f, v, weigh)
         times = _layer_times(profile, topology, max(g), b, memo)
         roomy = room_bound(profile, topology, global_batch, f, v, g, b, *room, times, memo, True, True)
+        if not weigh:  # (the plain pass over every shape reads only the plain bound: no floor there)
+            return max(bound, roomy), max(plain, roomy)
         floor = recompute_floor(profile, topology, global_batch, limits, f, v, g, b, times, memo)
         return max(bound, roomy, floor), max(plain, roomy)
 

@@ -46,7 +46,7 @@ import numpy as np
 from ..cluster import Topology
 from ..profile.model_profile import ModelProfile, kept_of
 from ..schedule import build_rank_schedule
-from .chunked import chunks_of, group_of, keeps_activations
+from .chunked import chunks_of, group_of, keeps_activations, stages_for
 from .in_flight import fitting, runs_of_holds
 from .limits import Limits
 
@@ -87,7 +87,7 @@ def holds_model(
     usable = capacity / P
     if not stages_hold(profile, limits.optimizer_factor, usable, family, v, P, M, samples):
         return False
-    S = 2 * P if family == "zbv" else v * P
+    S = stages_for(family, P, v)
     if family == "chimera" or held + min(M, 2 * S) * sum(layer) <= capacity:
         return True  # (no count the orders are likely to hold can decide it: not worth reading them)
     if S * M * 3 > ORDER_ACTIONS_READ:
@@ -132,7 +132,7 @@ def recompute_floor(
     each term is at or below what any plan of the shape runs; inf where some stage fits nowhere.
     `memo`: the search's (the one-layer stages' tables, per group size, shared by its shapes)."""
     L, P, M = profile.num_layers, len(groups), global_batch // b
-    S = 2 * P if family == "zbv" else (P if family == "chimera" else v * P)
+    S = stages_for(family, P, v)
     usable = topology.device_memory_bytes * (1 - limits.memory_headroom)
     factor, forward = limits.optimizer_factor, times[:, 0]
     work = M * float(times.sum()) / P
@@ -202,7 +202,7 @@ def forced_layers(
     (recomputed_profile), and the shape's bounds may read that. None where the orders are not read
     (PEAK_ACTIONS_READ)."""
     L, P, M = profile.num_layers, len(groups), global_batch // b
-    S = 2 * P if family == "zbv" else (P if family == "chimera" else v * P)
+    S = stages_for(family, P, v)
     if S > L or S * M * 3 > PEAK_ACTIONS_READ:
         return ()
     counts = peak_in_flight(family, P, M, v)
@@ -245,7 +245,7 @@ def stages_hold(
     1F1B's and ZB-V's first stages keep 32 of 4.2 GB a block on 77 GB). Read only where all M in
     flight would not fit and the orders are short (PEAK_ACTIONS_READ); else it holds, weaker."""
     L = profile.num_layers
-    S = P if family == "chimera" else (2 * P if family == "zbv" else v * P)
+    S = stages_for(family, P, v)
     if S > L:
         return False
     others = chunks_of(family, v) - 1  # (the group's other stages)
@@ -545,7 +545,7 @@ def span_masks(
     counts returned are of the tables over every span made here and of the masks made here (one
     comparison each), for the search's count of its bounds' work."""
     L, P = profile.num_layers, len(groups)
-    S = P if family == "chimera" else chunks_of(family, v) * P
+    S = stages_for(family, P, v)
     counts = [1] * S
     if S * micro_batches * 3 <= PEAK_ACTIONS_READ:
         counts = list(peak_in_flight(family, P, micro_batches, v))
