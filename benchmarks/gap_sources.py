@@ -5,7 +5,7 @@ left (proposal.py). This re-plans each row of planner.py (the shipped DAPPLE pro
 global batches, the default families and budget) through the driver itself (search.drive), and
 reports per proposer the least bound it handed back, as a share of the best plan, and which one
 binds. Device groups raise their shapes' bounds only up to the least bound the others left (a higher
-one would not change the gap: chunked_search.cut_bounds), so their own bound is computed again
+one would not change the gap: chunked_bounds.cut_bounds), so their own bound is computed again
 without that floor (outside the row's timing) to show what they prove alone. The last columns: the
 gap were each family's bound raised to the plan (proven optimal), all others as they are: where the
 work on a bound would pay off.

@@ -170,10 +170,10 @@ def test_on_a_slow_network_the_critical_paths_and_the_other_families_floor_lower
     bound more shapes: the proven lower bound rises (1.4225 s against 1.4120 s, gaps 19.7 % against
     20.3 %; compared as bounds, since a faster plan of another pass lowers both gaps; at G 64, where
     it made 25.1 % of 31.8 %, the rank orders' round trips now bound those shapes either way)."""
-    from dapple_launch.planner import chunked_search
+    from dapple_launch.planner import chunked_bounds, chunked_search
 
     with_paths = _gap("gnmt-32", "v100-16x1", 256)
-    monkeypatch.setattr(chunked_search, "CRITICAL_CELLS", 0.0)
+    monkeypatch.setattr(chunked_bounds, "CRITICAL_CELLS", 0.0)
     assert with_paths < 0.8 * _gap("gnmt-32", "v100-16x1", 256), with_paths
     monkeypatch.undo()
 
@@ -195,12 +195,12 @@ def test_round_trips_lift_a_shape_whose_transfers_are_slow_against_its_steps(mon
     from dapple_launch.planner import group_bound
     from dapple_launch.planner.baselines import balanced_boundaries
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _group_bound
+    from dapple_launch.planner.chunked_bounds import group_bound_of
     from dapple_launch.planner.limits import Limits
 
     profile, cluster = load_profile("gnmt-32-pbs-64-simplified.txt", 64, 1.0), topology("v100-16x1-10g")
     shape = ("interleaved_zb", 2, (2,) * 8, 16)
-    bound = lambda: _group_bound(profile, cluster, 1024, *shape, {}).bound()
+    bound = lambda: group_bound_of(profile, cluster, 1024, *shape, {}).bound()
     with_trips = bound()
     monkeypatch.setattr(group_bound, "cycle_terms", lambda *args: np.zeros((0, 16, 5)))
     without = bound()

@@ -59,8 +59,9 @@ def test_a_shapes_bound_is_the_same_on_the_searchs_shared_tables_and_counts_only
     its all-reduces, tails and stage floors) among the search's once another shape made them: the
     bound, capped or not, is the same as on tables of its own, and the cells it counts are fewer
     (what the budget buys is more shapes, not other bounds)."""
-    from dapple_launch.planner.chunked_search import _layer_times, shapes
     from dapple_launch.planner.group_bound import GroupBound
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import _layer_times
 
     rng = random.Random(37)
     compared = fewer = 0
@@ -95,7 +96,8 @@ def test_a_shape_whose_groups_cannot_hold_the_model_has_no_cut_that_fits():
     from dataclasses import replace
 
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import num_stages
     from dapple_launch.planner.shape_memory import holds_model
 
     rng = random.Random(41)
@@ -139,7 +141,8 @@ def test_each_group_holds_the_forwards_in_flight_at_the_first_backward():
     least its stages' weights and optimizer state plus Σ n_s × the stage's activations, and the
     least over cuts (least_weighted_cut) is at most what any simulated cut's stages hold."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, group_of
-    from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import num_stages
     from dapple_launch.planner.shape_memory import forwards_held, least_weighted_cut
 
     rng = random.Random(43)
@@ -187,7 +190,8 @@ def test_a_shape_whose_orders_keep_more_in_flight_than_its_stages_hold_has_no_cu
     from dataclasses import replace
 
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, group_of, groups_of
-    from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import num_stages
     from dapple_launch.planner.shape_memory import peak_in_flight, stages_hold
 
     rng = random.Random(47)
@@ -310,8 +314,9 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
 
     from dapple_launch.cluster import Topology
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked, recomputed_profile
-    from dapple_launch.planner.chunked_search import _bounded_shapes, _shape_bound, cut_bounds, num_stages
+    from dapple_launch.planner.chunked_bounds import bounded_shapes, cut_bounds, room_shape_bounds
     from dapple_launch.planner.cost import recomputed_costs, stage_costs
+    from dapple_launch.planner.shape_bound import num_stages
     from dapple_launch.profile import LayerProfile, chain
 
     from .test_rank_schedules import random_profile, tight_chain
@@ -324,7 +329,7 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
             Limits(schedules=("interleaved_1f1b", "chimera"), recompute="full"),
         ):
             G, memo = 8, {}
-            rows, again = _bounded_shapes(profile, topo, G, limits, [1, 2, 4], memo)
+            rows, again = bounded_shapes(profile, topo, G, limits, [1, 2, 4], memo)
             whole += len(again[1]) if again else 0
             for bound, family, v, groups, b in rows:
                 over_cuts = cut_bounds(profile, topo, G, [(bound, family, v, groups, b)], math.inf, memo, 2e5, again)
@@ -354,7 +359,7 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
     layers = [LayerProfile(f"l{i}", 2e-3, 2e-3, 1e6, 1e6) for i in range(8)]
     profile, topo = chain("u", layers, batch_size=1), Topology("t", 1, 4, 8e9, 1e-6, 100e9, 100e9)
     limits, below = Limits(schedules=("interleaved_1f1b",), recompute="auto"), 0
-    rows, again = _bounded_shapes(profile, topo, 64, limits, [1, 2, 4], {})
+    rows, again = bounded_shapes(profile, topo, 64, limits, [1, 2, 4], {})
     assert again is None and rows
     for bound, family, v, groups, b in rows:
         S = v * len(groups)
@@ -369,7 +374,9 @@ def test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomput
             v,
         )
         assert not c.recompute and bound <= c.iteration_s * (1 + 1e-9)
-        below += c.iteration_s < _shape_bound(recomputed_profile(profile), topo, 64, family, v, groups, b, {}, None)[0]
+        below += (
+            c.iteration_s < room_shape_bounds(recomputed_profile(profile), topo, 64, family, v, groups, b, {}, None)[0]
+        )
     assert below >= len(rows) / 2, (below, len(rows))
     # the recomputed profile's stage costs are the recomputed stages' own
     profile = chain("p", list(random_profile(random.Random(5), 10).layers), batch_size=4)
@@ -393,7 +400,8 @@ def test_memory_leaves_out_no_span_a_stage_of_a_fitting_cut_takes():
     none: test_a_shape_that_may_recompute_is_bounded_below_every_cut_it_plans_recomputed_or_not).
     A need 15 % too high, or the inputs of all M micro-batches counted in flight, fail it."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _bounded_shapes, cut_bounds, num_stages
+    from dapple_launch.planner.chunked_bounds import bounded_shapes, cut_bounds
+    from dapple_launch.planner.shape_bound import num_stages
     from dapple_launch.planner.shape_memory import span_masks
 
     from .test_rank_schedules import tight_chain
@@ -407,7 +415,7 @@ def test_memory_leaves_out_no_span_a_stage_of_a_fitting_cut_takes():
             Limits(schedules=("interleaved_1f1b", "chimera"), recompute="full"),
         ):
             G, memo = 8, {}
-            rows, again = _bounded_shapes(profile, topo, G, limits, [1, 2, 4], memo)
+            rows, again = bounded_shapes(profile, topo, G, limits, [1, 2, 4], memo)
             factor, capacity, keeps, first = memo["room"]
             tables: dict = {}
             for bound, family, v, groups, b in rows:
@@ -445,14 +453,14 @@ def test_a_dearer_floor_of_the_others_never_lowers_the_bounds_over_cuts():
     micro-batch size no bound over cuts is lower than without it, whatever the cells, and some rise.
     (Aiming at the dearer one from the first pass spent the cells on fewer shapes: GNMT-32 on 2 × 8
     V100 at G 64, the device groups' least bound 33.1 -> 31.6 ms, the proof 20.2 % -> 23.8 %.)"""
-    from dapple_launch.planner.chunked_search import _bounded_shapes, cut_bounds
+    from dapple_launch.planner.chunked_bounds import bounded_shapes, cut_bounds
 
     checked = rose = 0
     for seed in range(8):
         rng = random.Random(seed)
         topo, profile = _random_cluster_and_profile(rng)
         G = 16
-        rows = _bounded_shapes(profile, topo, G, Limits(schedules=CHUNKED), [1, 2, 4], {})[0]
+        rows = bounded_shapes(profile, topo, G, Limits(schedules=CHUNKED), [1, 2, 4], {})[0]
         if not rows:
             continue
         cheap = min(r[0] for r in rows) * 1.05
@@ -460,7 +468,7 @@ def test_a_dearer_floor_of_the_others_never_lowers_the_bounds_over_cuts():
             out = []
             for raise_to in (None, cheap * 1.1):
                 memo: dict = {}  # (each its own search's: the cells count what each builds)
-                rows, again = _bounded_shapes(profile, topo, G, Limits(schedules=CHUNKED), [1, 2, 4], memo)
+                rows, again = bounded_shapes(profile, topo, G, Limits(schedules=CHUNKED), [1, 2, 4], memo)
                 out.append(cut_bounds(profile, topo, G, rows, cheap, memo, cells, again, raise_to))
             plain, raised = out
             assert set(plain) == set(raised)
@@ -478,7 +486,7 @@ def test_the_groups_weighed_only_raise_the_bounds_over_cuts():
     end: per micro-batch size no bound is lower than without the weights, whatever the cells, and
     some rise. (Ordering the shapes by the weighed bound moved the cells elsewhere: 14 of the 1,200
     fuzz seeds proved less, one 0.6 % -> 17.6 %.)"""
-    from dapple_launch.planner.chunked_search import _bounded_shapes, cut_bounds
+    from dapple_launch.planner.chunked_bounds import bounded_shapes, cut_bounds
 
     checked = rose = 0
     for seed in range(8):
@@ -489,7 +497,7 @@ def test_the_groups_weighed_only_raise_the_bounds_over_cuts():
             out = []
             for weigh in (False, True):
                 memo: dict = {}
-                rows, again = _bounded_shapes(profile, topo, G, Limits(schedules=CHUNKED), [1, 2, 4], memo)
+                rows, again = bounded_shapes(profile, topo, G, Limits(schedules=CHUNKED), [1, 2, 4], memo)
                 if not rows:
                     break
                 best = min(r[0] for r in rows) * 1.3

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from dapple_launch.planner import Limits
 from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-from dapple_launch.planner.chunked_search import num_stages
+from dapple_launch.planner.shape_bound import num_stages
 
 from .test_rank_schedules import tight_chain
 
@@ -99,15 +99,15 @@ def test_where_nothing_fits_the_candidate_keeps_its_activations_over_memory():
 
 
 def test_the_recomputation_floor_and_forced_layers_hold_for_every_plan_that_fits():
-    """shape_memory.recompute_floor and forced_layers: on memory-tight random chains, every shape of
+    """shape_recompute.recompute_floor and forced_layers: on memory-tight random chains, every shape of
     interleaved 1F1B and Chimera under auto, its floor (the average group's work and the forwards
     that must run again to fit) is at or below every random cut of it that fits, the cuts evaluated
     as the search evaluates them (recomputing their first layers where they must), and every layer
     forced_layers names is among the layers such a cut recomputes. On some shapes the floor counts
     forwards run again, above the average work alone, and some layers are forced."""
-    from dapple_launch.planner.chunked_search import shapes
+    from dapple_launch.planner.group_shapes import shapes
     from dapple_launch.planner.shape_bound import _layer_times
-    from dapple_launch.planner.shape_memory import forced_layers, recompute_floor
+    from dapple_launch.planner.shape_recompute import forced_layers, recompute_floor
 
     checked = above = forced = 0
     covered = 0  # (fitting cuts of shapes with forced layers)

@@ -91,14 +91,14 @@ def test_the_exact_game_lifts_a_shape_the_approximate_one_left_at_its_groups_wor
     from dapple_launch.config import CONF_DIR
     from dapple_launch.plan_config import shipped_topology
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _group_bound, _shape_bound
+    from dapple_launch.planner.chunked_bounds import group_bound_of, room_shape_bounds
     from dapple_launch.planner.limits import Limits
     from dapple_launch.profile import read_profile_file
 
     profile = read_profile_file(CONF_DIR.parent / "profiles" / "bert-48-pbs-2.txt", 2, device_tflops=125.0)
     topo, G, family, v, groups, b = shipped_topology("a100x64"), 256, "interleaved_zb", 3, (32, 32), 128
-    plain = _shape_bound(profile, topo, G, family, v, groups, b, {}, None)[0]
-    dual = _group_bound(profile, topo, G, family, v, groups, b, {})
+    plain = room_shape_bounds(profile, topo, G, family, v, groups, b, {}, None)[0]
+    dual = group_bound_of(profile, topo, G, family, v, groups, b, {})
     dual.with_paths = True
     value = dual.bound()
     assert value > plain * 1.03, (value, plain)

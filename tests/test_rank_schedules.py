@@ -316,7 +316,8 @@ def _exhaustive_chunked(profile, topo, G, limits):
     import itertools
 
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import num_stages, shapes
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import num_stages
     from dapple_launch.planner.shapes import divisors
 
     best = math.inf
@@ -403,7 +404,8 @@ def _small_chunked_shapes(rng: random.Random, rounds: int = 4):
     """On `rounds` random clusters (their all-reduce fast, slow or very slow), each shape of the
     chunked families whose cuts are few enough to enumerate (at most 20): (profile, topology, G,
     limits, family, v, groups, b, GroupBound's layer_times, every cut's stops)."""
-    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import _layer_times, num_stages
 
     for _ in range(rounds):
         topo, profile = _random_cluster_and_profile(rng, all_reduce=(3e9, 1e8, 3e7))
@@ -430,7 +432,7 @@ def _best_cut_s(profile, topo, G: int, limits: Limits, family: str, v: int, grou
 def _random_cuts_at_or_above(rng, bound, profile, topo, G, limits, family, v, groups, b, cuts: int) -> int:
     """Simulates `cuts` random cuts of the shape and asserts each at or above `bound`; their count."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import num_stages
+    from dapple_launch.planner.shape_bound import num_stages
 
     L, S = profile.num_layers, num_stages(family, v, groups)
     for _ in range(cuts):
@@ -452,7 +454,7 @@ def test_a_chunked_shapes_bound_is_below_the_simulated_time_of_every_cut():
     import numpy as np
 
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import shapes
+    from dapple_launch.planner.group_shapes import shapes
     from dapple_launch.planner.shape_bound import (
         _layer_times,
         allreduce_bound,
@@ -536,8 +538,8 @@ def test_a_chunked_shapes_room_for_micro_batches_bounds_every_cut_that_fits():
     micro-batches, random cuts of every shape (interleaved, ZB-V, Chimera) that fit are at or above
     it, and it is above the shape's other bounds on many shapes."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _layer_times, num_stages, shapes
-    from dapple_launch.planner.shape_bound import shape_bound
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import _layer_times, num_stages, shape_bound
     from dapple_launch.planner.shape_memory import room_bound
 
     checked = raised = 0
@@ -603,9 +605,9 @@ def test_the_bound_over_a_shapes_cuts_stays_below_the_simulator_and_above_the_sh
     fill, its stages' work and drain, or its forwards and all-reduces, weighted and minimised by a
     programme over cuts) is below the simulated time of every cut of the shape, for every chunked
     family, and decides more than the cut-blind shape bound on a good share of the shapes."""
-    from dapple_launch.planner.chunked_search import _layer_times, shapes
     from dapple_launch.planner.group_bound import GroupBound
-    from dapple_launch.planner.shape_bound import shape_bound
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import _layer_times, shape_bound
 
     rng = random.Random(3)
     checked = higher = total = 0
@@ -655,8 +657,9 @@ def test_a_shapes_bound_counts_a_tied_weight_s_sum_after_the_first_and_last_stag
     a group whose last step is on the first or the last stage, and in the all-reduce queue of the
     groups holding them, and stays below the simulated time of every cut tried, for every chunked
     family (it fails with the queue's share doubled); it is higher than without the tie on some."""
-    from dapple_launch.planner.chunked_search import _layer_times, shapes
     from dapple_launch.planner.group_bound import GroupBound
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import _layer_times
 
     rng = random.Random(5)
     checked = raised = 0
@@ -733,8 +736,9 @@ def test_the_dual_over_a_shapes_cuts_is_the_same_whichever_kind_of_term_leads():
     """GroupBound._dual lets its kinds of term take turns, the one that last reached a cap first
     (lead): without a cap or a count every kind climbs its own steps whatever the turns, so the
     bound is the same for every lead; with a cap below it, the bound stops at or above the cap."""
-    from dapple_launch.planner.chunked_search import _layer_times, shapes
     from dapple_launch.planner.group_bound import GroupBound
+    from dapple_launch.planner.group_shapes import shapes
+    from dapple_launch.planner.shape_bound import _layer_times
 
     rng = random.Random(17)
     compared = 0
@@ -770,8 +774,8 @@ def test_a_chimera_groups_bound_counts_the_drain_after_its_last_backward():
     backward (2): the bound reaches those 15, past the 13 of the fill alone, and stays under the
     simulator (the paths' game, solved exactly, adds the steps' small fixed costs too)."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import _layer_times
     from dapple_launch.planner.group_bound import GroupBound
+    from dapple_launch.planner.shape_bound import _layer_times
 
     alike = chain("u", [LayerProfile(f"l{i}", 1.0, 2.0, 1.0, 0.0) for i in range(4)], batch_size=1)
     free = Topology("t", 1, 4, 1e12, 10, 1e15, 1e15)
@@ -789,7 +793,7 @@ def test_the_busiest_rank_bounds_every_simulation_and_a_cutoff_drops_only_candid
     with a cutoff leaves a candidate unsimulated (None) only when the full simulation is at least as
     slow, so the local search that passes its incumbent as the cutoff moves exactly as before."""
     from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
-    from dapple_launch.planner.chunked_search import num_stages
+    from dapple_launch.planner.shape_bound import num_stages
     from dapple_launch.schedule import busiest_rank_s
 
     rng = random.Random(11)

@@ -356,7 +356,7 @@ class GroupBound:
 
     def critical(self, cap: float, cells: float) -> float:
         """The paths' bound with the critical paths of the cuts it answers with (path_bound.py's
-        `orders`), up to `cap`, within `cells`: chunked_search.cut_bounds' last pass."""
+        `orders`), up to `cap`, within `cells`: chunked_bounds.cut_bounds' last pass."""
         if self.S > self.L:
             return math.inf
         self.masks = self._masks(cap)

@@ -33,7 +33,7 @@ class Proposal:
     supersedes: bool = False
     # per micro-batch size, a cheaper bound of the same plans, at most `bounds` (the copies' without
     # the stages' paths): what the proposers after first aim their own bounds at, so that their
-    # budgeted passes spend as they would without the dearer one (chunked_search.cut_bounds)
+    # budgeted passes spend as they would without the dearer one (chunked_bounds.cut_bounds)
     lower: dict[int, float] | None = None
 
 

@@ -65,7 +65,7 @@ def shape_bounds(
     """shape_bound, and the same with the plain averages alone (uniform weights with the ends, by
     device without; the all-reduce term's uniform): the search orders, prunes and spends its bounds'
     cells by the plain one, and takes the weighed one where it states what it proved
-    (chunked_search.cut_bounds' `weighed`): a bound that moved the shapes' order moved where the
+    (chunked_bounds.cut_bounds' `weighed`): a bound that moved the shapes' order moved where the
     budget went, and left some shapes' proofs lower than before (14 of 1,200 fuzz seeds, 0.6 % ->
     17.6 % on one). Without `weigh`, both are the plain one (the weights cost 0.1-0.2 ms a shape,
     and a search has thousands of shapes, a few of them left open)."""

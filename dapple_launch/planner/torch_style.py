@@ -16,8 +16,8 @@ from ..cluster import Topology
 from ..profile.model_profile import ModelProfile
 from .baselines import even_stops, even_uniform, fastest
 from .chunked import chunked_layout, evaluate_chunked
-from .chunked_search import runs_micro_batches
 from .cost import Costed
+from .group_shapes import runs_micro_batches
 from .limits import Limits
 from .shapes import divisors
 
