@@ -134,3 +134,54 @@ def test_the_recomputation_floor_and_forced_layers_hold_for_every_plan_that_fits
                     assert must <= marks, (family, v, groups, b, stops, sorted(must - marks))
                     covered += bool(must)
     assert checked > 120 and above > 60 and forced > 10 and covered > 10, (checked, above, forced, covered)
+
+
+def test_each_stage_of_a_plan_that_fits_recomputes_at_least_the_head_its_span_needs():
+    """shape_recompute.span_heads: on memory-tight random chains, every shape of interleaved 1F1B and
+    Chimera under auto and random cuts of it that fit as the search evaluates them, each stage
+    [i, z) recomputes at least layers i .. h - 1 of its span's table (h = i: none need be), and no
+    fitting cut takes a span the table says fits at no count. The bounds over cuts read the tables
+    (GroupBound.again): with them, some shapes' bounds rise, and each stays at or below every
+    fitting cut."""
+    import math
+
+    from dapple_launch.planner import chunked_bounds
+    from dapple_launch.planner.chunked_bounds import bounded_shapes, cut_bounds
+    from dapple_launch.planner.shape_recompute import span_heads
+
+    checked = needed = raised = lowered = 0
+    for seed, L, saved, usable in itertools.product((1, 2, 3), (10, 12), (5e8, 1.5e9, 2.5e9), (3.2e9, 4.8e9)):
+        rng, profile, topo = tight_chain(seed, L, saved, usable)
+        limits = Limits(schedules=("interleaved_1f1b", "chimera"), recompute="auto")
+        room = (limits.optimizer_factor, topo.device_memory_bytes * (1 - limits.memory_headroom))
+        memo: dict = {}
+        rows, again = bounded_shapes(profile, topo, 8, limits, [1, 2, 4], memo)
+        for bound, family, v, groups, b in rows:
+            made = span_heads(profile, *room, 8, family, v, groups, b, {})
+            assert made is not None
+            heads = made[0]
+            with_heads = cut_bounds(profile, topo, 8, [(bound, family, v, groups, b)], math.inf, dict(memo), 1e9, again)
+            plain = dict(memo)
+            original, chunked_bounds.span_heads = chunked_bounds.span_heads, lambda *args: None
+            try:
+                without = cut_bounds(profile, topo, 8, [(bound, family, v, groups, b)], math.inf, plain, 1e9, again)
+            finally:
+                chunked_bounds.span_heads = original
+            raised += with_heads[b] > without[b] * (1 + 1e-9)
+            lowered += with_heads[b] < without[b] * (1 - 1e-9)  # (the weights' ascent takes another way)
+            S = num_stages(family, v, groups)
+            for _ in range(3):
+                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+                layout = chunked_layout(family, list(groups), stops, None)
+                c = evaluate_chunked(profile, topo, layout, b, 8 // b, limits, family, v)
+                if c is None or not c.fits:
+                    continue
+                checked += 1
+                assert with_heads[b] <= c.iteration_s * (1 + 1e-9), (family, v, groups, b, stops)
+                marks = {i for st in c.recompute for i in st} if c.recompute else set()
+                for s, st in enumerate(layout):
+                    h = int(heads[s][st.start, st.stop])
+                    assert h >= 0, (family, v, groups, b, stops, s)
+                    assert set(range(st.start, h)) <= marks, (family, v, groups, b, stops, s, h, sorted(marks))
+                    needed += h > st.start
+    assert checked > 120 and needed > 40 and raised > 5 * max(1, lowered), (checked, needed, raised, lowered)

@@ -28,7 +28,7 @@ from .path_bound import (
 )
 from .shape_bound import _layer_times, num_stages, shape_bounds
 from .shape_memory import holds_model, room_bound, span_masks
-from .shape_recompute import forced_layers, recompute_floor
+from .shape_recompute import forced_layers, recompute_floor, span_heads
 
 # the bounds over cuts of the shapes left open (group_bound.py) may walk this many (stage, start,
 # stop) cells of their programmes per strategy.search_nodes, each stage's overhead and the path
@@ -100,7 +100,7 @@ def bounded_shapes(
     rmemo = memo.setdefault("recomputed", {}) if heavier is not profile else memo
     rows, whole, weighed = [], set(), memo.setdefault("weighed", {})
     keeps = {}  # per shape, whether its candidates keep their activations (None: either; cut_bounds' masks)
-    forced_on = memo.setdefault("forced_on", {})  # per shape: (profile its bounds read, its tables)
+    forced_on = memo.setdefault("forced_on", {})  # per shape: (profile its bounds read, its tables, those layers)
     forced_memo: dict = {}  # per set of layers every plan recomputes: (that profile, its tables)
     if limits.recompute != "selective":
         memo["room"] = (*room, keeps, first)
@@ -130,7 +130,7 @@ def bounded_shapes(
         # forward work run again to fit is at least recompute_floor's (in the bound the shape states
         # only, not the plain one the search orders and prunes by: raising that moved the budget,
         # and fuzz seed 448 then planned 6.5 % slower)
-        on, on_memo = forced_of((f, v, g, b))
+        on, on_memo, _ = forced_of((f, v, g, b))
         bound, plain = shape_bounds(on, topology, global_batch, g, b, on_memo, f, v, weigh)
         times = _layer_times(profile, topology, max(g), b, memo)
         roomy = room_bound(profile, topology, global_batch, f, v, g, b, *room, times, memo, True, True)
@@ -139,19 +139,20 @@ def bounded_shapes(
         floor = recompute_floor(profile, topology, global_batch, limits, f, v, g, b, times, memo)
         return max(bound, roomy, floor), max(plain, roomy)
 
-    def forced_of(shape: tuple) -> tuple[ModelProfile, dict]:
+    def forced_of(shape: tuple) -> tuple[ModelProfile, dict, tuple[int, ...]]:
         """The profile a shape's bounds read, with the layers every plan of it recomputes
         (shape_recompute.forced_layers) run again, and its tables (memo["forced_on"] per shape; one
         profile and one set of tables per set of layers)."""
         if shape not in forced_on:
             layers = forced_layers(profile, topology, global_batch, limits, *shape)
             if not layers:
-                forced_on[shape] = (profile, memo)
+                forced_on[shape] = (profile, memo, layers)
             else:
                 if layers not in forced_memo:
                     forced_memo[layers] = (
                         recomputed_profile(profile, layers),
                         {"built": memo.setdefault("built", set())},
+                        layers,
                     )
                 forced_on[shape] = forced_memo[layers]
         return forced_on[shape]
@@ -211,6 +212,7 @@ def cut_bounds(
     run on the plain bounds, as the search orders and prunes by them, so the cells go where they
     went without the weights and no shape ends lower than it would without them."""
     heavier, whole = recomputed if recomputed is not None else (profile, set())
+    heads = memo.setdefault("heads", {})  # (shape_recompute.span_heads' tables, shared by the shapes)
 
     def group_bound(family, v, groups, b) -> GroupBound:
         on = memo.get("forced_on", {}).get((family, v, groups, b))
@@ -228,6 +230,14 @@ def cut_bounds(
                 profile, factor, usable, family, v, groups, b, global_batch // b, keeps[key], masks, first
             )
             dual.cells += made * TABLE_CELLS + compared * MASK_STAGE_CELLS
+            if first and keeps[key] is not True:
+                # (auto, a shape whose stages may recompute their first layers: each span's least
+                # forward run again to fit, beside the layers every plan recomputes, which the
+                # profile `on` holds)
+                made = span_heads(profile, factor, usable, global_batch, family, v, groups, b, heads)
+                if made is not None:
+                    dual.set_heads(made[0], on[2] if on is not None and on[0] is not profile else ())
+                    dual.cells += made[1] * TABLE_CELLS + made[2] * MASK_STAGE_CELLS
         return dual
 
     rows: list[list] = []  # [bound, family, v, groups, b, its GroupBound or None]

@@ -43,7 +43,14 @@ tail), and the bound is the least of the cap and their value. The weights' worst
 heaps the model on the stages they weigh least (a stage of half the model, its group twice as busy
 as any plan's), which the mixed terms, each linear in the stages, cannot rule out. Nor do they
 take a span no stage of an admissible plan can take for want of memory (self.room:
-shape_memory.span_masks, whatever the cap): a cut with such a stage does not fit."""
+shape_memory.span_masks, whatever the cap): a cut with such a stage does not fit.
+
+Under recompute=auto, a shape whose stages may recompute their first layers to fit: per stage and
+span, the fewest first layers that let the stage alone hold its most micro-batches in flight
+(shape_recompute.span_heads) have their forward run again in each backward of every plan that
+fits, and the busy terms and the paths count it in B (again(); a span where no count fits is left
+out, as memory leaves it out). Before, a cut-blind bound could only count the layers every stage
+that may hold them must recompute (shape_recompute.forced_layers)."""
 
 from __future__ import annotations
 
@@ -135,9 +142,11 @@ class GroupBound:
         self.empty: np.ndarray = empty  # (a stage holds at least one layer)
         self.span_bytes: np.ndarray = w
         self.forward, self.backward, self.ring = {}, {}, {}
+        self.layer_forward: dict[int, np.ndarray] = {}  # per group size, each layer's forward (heads)
         fastest = None
         for r in sorted(set(groups)):
             t = layer_times(r)
+            self.layer_forward[r] = t[:, 0]
             fastest = t if fastest is None else np.minimum(fastest, t)
 
             def work(t=t):
@@ -169,6 +178,13 @@ class GroupBound:
         self.built: set | None = None  # the rank orders built so far in this search (counted once)
         self.masks = [self.empty] * self.S  # per stage, the spans a stage may not take (_masks: a cap's too)
         self.room: list[np.ndarray] | None = None  # per stage, the spans memory leaves out (shape_memory.span_masks)
+        # per stage, over every span, the first layer its backwards need not run again to fit
+        # (shape_recompute.span_heads, -1: none fits), where its stages may recompute their first
+        # layers (recompute=auto), and the layers whose forward the profile's backwards hold already
+        # (forced: shape_recompute.forced_layers, so none is counted twice); see again()
+        self.heads: list[np.ndarray] | None = None
+        self.forced: tuple[int, ...] = ()
+        self._again: dict[tuple[int, int], np.ndarray] = {}
         # θ = 0 trades a stage's M backwards for its all-reduce: only where some single layer's
         # ring (its latency included) outweighs its backwards could it raise the bound
         one = np.arange(L)
@@ -261,6 +277,8 @@ class GroupBound:
         """Stage s's F, B, I, W over every span on r replicas, as the simulator charges them less its
         cost per action (the first stage's split backward is all W: cost.stage_costs)."""
         f, b = self.forward[r], self.backward[r]
+        if self.heads is not None:  # (a whole backward runs the head's forward again: again())
+            b = b + self.again(s, r)
         if self.share is None:
             self.share = weight_share_table(self._tail_inputs[0])
         w = b if s == 0 else b * self.share
@@ -297,10 +315,11 @@ class GroupBound:
             terms = []
             for g, runs in self.on[s]:
                 r = self.groups[g]
+                backward = self.backward[r] if self.heads is None else self.backward[r] + self.again(s, r)
                 if self.family == "chimera":  # (the forwards before an all-reduce: not counted)
-                    cost = theta * runs * (self.forward[r] + self.backward[r]) + (1 - theta) * self.ring[2 * r]
+                    cost = theta * runs * (self.forward[r] + backward) + (1 - theta) * self.ring[2 * r]
                 else:
-                    cost = runs * (self.forward[r] + theta * self.backward[r]) + (1 - theta) * self.ring[r]
+                    cost = runs * (self.forward[r] + theta * backward) + (1 - theta) * self.ring[r]
                 if self.first[g] == s:
                     cost = cost + (self.fill + (0.0 if tails else theta) * self.drain)[:, None]
                 left = (self.tail or {}).get(r) if tails and (self.last or {}).get(g) == s else None
@@ -311,6 +330,33 @@ class GroupBound:
                 terms.append((g, cost))
             out.append(terms)
         return out
+
+    def set_heads(self, heads: list[np.ndarray], forced: tuple[int, ...]) -> None:
+        """Read shape_recompute.span_heads' tables (self.heads): a span where no count of first
+        layers fits is one no stage of a fitting plan takes (self.room, the programmes' masks);
+        elsewhere each backward runs the head's forward again (again()). `forced`: the layers whose
+        forward the profile's backwards hold already (shape_recompute.forced_layers), not counted
+        twice."""
+        self.heads, self.forced = heads, forced
+        room = self.room if self.room is not None else [self.empty] * self.S
+        self.room = [np.where(h >= 0, x, np.inf) for h, x in zip(heads, room)]
+        self.masks = self.room
+
+    def again(self, s: int, r: int) -> np.ndarray:
+        """Over every span [i, z): the forward stage s on r replicas runs again in each backward at
+        least to fit (self.heads: layers i .. h - 1, less the forced ones the profile's backwards
+        hold already; 0 where none fits: the masks leave those spans out). Every plan of the shape
+        that fits recomputes at least those layers of such a stage, each backward running their
+        forward again (the simulator's B), so its busy terms and paths count them in the backward."""
+        assert self.heads is not None
+        key = (id(self.heads[s]), r)
+        if key not in self._again:
+            forward = np.where(np.isin(np.arange(self.L), self.forced), 0.0, self.layer_forward[r])
+            prefix = np.concatenate(([0.0], np.cumsum(forward)))
+            heads = self.heads[s]
+            i = np.arange(self.L + 1)[:, None]
+            self._again[key] = np.where(heads >= 0, prefix[np.maximum(heads, 0)] - prefix[i], 0.0)
+        return self._again[key]
 
     def _least(self, terms, lam: np.ndarray) -> tuple[float, np.ndarray]:
         """min over cuts of Σ_g λ_g (group g's terms), and each group's terms at that cut."""

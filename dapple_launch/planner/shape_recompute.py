@@ -155,3 +155,86 @@ def forced_layers(
         )
     kept = np.any(may & (held + weights <= usable), axis=0)
     return tuple(l for l in range(L) if not kept[l])
+
+
+def span_heads(
+    profile: ModelProfile,
+    factor: float,
+    usable: float,
+    global_batch: int,
+    family: str,
+    v: int,
+    groups: tuple[int, ...],
+    b: int,
+    made: dict,
+) -> tuple[list[np.ndarray], int, int] | None:
+    """Per stage s, over every span [i, z) (an (L + 1, L + 1) table): the least h such that a stage
+    s on [i, z) that recomputes its first layers i .. h - 1 may fit a device of its group, -1 where
+    none does (not even h = z). At its most micro-batches in flight K_s (peak_in_flight; 1 where
+    the orders are not read) the stage keeps, per micro-batch, the input it received and the saves
+    of layers h .. z - 1 (group_recompute.py), and a device holds K_s of them after the K_s-th
+    forward, with its workspace (ModelProfile.workspace of the span), its weights and optimizer
+    state and the group's other stages' (the lightest layer's each; Chimera on two groups: the
+    whole model). The backward's extra (the head's saves over the tail's) is left out, so every
+    plan of the shape that fits recomputes at least layers i .. h - 1 of such a stage
+    (recompute=auto: a run of first layers), and its backwards run their forward again: the bound
+    over the shape's cuts reads these (group_bound.GroupBound.heads). `factor`: the optimizer's
+    (Limits.optimizer_factor); `usable`: a device's bytes less the headroom; `made`: the search's
+    tables, shared by its shapes (one per micro-batches in flight, samples and the group's stages).
+    With the counts of tables made here (none found in `made`): the room a span leaves (_room, per
+    samples and group), and the heads (per micro-batches in flight too); None where no stage fits
+    (S > L)."""
+    L, P, M = profile.num_layers, len(groups), global_batch // b
+    S = stages_for(family, P, v)
+    if S > L:
+        return None
+    counts = peak_in_flight(family, P, M, v) if S * M * 3 <= PEAK_ACTIONS_READ else (1,) * S
+    chunks = chunks_of(family, v)
+    whole = chunks == S  # (each group holds every stage)
+    out, bases, derived = [], 0, 0
+    for s in range(S):
+        n = math.ceil(b / groups[group_of(family, s, P)])
+        base = (n, whole or chunks, factor, usable)
+        if base not in made:
+            made[base] = _room(profile, *base)
+            bases += 1
+        key = (*base, counts[s])
+        if key not in made:
+            made[key] = _heads(profile, made[base], n, counts[s])
+            derived += 1
+        out.append(made[key])
+    return out, bases, derived
+
+
+def _room(profile: ModelProfile, n: int, chunks: int | bool, factor: float, usable: float) -> tuple:
+    """Over every span [i, z), what a device of a stage on it has for its micro-batches in flight
+    beside its weights and optimizer state, the group's other stages' (`chunks` stages a group;
+    True: every layer) and the span's workspace on n samples; with kept_of's prefix at n samples
+    (never decreasing: a layer keeps no less than nothing; what layers h .. z - 1 keep is kept[z] -
+    kept[h]) and the input a stage from each layer receives, per micro-batch."""
+    L, pre, pbs = profile.num_layers, profile._prefix, profile.batch_size
+    params, mf, m = (np.asarray(pre[key], dtype=float) for key in ("p", "mf", "m"))
+    i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    if chunks is True:
+        weights = np.full(i.shape, params[L] - params[0])
+    else:
+        weights = params[z] - params[i] + min(x.parameter_bytes for x in profile.layers) * (chunks - 1)
+    # the span's workspace, its largest fixed part and part per sample (ModelProfile.workspace)
+    ws_fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
+    ws_slope = (np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed) / pbs
+    top = np.zeros(i.shape)
+    for a in range(L):
+        top[a, a + 1 :] = np.maximum.accumulate(ws_fixed[a:]) + np.maximum.accumulate(ws_slope[a:]) * n
+    received = np.asarray([0.0, *profile.cut_bytes[: L - 1], 0.0], dtype=float) * n / pbs
+    kept = np.maximum.accumulate(kept_of(mf, m, 0.0, n, pbs))
+    return usable * (1 + 1e-9) - weights * factor - top, kept, received
+
+
+def _heads(profile: ModelProfile, room: tuple, n: int, K: int) -> np.ndarray:
+    """span_heads' table of a stage on n samples with K micro-batches in flight (_room's `room`)."""
+    L = profile.num_layers
+    i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    beside, kept, received = room
+    need = kept[z] + received[i] - beside / K  # (the least kept[h] that fits)
+    h = np.maximum(np.searchsorted(kept, need, side="left"), i)
+    return np.where((z > i) & (h <= z), h, -1)
