@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import pytest
+
 from dapple_launch.planner import Limits
 from dapple_launch.planner.chunked import chunked_layout, evaluate_chunked
 from dapple_launch.planner.shape_bound import num_stages
@@ -136,52 +138,78 @@ def test_the_recomputation_floor_and_forced_layers_hold_for_every_plan_that_fits
     assert checked > 120 and above > 60 and forced > 10 and covered > 10, (checked, above, forced, covered)
 
 
+def _heads_cases(grid):
+    """(profile, topology, limits, rng, its shapes' rows, memo, recomputed) on each memory-tight chain of the grid."""
+    from dapple_launch.planner.chunked_bounds import bounded_shapes
+
+    for seed, L, saved, usable in grid:
+        rng, profile, topo = tight_chain(seed, L, saved, usable)
+        limits = Limits(schedules=("interleaved_1f1b", "chimera"), recompute="auto")
+        memo: dict = {}
+        rows, again = bounded_shapes(profile, topo, 8, limits, [1, 2, 4], memo)
+        yield profile, topo, limits, rng, rows, memo, again
+
+
+def _fitting_cuts(profile, topo, limits, rng, family, v, groups, b):
+    """Three random cuts of the shape, evaluated as the search evaluates them: those that fit."""
+    L, S = profile.num_layers, num_stages(family, v, groups)
+    for _ in range(3):
+        stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
+        layout = chunked_layout(family, list(groups), stops, None)
+        c = evaluate_chunked(profile, topo, layout, b, 8 // b, limits, family, v)
+        if c is not None and c.fits:
+            yield layout, c
+
+
 def test_each_stage_of_a_plan_that_fits_recomputes_at_least_the_head_its_span_needs():
     """shape_recompute.span_heads: on memory-tight random chains, every shape of interleaved 1F1B and
     Chimera under auto and random cuts of it that fit as the search evaluates them, each stage
     [i, z) recomputes at least layers i .. h - 1 of its span's table (h = i: none need be), and no
-    fitting cut takes a span the table says fits at no count. The bounds over cuts read the tables
-    (GroupBound.again): with them, some shapes' bounds rise, and each stays at or below every
+    fitting cut takes a span the table says fits at no count; on most of them some stage needs a
+    head."""
+    from dapple_launch.planner.shape_recompute import span_heads
+
+    grid = itertools.product((1, 2, 3), (10, 12), (5e8, 1.5e9, 2.5e9), (3.2e9, 4.8e9))
+    checked = needed = 0
+    for profile, topo, limits, rng, rows, _, _ in _heads_cases(grid):
+        room = (limits.optimizer_factor, topo.device_memory_bytes * (1 - limits.memory_headroom))
+        for _, family, v, groups, b in rows:
+            made = span_heads(profile, *room, 8, family, v, groups, b, {})
+            assert made is not None
+            for layout, c in _fitting_cuts(profile, topo, limits, rng, family, v, groups, b):
+                checked += 1
+                marks = {i for st in c.recompute for i in st} if c.recompute else set()
+                for s, st in enumerate(layout):
+                    h = int(made[0][s][st.start, st.stop])
+                    assert h >= 0, (family, v, groups, b, layout, s)
+                    assert set(range(st.start, h)) <= marks, (family, v, groups, b, layout, s, h, sorted(marks))
+                    needed += h > st.start
+    assert checked > 120 and needed > 40, (checked, needed)
+
+
+@pytest.mark.slow  # (the bounds over cuts of every shape twice: 8 s)
+def test_the_bounds_over_cuts_that_read_the_heads_rise_and_stay_below_every_fitting_cut(monkeypatch):
+    """The bounds over a shape's cuts read span_heads' tables (GroupBound.again: each backward runs
+    the head's forward again): on the memory-tight chains above, with them some shapes' bounds rise
+    (far more than fall: the weights' ascent may take another way), and each stays at or below every
     fitting cut."""
     import math
 
     from dapple_launch.planner import chunked_bounds
-    from dapple_launch.planner.chunked_bounds import bounded_shapes, cut_bounds
-    from dapple_launch.planner.shape_recompute import span_heads
+    from dapple_launch.planner.chunked_bounds import cut_bounds
 
-    checked = needed = raised = lowered = 0
-    for seed, L, saved, usable in itertools.product((1, 2, 3), (10, 12), (5e8, 1.5e9, 2.5e9), (3.2e9, 4.8e9)):
-        rng, profile, topo = tight_chain(seed, L, saved, usable)
-        limits = Limits(schedules=("interleaved_1f1b", "chimera"), recompute="auto")
-        room = (limits.optimizer_factor, topo.device_memory_bytes * (1 - limits.memory_headroom))
-        memo: dict = {}
-        rows, again = bounded_shapes(profile, topo, 8, limits, [1, 2, 4], memo)
+    grid = itertools.product((1, 2, 3), (10, 12), (5e8, 1.5e9, 2.5e9), (3.2e9, 4.8e9))
+    checked = raised = lowered = 0
+    for profile, topo, limits, rng, rows, memo, again in _heads_cases(grid):
         for bound, family, v, groups, b in rows:
-            made = span_heads(profile, *room, 8, family, v, groups, b, {})
-            assert made is not None
-            heads = made[0]
-            with_heads = cut_bounds(profile, topo, 8, [(bound, family, v, groups, b)], math.inf, dict(memo), 1e9, again)
-            plain = dict(memo)
-            original, chunked_bounds.span_heads = chunked_bounds.span_heads, lambda *args: None
-            try:
-                without = cut_bounds(profile, topo, 8, [(bound, family, v, groups, b)], math.inf, plain, 1e9, again)
-            finally:
-                chunked_bounds.span_heads = original
-            raised += with_heads[b] > without[b] * (1 + 1e-9)
-            lowered += with_heads[b] < without[b] * (1 - 1e-9)  # (the weights' ascent takes another way)
-            S = num_stages(family, v, groups)
-            for _ in range(3):
-                stops = [*sorted(rng.sample(range(1, L), S - 1)), L]
-                layout = chunked_layout(family, list(groups), stops, None)
-                c = evaluate_chunked(profile, topo, layout, b, 8 // b, limits, family, v)
-                if c is None or not c.fits:
-                    continue
+            shape = [(bound, family, v, groups, b)]
+            with_heads = cut_bounds(profile, topo, 8, shape, math.inf, dict(memo), 1e9, again)[b]
+            monkeypatch.setattr(chunked_bounds, "span_heads", lambda *args: None)  # (the bound as before them)
+            without = cut_bounds(profile, topo, 8, shape, math.inf, dict(memo), 1e9, again)[b]
+            monkeypatch.undo()
+            raised += with_heads > without * (1 + 1e-9)
+            lowered += with_heads < without * (1 - 1e-9)
+            for _, c in _fitting_cuts(profile, topo, limits, rng, family, v, groups, b):
                 checked += 1
-                assert with_heads[b] <= c.iteration_s * (1 + 1e-9), (family, v, groups, b, stops)
-                marks = {i for st in c.recompute for i in st} if c.recompute else set()
-                for s, st in enumerate(layout):
-                    h = int(heads[s][st.start, st.stop])
-                    assert h >= 0, (family, v, groups, b, stops, s)
-                    assert set(range(st.start, h)) <= marks, (family, v, groups, b, stops, s, h, sorted(marks))
-                    needed += h > st.start
-    assert checked > 120 and needed > 40 and raised > 5 * max(1, lowered), (checked, needed, raised, lowered)
+                assert with_heads <= c.iteration_s * (1 + 1e-9), (family, v, groups, b, c.layout)
+    assert checked > 120 and raised > 5 * max(1, lowered), (checked, raised, lowered)

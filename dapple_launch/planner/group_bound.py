@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -64,9 +63,9 @@ import numpy as np
 from ..cluster import Topology, ring_allreduce_s
 from ..profile.model_profile import ModelProfile
 from ..schedule import SPLIT_BACKWARD
-from ..schedule.actions import CODE_OF, Kind
 from .allreduce import tied_ring_s
 from .chunked import groups_of, rank_orders
+from .group_orders import order_facts
 from .path_bound import (
     CYCLE_ACTION_CELLS,
     MASK_STAGE_CELLS,
@@ -211,7 +210,7 @@ class GroupBound:
         it: T >= fill_g + busy_g + tail of g's last stage. (Under a whole backward the drain after
         the last step runs on other groups at the same time: a term has the drain or the tail.)"""
         self._count_orders()
-        self.last, self.queue = _order_facts(family, len(groups), M, v)
+        self.last, self.queue = order_facts(family, len(groups), M, v)
         self._tail_tables()
         assert self.tail is not None
         self.has_tails = (
@@ -547,38 +546,6 @@ class GroupBound:
         if warm is not None:
             warm[key] = lam
         return value
-
-
-@lru_cache(maxsize=256)
-def _order_facts(family: str, groups: int, micro_batches: int, v: int):
-    """(per group the stage of its last step where that is the stage's last gradient step, _queues)
-    of the shape's rank orders: read once per (family, groups, micro-batches, v)."""
-    orders = rank_orders(family, groups, micro_batches, v).encoded_orders  # (shared with the simulator's)
-    gradient = (CODE_OF[Kind.BACKWARD], CODE_OF[Kind.WEIGHT_GRAD])
-    last = {g: order[-1][1] for g, order in enumerate(orders) if order and order[-1][0] in gradient}
-    return last, _queues(orders)
-
-
-def _queues(orders) -> dict[int, dict[int, tuple[int, ...]]]:
-    """Per group: its steps before the first of its stages' last gradient actions (B, or W under a
-    split backward), counted per stage as (F, B, I, W). `orders`: encoded (kind code, stage,
-    micro-batch), RankSchedule.encoded_orders (a rank walks 2-3 steps per micro-batch and stage:
-    the codes, not the steps' attributes)."""
-    backward, weight = CODE_OF[Kind.BACKWARD], CODE_OF[Kind.WEIGHT_GRAD]
-    out = {}
-    for g, order in enumerate(orders):
-        last = {}
-        for n, (code, stage, _) in enumerate(order):
-            if code in (backward, weight):
-                last[stage] = n
-        counts: dict[int, list[int]] = {}
-        for code, stage, _ in order[: min(last.values(), default=0)]:
-            tally = counts.get(stage)
-            if tally is None:
-                tally = counts[stage] = [0, 0, 0, 0]
-            tally[code] += 1
-        out[g] = {s: tuple(c) for s, c in counts.items()}
-    return out
 
 
 def weight_share_table(profile: ModelProfile) -> np.ndarray:
