@@ -101,7 +101,7 @@ def bounded_shapes(
     rows, whole, weighed = [], set(), memo.setdefault("weighed", {})
     keeps = {}  # per shape, whether its candidates keep their activations (None: either; cut_bounds' masks)
     forced_on = memo.setdefault("forced_on", {})  # per shape: (profile its bounds read, its tables, those layers)
-    forced_memo: dict = {}  # per set of layers every plan recomputes: (that profile, its tables)
+    forced_memo: dict = {}  # per set of layers every plan recomputes: (that profile, its tables, the layers)
     if limits.recompute != "selective":
         memo["room"] = (*room, keeps, first)
 
@@ -141,8 +141,8 @@ def bounded_shapes(
 
     def forced_of(shape: tuple) -> tuple[ModelProfile, dict, tuple[int, ...]]:
         """The profile a shape's bounds read, with the layers every plan of it recomputes
-        (shape_recompute.forced_layers) run again, and its tables (memo["forced_on"] per shape; one
-        profile and one set of tables per set of layers)."""
+        (shape_recompute.forced_layers) run again, its tables and those layers (memo["forced_on"] per
+        shape; one profile and one set of tables per set of layers)."""
         if shape not in forced_on:
             layers = forced_layers(profile, topology, global_batch, limits, *shape)
             if not layers:
