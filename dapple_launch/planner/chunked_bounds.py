@@ -236,7 +236,7 @@ def cut_bounds(
                 # profile `on` holds)
                 made = span_heads(profile, factor, usable, global_batch, family, v, groups, b, heads)
                 if made is not None:
-                    dual.set_heads(made[0], on[2] if on is not None and on[0] is not profile else ())
+                    dual.set_heads(made[0], on[2] if on is not None else ())  # (() where none is forced)
                     dual.cells += made[1] * TABLE_CELLS + made[2] * MASK_STAGE_CELLS
         return dual
 

@@ -339,7 +339,6 @@ class GroupBound:
         self.heads, self.forced = heads, forced
         room = self.room if self.room is not None else [self.empty] * self.S
         self.room = [np.where(h >= 0, x, np.inf) for h, x in zip(heads, room)]
-        self.masks = self.room
 
     def again(self, s: int, r: int) -> np.ndarray:
         """Over every span [i, z): the forward stage s on r replicas runs again in each backward at

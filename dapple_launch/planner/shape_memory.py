@@ -377,6 +377,25 @@ def span_workspace(profile: ModelProfile) -> tuple[np.ndarray, np.ndarray]:
     return next(most), next(most)
 
 
+def span_besides(profile: ModelProfile, optimizer_factor: float, others: int, whole_model: bool) -> tuple:
+    """Over every span [i, z) (an (L + 1, L + 1) table), what a device of a stage on it holds
+    whatever its samples: (valid: z > i; its weights and optimizer state and the group's `others`
+    stages', the lightest layer's each, or every layer's where `whole_model`; its workspace's most
+    fixed part and most per sample, span_workspace; its saves' fixed part and the rest per sample
+    of the profile's batch; the input a stage from layer i receives, a column)."""
+    L, pre = profile.num_layers, profile._prefix
+    kept, kept_fixed, params = (np.asarray(pre[key], dtype=float) for key in ("m", "mf", "p"))
+    lightest = min(x.parameter_bytes for x in profile.layers) * others
+    i, z = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+    besides = (params[z] - params[i] + lightest) * optimizer_factor
+    if whole_model:
+        besides = np.full((L + 1, L + 1), params[L] * optimizer_factor)
+    span_fixed = kept_fixed[z] - kept_fixed[i]
+    received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float), [0.0]))[:, None]
+    ws_fixed, ws_slope = span_workspace(profile)
+    return z > i, besides, ws_fixed, ws_slope, span_fixed, kept[z] - kept[i] - span_fixed, received
+
+
 def span_masks(
     profile: ModelProfile,
     optimizer_factor: float,
@@ -432,16 +451,8 @@ def span_masks(
         return None, 0, 0
     made = compared = 0
     kind = ("spans", others, whole_model)
-    if kind not in tables:  # what a stage on each span holds whatever its samples
-        i, z = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
-        valid = z > i
-        besides = (params[z] - params[i] + lightest) * optimizer_factor
-        if whole_model:
-            besides = np.full((L + 1, L + 1), params[L] * optimizer_factor)
-        span_fixed = kept_fixed[z] - kept_fixed[i]
-        received = np.concatenate(([0.0], np.asarray(profile.cut_bytes[: L - 1], dtype=float), [0.0]))[:, None]
-        ws_fixed, ws_slope = span_workspace(profile)
-        tables[kind] = (valid, besides, ws_fixed, ws_slope, span_fixed, kept[z] - kept[i] - span_fixed, received)
+    if kind not in tables:
+        tables[kind] = span_besides(profile, optimizer_factor, others, whole_model)
         made += 1
     valid, besides, ws_fixed, ws_slope, span_fixed, per_sample, received = tables[kind]
     out = []

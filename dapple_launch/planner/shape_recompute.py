@@ -20,6 +20,7 @@ from .shape_memory import (
     forwards_held,
     least_weighted_cut,
     peak_in_flight,
+    span_besides,
 )
 
 
@@ -194,7 +195,7 @@ def span_heads(
     out, bases, derived = [], 0, 0
     for s in range(S):
         n = math.ceil(b / groups[group_of(family, s, P)])
-        base = (n, whole or chunks, factor, usable)
+        base = (n, chunks, whole, factor, usable)
         if base not in made:
             made[base] = _room(profile, *base)
             bases += 1
@@ -206,28 +207,20 @@ def span_heads(
     return out, bases, derived
 
 
-def _room(profile: ModelProfile, n: int, chunks: int | bool, factor: float, usable: float) -> tuple:
+def _room(profile: ModelProfile, n: int, chunks: int, whole: bool, factor: float, usable: float) -> tuple:
     """Over every span [i, z), what a device of a stage on it has for its micro-batches in flight
     beside its weights and optimizer state, the group's other stages' (`chunks` stages a group;
-    True: every layer) and the span's workspace on n samples; with kept_of's prefix at n samples
-    (never decreasing: a layer keeps no less than nothing; what layers h .. z - 1 keep is kept[z] -
-    kept[h]) and the input a stage from each layer receives, per micro-batch."""
-    L, pre, pbs = profile.num_layers, profile._prefix, profile.batch_size
-    params, mf, m = (np.asarray(pre[key], dtype=float) for key in ("p", "mf", "m"))
-    i, z = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
-    if chunks is True:
-        weights = np.full(i.shape, params[L] - params[0])
-    else:
-        weights = params[z] - params[i] + min(x.parameter_bytes for x in profile.layers) * (chunks - 1)
-    # the span's workspace, its largest fixed part and part per sample (ModelProfile.workspace)
-    ws_fixed = np.asarray([min(x.workspace_fixed_bytes, x.workspace_bytes) for x in profile.layers])
-    ws_slope = (np.asarray([x.workspace_bytes for x in profile.layers]) - ws_fixed) / pbs
-    top = np.zeros(i.shape)
-    for a in range(L):
-        top[a, a + 1 :] = np.maximum.accumulate(ws_fixed[a:]) + np.maximum.accumulate(ws_slope[a:]) * n
-    received = np.asarray([0.0, *profile.cut_bytes[: L - 1], 0.0], dtype=float) * n / pbs
-    kept = np.maximum.accumulate(kept_of(mf, m, 0.0, n, pbs))
-    return usable * (1 + 1e-9) - weights * factor - top, kept, received
+    `whole`: every layer) and the span's workspace on n samples (span_besides, span_masks' room);
+    with kept_of's prefix at n samples (never decreasing: a layer keeps no less than nothing; what
+    layers h .. z - 1 keep is kept[z] - kept[h]) and the input a stage from each layer receives,
+    per micro-batch."""
+    pre, pbs = profile._prefix, profile.batch_size
+    _, besides, ws_fixed, ws_slope, _, _, received = span_besides(profile, factor, chunks - 1, whole)
+    room = usable * (1 + 1e-9) - besides - ws_fixed - ws_slope * n  # (+inf where z <= i: _heads masks it)
+    kept = np.maximum.accumulate(
+        kept_of(np.asarray(pre["mf"], dtype=float), np.asarray(pre["m"], dtype=float), 0.0, n, pbs)
+    )
+    return room, kept, received[:, 0] * n / pbs
 
 
 def _heads(profile: ModelProfile, room: tuple, n: int, K: int) -> np.ndarray:
