@@ -65,7 +65,7 @@ class Costed:
     capacity_bytes: float
     extra: dict = field(default_factory=dict)
     warmup: tuple[int, ...] = ()  # 1F1B forwards before each stage's first backward; () = DAPPLE's minimum
-    warmup_depth: int = 1  # the multiple of DAPPLE's in-flight count that `warmup` keeps (schedule.deeper_warmup)
+    warmup_depth: int = 1  # the multiple of DAPPLE's in-flight count that `warmup` keeps (schedule.deeper_warmup); 0: fitted per link (round_robin.link_warmup)
     recompute: tuple[tuple[int, ...], ...] = ()  # per stage, the layer positions recomputed; () = none
 
     @property
@@ -88,6 +88,8 @@ class Costed:
                 if "depths" in self.extra
                 else f", warm-up ×{self.warmup_depth}"
                 if self.warmup_depth > 1
+                else ", warm-up per link"
+                if self.warmup_depth == 0
                 else ""
             )
             + (f", {self.schedule}" if self.schedule != "1f1b" else "")

@@ -39,7 +39,7 @@ from .cost import Costed, StageSpec, speed_ratio
 from .limits import Limits
 from .polish import depth_steps
 from .proposal import Proposal, SearchState
-from .round_robin import RR, canonical_copies, evaluate_rr, fitted_depths, rr_costs
+from .round_robin import LINKED, RR, canonical_copies, evaluate_rr, fitted_depths, rr_costs
 
 START_PLANS = 4  # distinct layouts of the exact passes' best plans the pass starts from
 SLACK = 1.25  # how much slower than the incumbent a start of the local search may be
@@ -56,6 +56,7 @@ LEAST_STAGES = 8  # the most stages those layouts have
 LEAST_FINISHED = 2  # of those, the best of this many stage counts finished
 LEAST_DEVICES = 64  # up to this many devices (its tables and shares grow with D: BERT-96 on 1024 A100s, +31 % CPU)
 SHRINK = 0.25  # of the budget, on top of it, for the winner's stages shrunk and the finish of the best
+LINKS = 0.25  # of the budget, on top of it, for the warm-ups fitted to the links and the walk from their best
 SHRUNK = 8  # per step of that pass, the shrunk layouts the proxy ranks best, simulated
 FEW_SHRUNK = 4  # up to this many times SHRUNK shrunk layouts, each is ranked, not only those the screen passes
 STEPS_PER_NODE = 25  # (stage, micro-batch) steps this pass may simulate per strategy.search_nodes
@@ -505,6 +506,24 @@ def search_round_robin(
     limit = budget
     if best is not None:
         shrink(best)
+    # last, on top of the budget too (LINKS of it): the best plan of copies, the relaxation's
+    # layouts and the least slowest ones, with each stage's warm-up fitted to its link
+    # (round_robin.link_warmup), under each family; the best of them walked under it (GNMT-32 on
+    # 16 × 1 V100 at 10 Gbps, G 256, where each cut's sends outlast a stage's compute: ...)
+    budget = walked + int(LINKS * full)
+    limit = budget
+    here, cutoff = None, incumbent * SLACK
+    layouts = [(c.layout, c.micro_batch_size) for c in ([best] if best is not None else []) + [*by_stages.values()]]
+    layouts += [(contiguous((0, *st), r), b) for b, (st, r) in sorted(relaxed.items())]
+    for layout, b in dict.fromkeys(layouts) if own_depths else []:
+        if not hopeful(b):
+            continue
+        for family in families:
+            c = consider(layout, b, family, LINKED, cutoff)
+            if c is not None and c.iteration_s < cutoff:
+                here, cutoff = c, c.iteration_s
+    if here is not None:
+        walk(here)
     return ([best] if best is not None and best.iteration_s < incumbent else []), bounds, scored
 
 

@@ -377,6 +377,11 @@ def plan(
     over = best.extra.get("over")
     if best.schedule == zero_bubble.FAMILY and over is not None:
         how += f"; {best.schedule} is {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
+    if best.warmup_depth == 0:  # (round_robin.link_warmup)
+        how += (
+            f"; each stage's warm-up ({':'.join(map(str, best.warmup))} forwards) keeps it ahead of the next by their "
+            f"round trip over the link between them (costed by the simulator)"
+        )
     if best.warmup_depth > 1:
         depths = best.extra.get("depths")
         how += (
