@@ -31,6 +31,7 @@ from ..schedule.one_f_one_b import deeper_warmup, stage_order
 from ..schedule.simulate import encode_orders, orders_time
 from .allreduce import bucket_layers, exposed
 from .limits import Limits
+from .link_warmup import LINKED, link_warmup
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ class Costed:
     capacity_bytes: float
     extra: dict = field(default_factory=dict)
     warmup: tuple[int, ...] = ()  # 1F1B forwards before each stage's first backward; () = DAPPLE's minimum
-    warmup_depth: int = 1  # the multiple of DAPPLE's in-flight count that `warmup` keeps (schedule.deeper_warmup); 0: fitted per link (round_robin.link_warmup)
+    # the multiple of DAPPLE's in-flight count that `warmup` keeps (schedule.deeper_warmup); LINKED: fitted
+    # to each stage's link (link_warmup.py)
+    warmup_depth: int = 1
     recompute: tuple[tuple[int, ...], ...] = ()  # per stage, the layer positions recomputed; () = none
 
     @property
@@ -89,7 +92,7 @@ class Costed:
                 else f", warm-up ×{self.warmup_depth}"
                 if self.warmup_depth > 1
                 else ", warm-up per link"
-                if self.warmup_depth == 0
+                if self.warmup_depth == LINKED
                 else ""
             )
             + (f", {self.schedule}" if self.schedule != "1f1b" else "")
@@ -460,20 +463,23 @@ def evaluate(
     candidate over memory is not simulated (its iteration_s is inf), for callers that drop it anyway.
     `cutoff`: a caller that keeps the candidate only if it is at most this fast; one proven slower
     part-way through the simulation has iteration_s inf (orders_time). `warmup_depth`: one for every
-    stage, or one per stage (schedule.deeper_warmup)."""
+    stage, or one per stage (schedule.deeper_warmup), or LINKED (link_warmup.py)."""
     if costs is None:
         costs = stage_costs(profile, topology, layout, micro_batch_size)
     S = len(layout)
     warmup = ()
     depths = None if isinstance(warmup_depth, int) else tuple(warmup_depth)
     deepest = warmup_depth if isinstance(warmup_depth, int) else max(warmup_depth)  # (the plan's depth)
-    if deepest > 1:
+    if deepest > 1 or deepest == LINKED:
         if limits.schedule not in WARMUP_FAMILIES:
             raise ValueError(
                 f"warm-up depth {deepest} needs a schedule with a warm-up ({sorted(WARMUP_FAMILIES)}), "
                 f"not {limits.schedule}"
             )
-        warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
+        if deepest == LINKED:
+            warmup = link_warmup(costs, (1,) * S, num_micro_batches)
+        else:
+            warmup = deeper_warmup(S, num_micro_batches, warmup_depth)
     capacity = topology.device_memory_bytes * (1 - limits.memory_headroom)
     sets = recompute_sets(layout, limits)
     if sets:

@@ -37,9 +37,10 @@ from .copies_bound import CopiesBound
 from .copies_proxy import balance_cuts, compute_floor, least_slowest_layouts, proxy, share_devices, stage_loads
 from .cost import Costed, StageSpec, speed_ratio
 from .limits import Limits
+from .link_warmup import LINKED
 from .polish import depth_steps
 from .proposal import Proposal, SearchState
-from .round_robin import LINKED, RR, canonical_copies, evaluate_rr, fitted_depths, rr_costs
+from .round_robin import RR, canonical_copies, evaluate_rr, fitted_depths, rr_costs
 
 START_PLANS = 4  # distinct layouts of the exact passes' best plans the pass starts from
 SLACK = 1.25  # how much slower than the incumbent a start of the local search may be
@@ -264,6 +265,8 @@ def search_round_robin(
         2:4:1). Each move takes one stage's depth a step along polish.DEPTHS, or to where it runs
         every forward first."""
         copies, M, S = here.extra["copies"], here.num_micro_batches, len(here.layout)
+        if here.warmup_depth == LINKED and "depths" not in here.extra:
+            return here  # (a warm-up fitted to the links is no depth to descend from)
         depths = (*here.extra.get("depths", (here.warmup_depth,) * S)[:-1], 1)  # (the last's is never read)
         tried = {here.warmup}
         while walked < limit:
@@ -508,7 +511,7 @@ def search_round_robin(
         shrink(best)
     # last, on top of the budget too (LINKS of it): the best plan of copies, the relaxation's
     # layouts and the least slowest ones, with each stage's warm-up fitted to its link
-    # (round_robin.link_warmup), under each family; the best of them walked under it (GNMT-32 on
+    # (link_warmup.py), under each family; the best of them walked under it (GNMT-32 on
     # 16 × 1 V100 at 10 Gbps, G 256, where each cut's sends outlast a stage's compute: ...)
     budget = walked + int(LINKS * full)
     limit = budget

@@ -41,6 +41,7 @@ from .chunked_search import DeviceGroups, search_chunked
 from .cost import Costed, StageSpec, evaluate
 from .explain import human_bytes, human_gap
 from .limits import Limits
+from .link_warmup import LINKED
 from .plan import Plan
 from .proposal import Proposal, Proposer, SearchState, proven_gap
 from .round_robin import RR
@@ -377,7 +378,7 @@ def plan(
     over = best.extra.get("over")
     if best.schedule == zero_bubble.FAMILY and over is not None:
         how += f"; {best.schedule} is {over.iteration_s / best.iteration_s - 1:.1%} faster than {over.schedule} on this layout"
-    if best.warmup_depth == 0:  # (round_robin.link_warmup)
+    if best.warmup_depth == LINKED:  # (link_warmup.py)
         how += (
             f"; each stage's warm-up ({':'.join(map(str, best.warmup))} forwards) keeps it ahead of the next by their "
             f"round trip over the link between them (costed by the simulator)"

@@ -92,10 +92,13 @@ class TableStarts:
             spent += cost
             out.append(better)
         best = min(out, key=lambda c: (c.iteration_s, c.summary()), default=None)
-        if best is not None and best.iteration_s < incumbent and spent < budget:
-            deeper, cost = stage_depths(best, profile, topology, G, limits, budget - spent)
+        if (
+            best is not None and best.iteration_s < incumbent
+        ):  # (past the budget: the warm-up fitted to the links alone)
+            deeper, cost = stage_depths(best, profile, topology, G, limits, max(0.0, budget - spent))
             spent += cost
-            out.append(deeper)
+            if deeper is not best:
+                out.append(deeper)
         state.stats.nodes += int(spent)
         return Proposal(tuple(families), [c for c in [*costed, *out] if c.fits], {})
 

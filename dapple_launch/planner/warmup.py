@@ -40,6 +40,7 @@ from ..schedule.one_f_one_b import deeper_warmup
 from .branch import CELLS_PER_NODE, BranchAndBound, Prefix, exact_sweep
 from .cost import Costed, StageSpec, bare_costs, evaluate, memory_per_device, stage_costs
 from .limits import Limits
+from .link_warmup import LINKED, link_warmup
 from .shapes import MIN_MICRO_BATCHES
 
 # Deeper warm-ups: bounded work per candidate (S M at most WARMUP_MAX_ACTIONS simulated; each
@@ -192,13 +193,16 @@ def worth_simulating(
     capacity_bytes: float,
     beat: float,
 ) -> bool:
-    """Whether a layout under warm-up `depth` could fit memory and beat `beat`: a check of O(S)
+    """Whether a layout under warm-up `depth` (or LINKED: link_warmup.py) could fit memory and beat `beat`: a check of O(S)
     before a simulation of O(S M). A deeper warm-up must fit without recomputation (the deeper
     searches do not pair the two); the minimal one may still fit by recomputing (evaluate decides).
     The bound is the family's: 1F1B's (warmup_bound) or ZB-H1's (split_bound: deferred weight
     gradients let ZB-H1 run below 1F1B's); other families are not screened."""
-    warmup = deeper_warmup(len(layout), num_micro_batches, depth)
-    if (depth if isinstance(depth, int) else max(depth)) > 1 and max(
+    if depth == LINKED:
+        warmup = link_warmup(costs, (1,) * len(layout), num_micro_batches)
+    else:
+        warmup = deeper_warmup(len(layout), num_micro_batches, depth)
+    if (depth == LINKED or (depth if isinstance(depth, int) else max(depth)) > 1) and max(
         memory_per_device(profile, layout, costs, num_micro_batches, limits, warmup)
     ) > capacity_bytes:
         return False
