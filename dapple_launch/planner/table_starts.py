@@ -92,9 +92,8 @@ class TableStarts:
             spent += cost
             out.append(better)
         best = min(out, key=lambda c: (c.iteration_s, c.summary()), default=None)
-        if (
-            best is not None and best.iteration_s < incumbent
-        ):  # (past the budget: the warm-up fitted to the links alone)
+        # (past the budget, stage_depths tries the warm-up fitted to the links alone: one simulation)
+        if best is not None and best.iteration_s < incumbent:
             deeper, cost = stage_depths(best, profile, topology, G, limits, max(0.0, budget - spent))
             spent += cost
             if deeper is not best:
