@@ -202,10 +202,10 @@ def stage_depths(
     (link_warmup.py), where that is faster still (GNMT-32 on 16 × 1 V100 at 10 Gbps, G 256, 8 stages
     under ZB-H1: 290.1 ms at ×3, 289.1 ms fitted; no depth descends there: each is a multiple of
     DAPPLE's S - s, and these are not)."""
-    best, costed = _own_depths(start, profile, topology, global_batch, limits, cost_budget)
     S, M = len(start.layout), start.num_micro_batches
     if S < 2 or S * M > WARMUP_MAX_ACTIONS:
-        return best, costed
+        return start, 0
+    best, costed = _own_depths(start, profile, topology, global_batch, limits, cost_budget)
     beat = best.iteration_s * (1 - 1e-12)
     family = replace(limits, schedule=start.schedule)
     linked = evaluate(profile, topology, start.layout, start.micro_batch_size, M, family, LINKED, cutoff=beat)
@@ -229,8 +229,8 @@ def _own_depths(
     runs every forward first; the stages whose links take longest first (a deeper warm-up hides a
     link), deeper before shallower, and the first move that is faster is taken: a budget that ends
     mid-scan has spent it on the likeliest moves."""
-    S, M = len(start.layout), start.num_micro_batches
-    if S < 2 or S * M > WARMUP_MAX_ACTIONS or (start.warmup_depth == LINKED and "depths" not in start.extra):
+    S, M = len(start.layout), start.num_micro_batches  # (stage_depths checked their size)
+    if start.warmup_depth == LINKED and "depths" not in start.extra:
         return start, 0  # (a warm-up fitted to the links is no depth to descend from)
     family = replace(limits, schedule=start.schedule)
     costs = stage_costs(profile, topology, start.layout, start.micro_batch_size)
